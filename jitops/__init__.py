@@ -1,0 +1,48 @@
+"""jitops: PyTorch ops that carry their own CUDA/CUTLASS sources, compiled on first use per shape class and
+cached on disk.
+
+    import jitops
+    y = jitops.gelu(x, approximate="tanh")   # first call for this shape class compiles, later calls are free
+    jitops.stats                             # memory hits, disk hits, compiles, compile seconds
+
+Declare your own op with jitops.op(...) (see README).  Importing jitops does no file or device I/O.
+"""
+from __future__ import annotations
+
+from . import shapes
+from ._logging import install_handler
+from .config import config
+from .errors import CacheMissError, CompileError, ConfigError, JitopsError, ToolchainError
+from .op import Impl, Kernels, Op, find, op, registered
+from .runtime import MissContext, reset_stats, runtime, stats
+from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
+
+install_handler()
+
+from .ops import add, gelu, gelu_backward  # noqa: E402 - registers the built-in ops
+
+__version__ = "0.1.0"
+
+
+def clear_memory_cache() -> None:
+    """Forget every loaded kernel; the next call of each op looks at the disk cache again."""
+    runtime.clear_memory()
+    for declared in registered().values():
+        declared.clear_memory()
+
+
+def cuda_type(dtype) -> str:
+    """The C++ spelling of a torch dtype inside CUDA kernels: torch.bfloat16 -> '__nv_bfloat16'."""
+    try:
+        return shapes.CUDA_TYPES[dtype]
+    except KeyError:
+        raise TypeError(f"jitops: no CUDA kernel type for {dtype}") from None
+
+
+__all__ = [
+    "add", "gelu", "gelu_backward",
+    "op", "Impl", "Kernels", "Op", "find", "registered",
+    "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
+    "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
+    "JitopsError", "CompileError", "CacheMissError", "ToolchainError", "ConfigError",
+]

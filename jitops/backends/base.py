@@ -1,0 +1,45 @@
+"""The contract between the runtime and a compiler backend.
+
+A backend turns a BuildRequest into files in a build directory (compile) and files back into something callable
+(load).  It knows nothing of the cache: the runtime names the build directory, publishes it, verifies checksums
+and hands load() only bytes that matched.  toolchain() must be cheap and must not raise when the compiler is
+missing: it returns None, and the runtime then looks for any toolchain's build of the same request.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..specs import BuildRequest
+
+
+@dataclass
+class BuildOutput:
+    files: list[str]                                # artifact names inside the build directory
+    meta: dict[str, Any] = field(default_factory=dict)  # what load() needs (e.g. the lowered kernel name)
+    log: str = ""                                   # compiler warnings, kept beside the entry
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]
+    # Environment variables that change the generated code; their values are part of the key.
+    env_allowlist: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def toolchain(self, request: BuildRequest) -> dict[str, Any] | None:
+        """Compiler identity for the key, or None if this machine cannot compile `request`."""
+
+    def unavailable_reason(self, request: BuildRequest) -> str | None:
+        """Why `request` cannot be compiled here (prewarm reports it by name), or None."""
+        return None if self.toolchain(request) is not None else f"no {self.name} compiler found"
+
+    @abc.abstractmethod
+    def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
+        """Compile into build_dir.  `tag` is unique per key (for module names).  Raises CompileError."""
+
+    @abc.abstractmethod
+    def load(self, request: BuildRequest, directory: Path, blobs: dict[str, bytes], meta: dict[str, Any],
+             device_index: int | None) -> Any:
+        """Turn verified artifacts into a callable kernel for one device (None: CPU)."""

@@ -1,0 +1,84 @@
+"""CUDA source -> cubin through NVRTC (CuPy's binding), with explicit include paths.
+
+Needs no GPU: the arch comes from the request, never from a device query (CuPy's RawModule queries the
+device, and its bundled CCCL include paths clash with CUDA 13's when compiling CUTLASS: DESIGN.md).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import CompileError
+from ..launch import CudaFunction
+from ..specs import BuildRequest, kernels_root
+from . import toolkit
+from .base import Backend, BuildOutput
+
+CUBIN = "kernel.cubin"
+
+
+class NvrtcBackend(Backend):
+    name = "nvrtc"
+
+    def toolchain(self, request: BuildRequest) -> dict[str, Any] | None:
+        version = toolkit.nvrtc_identity()
+        if version is None:
+            return None
+        try:
+            headers = toolkit.cuda_headers().identity
+        except Exception:  # noqa: BLE001 - no headers: cannot compile here, which is what None says
+            return None
+        return {"nvrtc": version, "cuda_headers": headers}
+
+    def unavailable_reason(self, request: BuildRequest) -> str | None:
+        if toolkit.nvrtc_identity() is None:
+            return "NVRTC is not installed (pip install nvidia-cuda-nvrtc, or set CUDA_HOME)"
+        try:
+            toolkit.cuda_headers()
+        except Exception as exc:  # noqa: BLE001
+            return str(exc)
+        return None
+
+    def options(self, request: BuildRequest, arch: str) -> list[str]:
+        uses_cutlass = request.source.includes_external(toolkit.CUTLASS_PREFIXES)
+        include_dirs = [kernels_root()]
+        if request.source.path is not None:
+            include_dirs.insert(0, request.source.path.parent)
+        if uses_cutlass:
+            include_dirs += list(toolkit.cutlass_include_dirs())
+        include_dirs += list(toolkit.cuda_headers().dirs)
+        # -DNDEBUG: device asserts cost registers, and in CUTLASS 3 kernels they serialize wgmma (ptxas C7510).
+        options = [f"-arch={arch}", "-std=c++17", "-DNDEBUG", "-DJITOPS_NVRTC=1"]
+        if uses_cutlass:
+            options.append("-default-device")  # CUTLASS's unannotated helpers must compile as device code
+        options += [f"-I{d}" for d in include_dirs]
+        options += [f"-D{k}={v}" for k, v in request.defines]
+        return options + list(request.options)
+
+    def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
+        binding = toolkit.nvrtc()
+        source = request.source.read()
+        options = self.options(request, arch)
+        program = binding.createProgram(source, request.source.name, [], [])
+        try:
+            binding.addNameExpression(program, request.entry)
+            try:
+                binding.compileProgram(program, options)
+            except binding.NVRTCError:
+                raise CompileError(kernel=request.label(), backend=self.name, arch=arch, options=options,
+                                   log=binding.getProgramLog(program), source=source,
+                                   source_name=request.source.name) from None
+            log = binding.getProgramLog(program)
+            lowered = binding.getLoweredName(program, request.entry)
+            cubin = binding.getCUBIN(program)
+        finally:
+            binding.destroyProgram(program)
+        (build_dir / CUBIN).write_bytes(cubin)
+        major, minor = binding.getVersion()
+        return BuildOutput([CUBIN], {"lowered_name": lowered, "nvrtc_version": f"{major}.{minor}",
+                                     "options": options}, log=log)
+
+    def load(self, request: BuildRequest, directory: Path, blobs: dict[str, bytes], meta: dict[str, Any],
+             device_index: int | None) -> CudaFunction:
+        assert device_index is not None, "NVRTC kernels run on CUDA devices"
+        return CudaFunction(blobs[CUBIN], meta["lowered_name"], request.signature, device_index, request.label())

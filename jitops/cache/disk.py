@@ -1,0 +1,301 @@
+"""On-disk kernel cache: entries under one writable root and any number of read-only roots.
+
+Layout of a root:
+    <root>/v1/<arch>/<dtype>/<kernel>-<request16>-<toolchain8>/   an entry: binaries, meta.json, last_used
+    <root>/v1/tmp/          entries being written (renamed into place when complete)
+    <root>/v1/locks/        one lock file per key (flock: the OS drops it if the holder dies)
+    <root>/v1/quarantine/   entries that failed their checksum, moved aside for inspection
+
+Safety rules, each with a test:
+  * an entry appears by one rename of a complete, fsynced directory: readers never see half an entry;
+  * every file's sha256 (recorded in meta.json) is checked before anything is loaded; a bad entry is moved
+    aside and never loaded;
+  * read-only roots are read, never written (no stamps, no locks, no quarantine);
+  * ENOSPC/EROFS while storing leaves the cache as it was; the caller keeps the kernel in memory.
+Nothing in an entry is unpickled or executed except binaries whose checksum matched.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import filelock
+
+from ..keys import FORMAT_VERSION, CacheKey
+
+log = logging.getLogger("jitops")
+
+META = "meta.json"
+STAMP = "last_used"
+_STORE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
+class CorruptEntry(Exception):
+    """An entry whose meta.json or files do not match their recorded checksums."""
+
+
+@dataclass(frozen=True)
+class CacheRoot:
+    path: Path
+    writable: bool
+
+    @property
+    def base(self) -> Path:
+        return self.path / f"v{FORMAT_VERSION}"
+
+    def entry_dir(self, key: CacheKey) -> Path:
+        return self.base / key.arch / key.dtype / key.dirname()
+
+
+@dataclass
+class CacheEntry:
+    path: Path
+    root: CacheRoot
+    meta: dict[str, Any] = field(repr=False)
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        return self.meta.get("files", {})
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def size(self) -> int:
+        return sum(int(f.get("size", 0)) for f in self.files.values())
+
+    @property
+    def last_used(self) -> float:
+        try:
+            return (self.path / STAMP).stat().st_mtime
+        except OSError:
+            return float(self.meta.get("created", 0))
+
+    def verify(self) -> dict[str, bytes]:
+        """Read every file and check its size and sha256; return the verified bytes.  Raises CorruptEntry."""
+        if not self.files:
+            raise CorruptEntry("meta.json lists no files")
+        blobs = {}
+        for name, info in self.files.items():
+            if "/" in name or name.startswith("."):
+                raise CorruptEntry(f"unsafe file name {name!r} in meta.json")
+            try:
+                data = (self.path / name).read_bytes()
+            except OSError as exc:
+                raise CorruptEntry(f"{name}: {exc.strerror or exc}") from None
+            if len(data) != info.get("size"):
+                raise CorruptEntry(f"{name}: {len(data)} bytes, meta.json says {info.get('size')} (truncated?)")
+            if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+                raise CorruptEntry(f"{name}: sha256 does not match meta.json")
+            blobs[name] = data
+        return blobs
+
+    def touch(self) -> None:
+        """Write the last-used stamp (prune orders by it, not by filesystem atime)."""
+        if not self.root.writable:
+            return
+        stamp = self.path / STAMP
+        try:
+            os.utime(stamp)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                stamp.touch()
+        except OSError:
+            pass
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / META).read_text())
+    except FileNotFoundError:
+        raise CorruptEntry("meta.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptEntry(f"meta.json is unreadable: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        raise CorruptEntry("meta.json has no format field or another format version")
+    return meta
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DiskCache:
+    """Read-only roots first (images), then the writable root."""
+
+    def __init__(self, writable: Path | None, readonly: tuple[Path, ...] = ()) -> None:
+        self.roots: list[CacheRoot] = [CacheRoot(Path(p), False) for p in readonly]
+        self.writable: CacheRoot | None = CacheRoot(Path(writable), True) if writable else None
+        if self.writable is not None:
+            self.roots.append(self.writable)
+        self._store_warned = False
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def candidates(self, key: CacheKey, any_toolchain: bool) -> Iterator[CacheEntry | tuple[Path, CacheRoot, str]]:
+        """Entries for `key`, best first: the exact toolchain in each root, then (if allowed) any toolchain's
+        build of the same request, newest first.  Unreadable entries come as (path, root, reason)."""
+        seen: set[Path] = set()
+        for root in self.roots:
+            exact = root.entry_dir(key)
+            if exact.is_dir():
+                seen.add(exact)
+                yield self._open(exact, root)
+        if not any_toolchain:
+            return
+        for root in self.roots:
+            parent = root.base / key.arch / key.dtype
+            try:
+                names = [n for n in os.listdir(parent) if n.startswith(key.request_prefix())]
+            except OSError:
+                continue
+            opened = [self._open(parent / n, root) for n in names if parent / n not in seen]
+            good = [e for e in opened if isinstance(e, CacheEntry) and e.meta.get("request") == key.request]
+            good.sort(key=lambda e: e.meta.get("created", 0), reverse=True)
+            yield from good
+
+    @staticmethod
+    def _open(path: Path, root: CacheRoot) -> CacheEntry | tuple[Path, CacheRoot, str]:
+        try:
+            return CacheEntry(path, root, _read_meta(path))
+        except CorruptEntry as exc:
+            return (path, root, str(exc))
+
+    def entries(self) -> Iterator[CacheEntry | tuple[Path, CacheRoot, str]]:
+        """Every entry of every root (for cache_tools)."""
+        for root in self.roots:
+            if not root.base.is_dir():
+                continue
+            for arch_dir in sorted(p for p in root.base.iterdir() if p.is_dir()):
+                if arch_dir.name in {"tmp", "locks", "quarantine"}:
+                    continue
+                for dtype_dir in sorted(p for p in arch_dir.iterdir() if p.is_dir()):
+                    for entry_dir in sorted(p for p in dtype_dir.iterdir() if p.is_dir()):
+                        yield self._open(entry_dir, root)
+
+    # ---- writing -------------------------------------------------------------------------------------------
+    def _ensure_base(self) -> Path | None:
+        root = self.writable
+        if root is None:
+            return None
+        try:
+            if not root.path.exists():
+                root.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for sub in ("tmp", "locks"):
+                (root.base / sub).mkdir(parents=True, exist_ok=True)
+            return root.base
+        except OSError as exc:
+            self._warn_store(exc)
+            return None
+
+    @contextlib.contextmanager
+    def lock(self, key: CacheKey, timeout: float, on_wait: Any = None) -> Iterator[None]:
+        """Per-key lock across processes.  flock-based, so a holder that dies (even by SIGKILL) releases it."""
+        base = self._ensure_base()
+        if base is None:  # nowhere to lock: compile privately
+            yield
+            return
+        path = base / "locks" / f"{key.request_hash[:24]}-{key.toolchain_hash[:8]}.lock"
+        lock = filelock.FileLock(str(path))
+        try:
+            lock.acquire(timeout=1.0)
+        except filelock.Timeout:
+            if on_wait is not None:
+                on_wait()
+            try:
+                lock.acquire(timeout=max(timeout - 1.0, 0.0))
+            except filelock.Timeout:
+                raise TimeoutError(
+                    f"jitops: waited {timeout:.0f} s for another process compiling {key.kernel} ({path}); "
+                    "raise JITOPS_LOCK_TIMEOUT if that compile is legitimately slow") from None
+        except OSError as exc:  # read-only lock dir and the like: compile without the lock
+            self._warn_store(exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def publish(self, key: CacheKey, build_dir: Path, files: list[str], meta: dict[str, Any]) -> CacheEntry | None:
+        """Copy `files` from build_dir into a new entry atomically.  None (and one warning) if storing failed."""
+        base = self._ensure_base()
+        if base is None:
+            return None
+        assert self.writable is not None
+        final = self.writable.entry_dir(key)
+        tmp = base / "tmp" / f"{key.dirname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir(parents=True)
+            records = {}
+            for name in files:
+                data = (build_dir / name).read_bytes()
+                with open(tmp / name, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                records[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            full_meta = dict(meta, format=FORMAT_VERSION, key=key.full, request=key.request,
+                             request_hash=key.request_hash, toolchain=key.toolchain,
+                             toolchain_hash=key.toolchain_hash, files=records, created=time.time())
+            with open(tmp / META, "w") as fh:
+                json.dump(full_meta, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            (tmp / STAMP).touch()
+            _fsync_path(tmp)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                # Someone published the same key first (it can only be the same build): keep theirs.
+                shutil.rmtree(tmp, ignore_errors=True)
+                existing = self._open(final, self.writable)
+                return existing if isinstance(existing, CacheEntry) else None
+            _fsync_path(final.parent)
+            return CacheEntry(final, self.writable, full_meta)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in _STORE_ERRNOS:
+                self._warn_store(exc)
+                return None
+            raise
+
+    def quarantine(self, path: Path, root: CacheRoot, reason: str) -> None:
+        """Move a bad entry aside (writable root) or skip it (read-only root).  Never loads it."""
+        if not root.writable:
+            log.warning("ignoring bad cache entry %s in read-only root %s: %s", path.name, root.path, reason)
+            return
+        target = root.base / "quarantine" / f"{path.name}.{int(time.time())}.{uuid.uuid4().hex[:6]}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, target)
+            log.warning("cache entry %s is corrupt (%s); moved to %s and rebuilding", path.name, reason, target)
+        except OSError as exc:
+            if not path.exists():  # another process moved it first
+                return
+            log.warning("cache entry %s is corrupt (%s) and could not be moved aside (%s); ignoring it",
+                        path.name, reason, exc)
+
+    def _warn_store(self, exc: OSError) -> None:
+        if not self._store_warned:
+            self._store_warned = True
+            root = self.writable.path if self.writable else "(none)"
+            log.warning("cannot write the kernel cache at %s (%s); compiled kernels stay in memory for "
+                        "this process only.  Set JITOPS_CACHE_DIR to a writable directory to keep them.",
+                        root, exc.strerror or exc)

@@ -1,0 +1,424 @@
+"""One way to declare an op, for jitops' own ops and for users' (a notebook cell is enough).
+
+    scaled_add = jitops.op(
+        "mylib::scaled_add(Tensor x, Tensor y, float alpha) -> Tensor",
+        shape_class=lambda x, y, alpha: ScaledAddClass(jitops.cuda_type(x.dtype)),
+        cuda=jitops.Impl(kernels=lambda cls, target: {"add": KERNEL.bind(T=cls.T)}, run=run_cuda),
+        fake=lambda x, y, alpha: torch.empty_like(x),
+        setup_context=..., backward=...,
+    )
+
+The declaration is registered once with torch.library (so autograd, torch.compile(fullgraph=True) and
+torch.library.opcheck see a real op) and returns the public Python function.
+
+Hot path.  Going through the dispatcher costs 8.5 us a call with a Python kernel, 13.7 us once an autograd
+kernel is registered, where torch.add costs 6.4 us (lent H100, 2026-11-22, benchmarks/probe_launch_paths.py).
+So a call that needs nothing from the dispatcher - no gradient to record, not being compiled, no torch
+function/dispatch mode, no profiler, plain tensors - runs the device implementation directly (7.7 us in the
+same probe); every other call goes through torch.ops.<ns>.<name>.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import torch
+
+from .runtime import MissContext, runtime, stats
+from .shapes import dtype_name, parse_dtype
+from .specs import BuildRequest, Target
+
+log = logging.getLogger("jitops")
+
+KernelsFn = Callable[[Any, Target], Mapping[str, BuildRequest]]
+
+
+class Impl(NamedTuple):
+    """A device implementation: which kernels a shape class needs, and how to run them.
+
+    kernels(shape_class, target) -> {name: BuildRequest};  run(kernels, *args) -> outputs
+    where `kernels` holds the loaded kernels as attributes (kernels.forward(...))."""
+
+    kernels: KernelsFn
+    run: Callable[..., Any]
+
+
+class Kernels:
+    """The loaded kernels of one shape class on one device, as attributes; `.shape_class` is the class."""
+
+    def __init__(self, loaded: Mapping[str, Any], shape_class: Any) -> None:
+        self.__dict__.update(loaded)
+        self.shape_class = shape_class
+
+    def __repr__(self) -> str:
+        return f"Kernels({', '.join(k for k in self.__dict__ if k != 'shape_class')})"
+
+
+@dataclass(frozen=True)
+class _Arg:
+    name: str
+    kind: str          # "tensor", "optional_tensor", "tensor_list" or "value"
+    kwarg_only: bool
+    has_default: bool
+    default: Any
+
+
+_REGISTRY: dict[str, "Op"] = {}
+
+
+def _parse_arguments(schema: torch._C.FunctionSchema) -> list[_Arg]:
+    args = []
+    for a in schema.arguments:
+        text = str(a.type)
+        if text == "Tensor":
+            kind = "tensor"
+        elif text == "Tensor?":
+            kind = "optional_tensor"
+        elif text in ("List[Tensor]", "Tensor[]"):
+            kind = "tensor_list"
+        else:
+            kind = "value"
+        has_default = a.default_value is not None or a.has_default_value()
+        args.append(_Arg(a.name, kind, a.kwarg_only, has_default, a.default_value))
+    return args
+
+
+class Op:
+    """A declared op.  Call it like a function; `.overload` is the torch.ops OpOverload."""
+
+    def __init__(self, schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any],
+                 cuda: Impl | None = None, cpu: Impl | None = None,
+                 setup_context: Callable[..., None] | None = None, backward: Callable[..., Any] | None = None,
+                 keyword_only: Sequence[str] = (), doc: str | None = None) -> None:
+        qualname, _, signature = schema.partition("(")
+        namespace, _, name = qualname.rpartition("::")
+        self.namespace = namespace or "jitops"
+        self.name = name
+        self.qualname = f"{self.namespace}::{name}"
+        self.schema_text = f"{name}({signature}"
+        self.schema = torch._C.parse_schema(f"{self.qualname}({signature}")
+        self.args = _parse_arguments(self.schema)
+        if any(a.kwarg_only for a in self.args):
+            # torch's register_autograd differentiates positional arguments only.
+            raise ValueError(f"jitops.op {self.qualname}: declare every argument positionally in the schema and "
+                             "name the ones that should be keyword-only in Python with keyword_only=(...)")
+        unknown = set(keyword_only) - {a.name for a in self.args}
+        if unknown:
+            raise ValueError(f"jitops.op {self.qualname}: keyword_only names unknown arguments {sorted(unknown)}")
+        self.keyword_only = tuple(keyword_only)
+        self.shape_class = shape_class
+        self.fake = fake
+        self.impls: dict[str, Impl] = {k: v for k, v in (("cuda", cuda), ("cpu", cpu)) if v is not None}
+        self.setup_context, self.backward = setup_context, backward
+        self.__doc__ = doc
+        self._memo: dict[tuple[int, Any], Kernels] = {}
+        self._targets: dict[int, Target] = {}
+        self._tensor_positions = [i for i, a in enumerate(self.args) if a.kind == "tensor"]
+        self._optional_positions = [i for i, a in enumerate(self.args) if a.kind == "optional_tensor"]
+        self._list_positions = [i for i, a in enumerate(self.args) if a.kind == "tensor_list"]
+        self._differentiable = [i for i, a in enumerate(self.args) if a.kind != "value"]
+        self._register()
+        self.function = self._make_function()
+
+    # ---- registration with torch.library -------------------------------------------------------------------
+    def _register(self) -> None:
+        previous = _REGISTRY.get(self.qualname)
+        if previous is not None:  # re-running a notebook cell: replace the old registration
+            previous._library._destroy()
+            previous._memo.clear()
+        self._library = torch.library.Library(self.namespace, "FRAGMENT")
+        self._library.define(self.schema_text, tags=(torch.Tag.pt2_compliant_tag,))
+        for device_type in self.impls:
+            key = "CUDA" if device_type == "cuda" else "CPU"
+            self._library.impl(self.name, self._from_dispatcher, key)
+        torch.library.register_fake(self.qualname, self._fake_from_dispatcher, lib=self._library)
+        if self.backward is not None:
+            if self.setup_context is None:
+                raise TypeError(f"jitops.op {self.qualname}: a backward needs a setup_context")
+            torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup_context,
+                                            lib=self._library)
+        self.overload = getattr(getattr(torch.ops, self.namespace), self.name).default
+        _REGISTRY[self.qualname] = self
+
+    def _positional(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        if not kwargs:
+            return args
+        values = list(args)
+        for a in self.args[len(args):]:
+            values.append(kwargs[a.name] if a.name in kwargs else a.default)
+        return tuple(values)
+
+    def _from_dispatcher(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run_device(self._positional(args, kwargs))
+
+    def _fake_from_dispatcher(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._positional(args, kwargs)
+        self._check_devices(args)
+        self.shape_class(*args)  # the same input checks as a real call, at trace time
+        return self.fake(*args)
+
+    def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        self.setup_context(ctx, inputs, output)  # type: ignore[misc]
+
+    def _backward(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        """The op's backward returns one gradient per Tensor/Tensor?/Tensor[] argument, in order; non-tensor
+        arguments get None here, and so does every input that does not need a gradient."""
+        tensor_grads = self.backward(ctx, *grads)  # type: ignore[misc]
+        if not isinstance(tensor_grads, (tuple, list)):
+            tensor_grads = (tensor_grads,)
+        if len(tensor_grads) != len(self._differentiable):
+            raise RuntimeError(f"jitops.{self.name}: backward returned {len(tensor_grads)} gradients for "
+                               f"{len(self._differentiable)} tensor arguments")
+        result: list[Any] = [None] * len(self.args)
+        for position, grad in zip(self._differentiable, tensor_grads):
+            if ctx.needs_input_grad[position]:
+                result[position] = grad
+        return tuple(result)
+
+    # ---- the public function -------------------------------------------------------------------------------
+    def _make_function(self) -> Callable[..., Any]:
+        """A real Python function with the schema's signature (names, defaults, keyword-only arguments)."""
+        params, defaults, kwdefaults = [], [], {}
+        star_done = False
+        for a in self.args:
+            keyword = a.name in self.keyword_only
+            if keyword and not star_done:
+                params.append("*")
+                star_done = True
+            elif star_done and not keyword:
+                raise ValueError(f"jitops.op {self.qualname}: keyword_only arguments must come last in the schema")
+            params.append(a.name)
+            if a.has_default:
+                if keyword:
+                    kwdefaults[a.name] = a.default
+                else:
+                    defaults.append(a.default)
+        call_args = ", ".join(a.name for a in self.args)
+        source = f"def {self.name}({', '.join(params)}):\n    return __call({call_args})\n"
+        namespace: dict[str, Any] = {"__call": self._call}
+        exec(compile(source, f"<jitops op {self.qualname}>", "exec"), namespace)  # noqa: S102 - generated
+        function = namespace[self.name]
+        function.__defaults__ = tuple(defaults) or None
+        function.__kwdefaults__ = kwdefaults or None
+        function.__doc__ = self.__doc__
+        function.__qualname__ = function.__name__ = self.name
+        function.__module__ = "jitops"
+        function.op = self  # type: ignore[attr-defined]
+        return function
+
+    def _call(self, *args: Any) -> Any:
+        if self._needs_dispatcher(args):
+            return self.overload(*args)
+        return self._run_device(args)
+
+    def _needs_dispatcher(self, args: tuple[Any, ...]) -> bool:
+        if torch.compiler.is_compiling():
+            return True
+        grad = torch.is_grad_enabled()
+        for i in self._tensor_positions:
+            t = args[i]
+            if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+                return True  # subclasses (FakeTensor, DTensor, ...) and non-tensors: let torch decide/complain
+            if grad and t.requires_grad:
+                return True
+        for i in self._optional_positions:
+            t = args[i]
+            if t is not None and (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)
+                                  or grad and t.requires_grad):
+                return True
+        for i in self._list_positions:
+            for t in args[i]:
+                if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter) or grad and t.requires_grad:
+                    return True
+        return bool(torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
+                    or torch.autograd._profiler_enabled())
+
+    # ---- running on a device -------------------------------------------------------------------------------
+    def _tensors(self, args: tuple[Any, ...]) -> list[tuple[str, torch.Tensor]]:
+        found = []
+        for i, a in enumerate(self.args):
+            value = args[i]
+            if a.kind in ("tensor", "optional_tensor") and isinstance(value, torch.Tensor):
+                found.append((a.name, value))
+            elif a.kind == "tensor_list":
+                found += [(f"{a.name}[{j}]", t) for j, t in enumerate(value) if isinstance(t, torch.Tensor)]
+        return found
+
+    def _check_devices(self, args: tuple[Any, ...]) -> torch.Tensor:
+        tensors = self._tensors(args)
+        for i in self._tensor_positions:
+            if not isinstance(args[i], torch.Tensor):
+                raise TypeError(f"jitops.{self.name}: argument '{self.args[i].name}' must be a torch.Tensor, "
+                                f"got {type(args[i]).__name__}")
+        if not tensors:
+            raise ValueError(f"jitops.{self.name}: no tensor arguments")
+        first_name, first = tensors[0]
+        for name, t in tensors[1:]:
+            if t.device != first.device:
+                raise ValueError(f"jitops.{self.name}: argument '{name}' is on {t.device} but '{first_name}' is on "
+                                 f"{first.device}; move them to one device")
+        return first
+
+    def _run_device(self, args: tuple[Any, ...]) -> Any:
+        first = self._check_devices(args)
+        device_type = "cuda" if first.is_cuda else first.device.type
+        impl = self.impls.get(device_type)
+        if impl is None:
+            raise ValueError(f"jitops.{self.name}: inputs are on {first.device}, but this op runs on "
+                             f"{' and '.join(self.impls)} only")
+        shape_class = self.shape_class(*args)
+        device_index = first.get_device()
+        kernels = self._memo.get((device_index, shape_class))
+        if kernels is None:
+            kernels = self._load(impl, shape_class, device_type, device_index, args)
+        else:
+            stats.memory_hits += 1
+        if device_index >= 0 and device_index != torch._C._cuda_getDevice():
+            with torch.cuda.device(device_index):
+                return impl.run(kernels, *args)
+        return impl.run(kernels, *args)
+
+    def target(self, device_type: str, device_index: int) -> Target:
+        if device_type == "cpu":
+            return Target("cpu")
+        target = self._targets.get(device_index)
+        if target is None:
+            target = self._targets[device_index] = Target("cuda", torch.cuda.get_device_capability(device_index))
+        return target
+
+    def _load(self, impl: Impl, shape_class: Any, device_type: str, device_index: int,
+              args: tuple[Any, ...]) -> Kernels:
+        target = self.target(device_type, device_index)
+        context = MissContext(self.name, shape_class, self.manifest_item(args))
+        index = device_index if device_index >= 0 else None
+        loaded = {name: runtime.get_kernel(request, target, index, context)
+                  for name, request in impl.kernels(shape_class, target).items()}
+        kernels = Kernels(loaded, shape_class)
+        self._memo[(device_index, shape_class)] = kernels
+        return kernels
+
+    def clear_memory(self) -> None:
+        self._memo.clear()
+
+    # ---- manifests: recording a call and replaying it without a GPU --------------------------------------------
+    def manifest_item(self, args: tuple[Any, ...]) -> dict[str, Any]:
+        """This call as a JITOPS_RECORD / prewarm manifest item: dtype, tensor shapes, other arguments."""
+        shapes: list[Any] = []
+        strides: list[Any] = []
+        dtype = None
+        contiguous = True
+        for i, a in enumerate(self.args):
+            value = args[i]
+            if a.kind == "tensor_list":
+                shapes.append([list(t.shape) for t in value])
+                strides.append([list(t.stride()) for t in value])
+                contiguous &= all(t.is_contiguous() for t in value)
+                dtype = dtype or (value[0].dtype if value else None)
+            elif a.kind in ("tensor", "optional_tensor"):
+                shapes.append(list(value.shape) if value is not None else None)
+                strides.append(list(value.stride()) if value is not None else None)
+                if value is not None:
+                    contiguous &= value.is_contiguous()
+                    dtype = dtype or value.dtype
+        kwargs = {a.name: _jsonable(args[i]) for i, a in enumerate(self.args) if a.kind == "value"}
+        item: dict[str, Any] = {"op": self.name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
+                                "kwargs": kwargs}
+        if not contiguous:
+            item["strides"] = [strides]
+        return item
+
+    def example_args(self, dtype: str, shapes: Sequence[Any], kwargs: Mapping[str, Any],
+                     strides: Sequence[Any] | None = None) -> tuple[Any, ...]:
+        """Meta-device arguments for one manifest call (no memory, no GPU)."""
+        torch_dtype = parse_dtype(dtype)
+        tensor_args = [a for a in self.args if a.kind != "value"]
+        if len(shapes) != len(tensor_args):
+            raise ValueError(f"jitops.{self.name}: a manifest call gives {len(shapes)} shapes, the op takes "
+                             f"{len(tensor_args)} tensor arguments ({', '.join(a.name for a in tensor_args)})")
+        unknown = set(kwargs) - {a.name for a in self.args if a.kind == "value"}
+        if unknown:
+            raise ValueError(f"jitops.{self.name}: unknown argument(s) {sorted(unknown)} in manifest kwargs")
+        strides = strides or [None] * len(shapes)
+        shape_iter = iter(zip(shapes, strides))
+        values: list[Any] = []
+        for a in self.args:
+            if a.kind == "value":
+                if a.name in kwargs:
+                    value = kwargs[a.name]
+                    if str(self.schema.arguments[self.args.index(a)].type) == "ScalarType?" and value is not None:
+                        value = parse_dtype(value)
+                    values.append(value)
+                elif a.has_default:
+                    values.append(a.default)
+                else:
+                    raise ValueError(f"jitops.{self.name}: manifest call lacks argument '{a.name}'")
+                continue
+            shape, stride = next(shape_iter)
+            if a.kind == "tensor_list":
+                stride = stride or [None] * len(shape)
+                values.append([_meta(s, st, torch_dtype) for s, st in zip(shape, stride)])
+            elif shape is None:
+                if a.kind != "optional_tensor":
+                    raise ValueError(f"jitops.{self.name}: argument '{a.name}' is a required tensor; its shape "
+                                     "cannot be null")
+                values.append(None)
+            else:
+                values.append(_meta(shape, stride, torch_dtype))
+        return tuple(values)
+
+    def requests_for(self, args: tuple[Any, ...], target: Target) -> dict[str, BuildRequest]:
+        """The build requests a call with `args` (e.g. from example_args) needs on `target`."""
+        impl = self.impls.get(target.device_type)
+        if impl is None:
+            raise ValueError(f"jitops.{self.name}: no {target.device_type} implementation")
+        return dict(impl.kernels(self.shape_class(*args), target))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<jitops op {self.qualname}>"
+
+
+def _meta(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+    if stride is None:
+        return torch.empty(tuple(shape), dtype=dtype, device="meta")
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any], cuda: Impl | None = None,
+       cpu: Impl | None = None, setup_context: Callable[..., None] | None = None,
+       backward: Callable[..., Any] | None = None, keyword_only: Sequence[str] = (),
+       doc: str | None = None) -> Callable[..., Any]:
+    """Declare an op and return its public function (its `.op` attribute is the Op).  See module docstring."""
+    return Op(schema, shape_class=shape_class, fake=fake, cuda=cuda, cpu=cpu, setup_context=setup_context,
+              backward=backward, keyword_only=keyword_only, doc=doc).function
+
+
+def registered() -> dict[str, Op]:
+    """Every op declared in this process, by qualified name."""
+    return dict(_REGISTRY)
+
+
+def find(name: str) -> Op:
+    """An op by name ('gelu' or 'jitops::gelu').  Loads jitops' built-in ops first."""
+    from . import ops  # noqa: F401 - registers the built-in ops
+
+    qualname = name if "::" in name else f"jitops::{name}"
+    try:
+        return _REGISTRY[qualname]
+    except KeyError:
+        known = ", ".join(sorted(q.removeprefix("jitops::") for q in _REGISTRY))
+        raise ValueError(f"jitops: unknown op {name!r}; known ops: {known}") from None
+
+
+__all__ = ["Impl", "Kernels", "Op", "op", "registered", "find"]

@@ -1,0 +1,155 @@
+"""jitops.gelu(x, approximate="none" | "tanh"), forward and backward.
+
+    gelu(x) = x/2 (1 + erf(x / sqrt 2))                                  approximate="none"
+    gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))               approximate="tanh"
+
+Memory-bound: one read and one write per element forward, two reads and one write backward.  The shape class
+is (dtype, vector width from the alignment, approximation, index width).  Non-contiguous inputs are copied
+to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
+fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .. import shapes
+from ..launch import elementwise_grid
+from ..op import Impl, op
+from ..specs import CppExtension, CudaKernel, Source, Target
+
+CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+CPU_DTYPES = (torch.float32, torch.float64)
+APPROXIMATIONS = {"none": 0, "tanh": 1}
+BLOCK = 256
+# 32-bit indices while every offset plus one grid stride of vectors stays below 2**31.
+INT32_LIMIT = 2**31 - 2**26
+
+
+class GeluClass(NamedTuple):
+    dtype: torch.dtype
+    vec: int
+    approximate: str
+    index: str  # "int" or "long long"
+
+
+def _check_approximate(approximate: str) -> None:
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"jitops.gelu: argument 'approximate' is {approximate!r}; use 'none' or 'tanh'")
+
+
+def _class_for(op_name: str, tensors: list[tuple[str, torch.Tensor]], approximate: str) -> GeluClass:
+    _check_approximate(approximate)
+    first_name, first = tensors[0]
+    shapes.check_same_dtype(op_name, (first_name, first), *tensors[1:])
+    shapes.check_same_shape(op_name, (first_name, first), *tensors[1:])
+    shapes.check_dtype(op_name, first_name, first, CPU_DTYPES if first.device.type == "cpu" else CUDA_DTYPES)
+    if all(t.is_contiguous() for _, t in tensors):
+        vec = shapes.vector_width(t for _, t in tensors)
+    else:
+        vec = 16 // first.element_size()
+    index = "int" if first.numel() < INT32_LIMIT else "long long"
+    return GeluClass(first.dtype, vec, approximate, index)
+
+
+GELU_FORWARD = CudaKernel("gelu_forward", Source.file("gelu.cu"),
+                          "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr i64")
+GELU_BACKWARD = CudaKernel("gelu_backward", Source.file("gelu.cu"),
+                           "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr ptr i64")
+GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gelu_forward", "gelu_backward"))
+
+
+def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
+    return kernel.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
+                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
+
+
+def _cpu_kernels(cls: GeluClass, target: Target):
+    return {"cpu": GELU_CPU.bind(shapes.dtype_name(cls.dtype), SCALAR_T=shapes.CPU_TYPES[cls.dtype])}
+
+
+def _launch(kernel, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
+    vectors = max(n // cls.vec, 1)
+    kernel(elementwise_grid(vectors, BLOCK, device_index), BLOCK, *tensors, n)
+
+
+# ---- jitops::gelu_backward: dx = dy * gelu'(x) -----------------------------------------------------------------
+def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> GeluClass:
+    return _class_for("gelu_backward", [("grad", grad), ("x", x)], approximate)
+
+
+def backward_cuda_kernels(cls: GeluClass, target: Target):
+    return {"backward": _bind_cuda(GELU_BACKWARD, cls)}
+
+
+def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    grad, x = grad.contiguous(), x.contiguous()
+    dx = torch.empty_like(x)
+    if x.numel():
+        _launch(k.backward, k.shape_class, x.numel(), x.get_device(), grad, x, dx)
+    return dx
+
+
+def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    grad, x = grad.contiguous(), x.contiguous()
+    dx = torch.empty_like(x)
+    k.cpu.gelu_backward(grad, x, dx, APPROXIMATIONS[approximate])
+    return dx
+
+
+gelu_backward = op(
+    "jitops::gelu_backward(Tensor grad, Tensor x, str approximate='none') -> Tensor",
+    shape_class=backward_shape_class,
+    cuda=Impl(backward_cuda_kernels, run_backward_cuda),
+    cpu=Impl(_cpu_kernels, run_backward_cpu),
+    fake=lambda grad, x, approximate: torch.empty_like(x, memory_format=torch.contiguous_format),
+    doc="Gradient of jitops.gelu: grad * gelu'(x).",
+)
+
+
+# ---- jitops::gelu ----------------------------------------------------------------------------------------------
+def shape_class(x: torch.Tensor, approximate: str) -> GeluClass:
+    return _class_for("gelu", [("x", x)], approximate)
+
+
+def cuda_kernels(cls: GeluClass, target: Target):
+    return {"forward": _bind_cuda(GELU_FORWARD, cls)}
+
+
+def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.numel():
+        _launch(k.forward, k.shape_class, x.numel(), x.get_device(), x, y)
+    return y
+
+
+def run_cpu(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    k.cpu.gelu_forward(x, y, APPROXIMATIONS[approximate])
+    return y
+
+
+def setup_context(ctx, inputs, output) -> None:
+    x, approximate = inputs
+    ctx.save_for_backward(x)
+    ctx.approximate = approximate
+
+
+def backward(ctx, grad: torch.Tensor):
+    (x,) = ctx.saved_tensors
+    return (gelu_backward(grad, x, ctx.approximate),)
+
+
+gelu = op(
+    "jitops::gelu(Tensor x, str approximate='none') -> Tensor",
+    shape_class=shape_class,
+    cuda=Impl(cuda_kernels, run_cuda),
+    cpu=Impl(_cpu_kernels, run_cpu),
+    fake=lambda x, approximate: torch.empty_like(x, memory_format=torch.contiguous_format),
+    setup_context=setup_context,
+    backward=backward,
+    doc=__doc__,
+)

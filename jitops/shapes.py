@@ -1,0 +1,115 @@
+"""Shape-class helpers and input checks.  Pure: no GPU, and safe on fake and meta tensors.
+
+A shape class is the handful of input facts that change the compiled code.  Everything else stays a runtime
+argument, so one compiled kernel serves every size in its class.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+    torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool",
+}
+DTYPES_BY_NAME: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPES_BY_NAME.update({"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                       "float64": torch.float64, "half": torch.float16, "float": torch.float32,
+                       "double": torch.float64})
+
+# C++ spellings inside kernels/ (cuda_fp16.h, cuda_bf16.h).
+CUDA_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16", torch.float64: "double",
+}
+CPU_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES_BY_NAME[name.strip().lower().removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"jitops: unknown dtype {name!r}; use one of fp32, fp16, bf16, fp64") from None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return t.device.type == "meta" or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)
+
+
+def byte_alignment(t: torch.Tensor, cap: int = 16) -> int:
+    """Largest power of two <= cap that divides the tensor's start address.
+
+    Fake and meta tensors have no address: their storage is assumed allocator-aligned (torch's caching
+    allocator returns 512-byte aligned blocks), so only the storage offset counts.
+    """
+    if _is_fake(t):
+        address = t.storage_offset() * t.element_size()
+    else:
+        address = t.data_ptr()
+    alignment = cap
+    while alignment > 1 and address % alignment:
+        alignment //= 2
+    return alignment
+
+
+def vector_width(tensors: Iterable[torch.Tensor], row: int | None = None, max_bytes: int = 16) -> int:
+    """Elements per vector access that every tensor's start (and row length, if given) allows."""
+    tensors = list(tensors)
+    itemsize = tensors[0].element_size()
+    width = max_bytes // itemsize
+    for t in tensors:
+        width = min(width, byte_alignment(t, max_bytes) // itemsize or 1)
+    if row is not None:
+        while width > 1 and row % width:
+            width //= 2
+    return max(width, 1)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """Whether offsets into these tensors can pass 2**31 - 1 elements (then index math must be 64-bit)."""
+    return any(t.numel() >= 2**31 - 1 for t in tensors)
+
+
+# ---- input checks: each error names the op and the argument and says what is accepted -------------------------
+def check_tensor(op: str, name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"jitops.{op}: argument '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_dtype(op: str, name: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"jitops.{op}: argument '{name}' has dtype {str(t.dtype).removeprefix('torch.')} on "
+                        f"{t.device.type}; supported there: {names}")
+
+
+def check_same_dtype(op: str, reference: tuple[str, torch.Tensor], *others: tuple[str, torch.Tensor | None]) -> None:
+    ref_name, ref = reference
+    for name, t in others:
+        if t is not None and t.dtype != ref.dtype:
+            raise TypeError(f"jitops.{op}: argument '{name}' has dtype {str(t.dtype).removeprefix('torch.')} but "
+                            f"'{ref_name}' has {str(ref.dtype).removeprefix('torch.')}; they must match")
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected: Sequence[int], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"jitops.{op}: argument '{name}' has shape {tuple(t.shape)}, expected "
+                         f"{tuple(expected)}{extra}")
+
+
+def check_same_shape(op: str, reference: tuple[str, torch.Tensor], *others: tuple[str, torch.Tensor]) -> None:
+    ref_name, ref = reference
+    for name, t in others:
+        if t.shape != ref.shape:
+            raise ValueError(f"jitops.{op}: argument '{name}' has shape {tuple(t.shape)} but '{ref_name}' has "
+                             f"{tuple(ref.shape)}; they must match (jitops ops do not broadcast)")

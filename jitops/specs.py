@@ -1,0 +1,256 @@
+"""What an op asks the runtime to build: kernel sources, kernel specs, and the concrete build requests.
+
+A spec (CudaKernel, CudaLibrary, CppExtension) is declared once per op; `spec.bind(dtype, **params)` turns it
+into a BuildRequest for one shape class.  Pure data: nothing here compiles, loads or touches a GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+# Kinds of kernel parameters and how they are packed (struct codes; native alignment).
+PARAM_KINDS = {"ptr": "Q", "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "f32": "f", "f64": "d"}
+
+
+@lru_cache(maxsize=1)
+def kernels_root() -> Path:
+    """Directory of the shipped kernel sources: jitops/kernels in a wheel, kernels/ in a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"jitops: kernel sources not found next to {here}; the installation is incomplete")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kernel source: a file under kernels/ (`Source.file("gelu.cu")`) or text from a notebook cell
+    (`Source.inline("scaled_add", text)`).  Inline sources may #include the shipped headers."""
+
+    name: str                 # file name used in compiler messages, e.g. "gelu.cu"
+    relpath: str | None = None  # path under kernels/, for shipped sources
+    text: str | None = field(default=None, repr=False)
+
+    @staticmethod
+    def file(relpath: str) -> "Source":
+        return Source(name=Path(relpath).name, relpath=relpath)
+
+    @staticmethod
+    def inline(name: str, text: str, suffix: str = ".cu") -> "Source":
+        if not text.strip():
+            raise ValueError(f"jitops: inline source {name!r} is empty")
+        return Source(name=name if Path(name).suffix else name + suffix, text=text)
+
+    @property
+    def path(self) -> Path | None:
+        return kernels_root() / self.relpath if self.relpath else None
+
+    def read(self) -> str:
+        if self.text is not None:
+            return self.text
+        assert self.path is not None
+        return self.path.read_text()
+
+    def closure(self) -> dict[str, str]:
+        """sha256 of this source and of every header it includes from kernels/, transitively.
+
+        Keys are paths relative to kernels/ ("<inline>/name" for inline text), so the digest is the same in a
+        checkout and in an installed wheel.  Includes that do not resolve under kernels/ (CUDA, CUTLASS, the
+        C++ library) are versioned by the toolchain and CUTLASS components of the cache key instead.
+        """
+        root = kernels_root()
+        digests: dict[str, str] = {}
+        if self.text is not None:
+            digests[f"<inline>/{self.name}"] = _sha256(self.text.encode())
+            _walk_includes(self.text, root, root, digests)
+        else:
+            _walk_file(self.path, root, digests)  # type: ignore[arg-type]
+        return digests
+
+    def includes_external(self, prefixes: tuple[str, ...]) -> bool:
+        """Whether the include closure names a header under one of `prefixes` (e.g. cutlass/, cute/)."""
+        texts = [self.read()]
+        root = kernels_root()
+        for rel in self.closure():
+            if not rel.startswith("<inline>/"):
+                texts.append((root / rel).read_text())
+        return any(m.group(2).startswith(prefixes) for text in texts for m in _INCLUDE.finditer(text))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _walk_file(path: Path, root: Path, digests: dict[str, str]) -> None:
+    rel = path.resolve().relative_to(root.resolve()).as_posix()
+    if rel in digests:
+        return
+    data = path.read_bytes()
+    digests[rel] = _sha256(data)
+    _walk_includes(data.decode(errors="replace"), path.parent, root, digests)
+
+
+def _walk_includes(text: str, directory: Path, root: Path, digests: dict[str, str]) -> None:
+    # Conditional includes are all followed: hashing a header too many is safe, one too few serves stale code.
+    for match in _INCLUDE.finditer(text):
+        quote, name = match.groups()
+        candidates = ([directory / name] if quote == '"' else []) + [root / name]
+        for candidate in candidates:
+            if candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
+                _walk_file(candidate, root, digests)
+                break
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a kernel runs: a CUDA compute capability, or the CPU."""
+
+    device_type: str                      # "cuda" or "cpu"
+    capability: tuple[int, int] | None = None
+
+    def arch(self, specific: bool = False) -> str:
+        """The exact compile target: sm_90, or sm_90a when the kernel uses arch-specific instructions
+        (wgmma, setmaxnreg), which exist only as 'a' targets from compute capability 9.0 on."""
+        if self.device_type == "cpu":
+            return "cpu"
+        major, minor = self.capability  # type: ignore[misc]
+        suffix = "a" if specific and major >= 9 else ""
+        return f"sm_{major}{minor}{suffix}"
+
+    @staticmethod
+    def parse(arch: str) -> "Target":
+        """'sm_90a', 'sm_90', 'sm_80', '90', or 'cpu'."""
+        text = arch.strip().lower()
+        if text == "cpu":
+            return Target("cpu")
+        match = re.fullmatch(r"(?:sm_?|compute_)?(\d)(\d+)a?", text)
+        if not match:
+            raise ValueError(f"jitops: unknown arch {arch!r}; use sm_XY (e.g. sm_80, sm_90a) or cpu")
+        major, minor = int(match.group(1)), int(match.group(2))
+        if major < 7:
+            raise ValueError(f"jitops: arch {arch!r} is older than sm_70, which jitops does not support")
+        return Target("cuda", (major, minor))
+
+    def __str__(self) -> str:
+        return self.arch()
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One concrete thing to compile: a spec bound to a shape class."""
+
+    backend: str                          # "nvrtc", "load_inline" or "nvcc"
+    kernel: str                           # cache directory name, e.g. "gelu_forward"
+    source: Source
+    dtype: str                            # cache directory layer, e.g. "bf16" ("any" when dtype-free)
+    params: tuple[tuple[str, str], ...]   # the shape class as it reaches the compiler
+    entry: str | None = None              # NVRTC name expression, e.g. "jitops::gelu_forward<__nv_bfloat16, 8>"
+    signature: tuple[str, ...] = ()       # NVRTC parameter kinds, see PARAM_KINDS
+    functions: tuple[str, ...] = ()       # exported functions (load_inline, nvcc)
+    c_signatures: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # nvcc: (name, arg kinds, return kind)
+    defines: tuple[tuple[str, str], ...] = ()
+    options: tuple[str, ...] = ()
+    arch_specific: bool = False
+    cuda: bool = True                     # load_inline: whether the source is CUDA (needs nvcc + torch.cuda)
+
+    def arch(self, target: Target) -> str:
+        return target.arch(self.arch_specific)
+
+    def label(self) -> str:
+        return self.entry or f"{self.kernel}[{', '.join(f'{k}={v}' for k, v in self.params)}]"
+
+
+def _format_params(template: str, params: Mapping[str, object]) -> str:
+    try:
+        return template.format(**params)
+    except KeyError as exc:
+        raise ValueError(f"jitops: template {template!r} needs parameter {exc.args[0]!r}; got {sorted(params)}") \
+            from None
+
+
+def _parse_signature(signature: str | tuple[str, ...]) -> tuple[str, ...]:
+    kinds = tuple(signature.replace(",", " ").split()) if isinstance(signature, str) else tuple(signature)
+    for kind in kinds:
+        if kind not in PARAM_KINDS:
+            raise ValueError(f"jitops: unknown parameter kind {kind!r}; use one of {', '.join(PARAM_KINDS)}")
+    return kinds
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """A __global__ function compiled with NVRTC to a cubin and launched through CuPy.
+
+    `entry` is a C++ name expression with {placeholders} filled from the shape class, so kernels/ holds real
+    templates and Python only names the instantiation:
+        CudaKernel("gelu_forward", Source.file("gelu.cu"), "jitops::gelu_forward<{T}, {VEC}>", "ptr ptr i64")
+    """
+
+    name: str
+    source: Source
+    entry: str
+    signature: str | tuple[str, ...]
+    options: tuple[str, ...] = ()
+    arch_specific: bool = False
+
+    def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
+        return BuildRequest(
+            backend="nvrtc", kernel=self.name, source=self.source, dtype=dtype,
+            params=tuple((k, str(v)) for k, v in sorted(params.items())),
+            entry=_format_params(self.entry, params), signature=_parse_signature(self.signature),
+            options=tuple(self.options), arch_specific=self.arch_specific)
+
+
+@dataclass(frozen=True)
+class CppExtension:
+    """C++ (or CUDA C++) compiled by torch.utils.cpp_extension.load_inline into a Python module.
+
+    The shape class reaches the source as -D macros: bind("fp32", SCALAR_T="float") compiles with
+    -DSCALAR_T=float.  `functions` are the at::Tensor functions the module exports."""
+
+    name: str
+    source: Source
+    functions: tuple[str, ...]
+    options: tuple[str, ...] = ("-O3",)
+    cuda: bool = False
+
+    def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
+        return BuildRequest(
+            backend="load_inline", kernel=self.name, source=self.source, dtype=dtype,
+            params=tuple((k, str(v)) for k, v in sorted(params.items())),
+            functions=tuple(self.functions), defines=tuple((k, str(v)) for k, v in sorted(params.items())),
+            options=tuple(self.options), cuda=self.cuda)
+
+
+@dataclass(frozen=True)
+class CudaLibrary:
+    """Host and device code compiled by nvcc into a shared library with a C ABI, called through ctypes.
+
+    For kernels that need host code (the CUTLASS device-level API builds TMA descriptors on the host) and
+    no torch headers.  `functions` maps each extern "C" function to (argument kinds, return kind)."""
+
+    name: str
+    source: Source
+    functions: Mapping[str, tuple[tuple[str, ...], str]]
+    options: tuple[str, ...] = ()
+    arch_specific: bool = False
+
+    def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
+        signatures = tuple((fn, tuple(args), ret) for fn, (args, ret) in sorted(self.functions.items()))
+        return BuildRequest(
+            backend="nvcc", kernel=self.name, source=self.source, dtype=dtype,
+            params=tuple((k, str(v)) for k, v in sorted(params.items())),
+            functions=tuple(name for name, _, _ in signatures), c_signatures=signatures,
+            defines=tuple((k, str(v)) for k, v in sorted(params.items())),
+            options=tuple(self.options), arch_specific=self.arch_specific)
+
+
+def host_machine() -> str:
+    """CPU kernels are machine code for this ISA; it is part of their key."""
+    return platform.machine().lower()
