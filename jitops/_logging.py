@@ -19,11 +19,27 @@ class _LevelFromConfig(logging.Filter):
         return record.levelno >= level
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record is emitted (notebooks and test runners replace it), like
+    logging.lastResort."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def install_handler() -> None:
     logger = logging.getLogger("jitops")
     if any(getattr(h, "_jitops", False) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter("[jitops] %(message)s"))
     handler.addFilter(_LevelFromConfig())
     handler._jitops = True  # type: ignore[attr-defined]

@@ -142,7 +142,8 @@ class Op:
         _REGISTRY[self.qualname] = self
 
     def _positional(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-        if not kwargs:
+        """All arguments in schema order: the dispatcher may pass some as keywords and omit defaulted ones."""
+        if not kwargs and len(args) == len(self.args):
             return args
         values = list(args)
         for a in self.args[len(args):]:
@@ -219,7 +220,10 @@ class Op:
         for i in self._tensor_positions:
             t = args[i]
             if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-                return True  # subclasses (FakeTensor, DTensor, ...) and non-tensors: let torch decide/complain
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"jitops.{self.name}: argument '{self.args[i].name}' must be a torch.Tensor, "
+                                    f"got {type(t).__name__}")
+                return True  # subclasses (FakeTensor, DTensor, ...): the dispatcher knows what to do
             if grad and t.requires_grad:
                 return True
         for i in self._optional_positions:
@@ -253,6 +257,10 @@ class Op:
                                 f"got {type(args[i]).__name__}")
         if not tensors:
             raise ValueError(f"jitops.{self.name}: no tensor arguments")
+        for name, t in tensors:
+            if t.layout != torch.strided:
+                raise TypeError(f"jitops.{self.name}: argument '{name}' has layout {t.layout}; only dense (strided) "
+                                "tensors are supported: call .to_dense() first")
         first_name, first = tensors[0]
         for name, t in tensors[1:]:
             if t.device != first.device:

@@ -253,9 +253,9 @@ class Runtime:
         return None
 
     def clear_memory(self) -> None:
-        """Forget loaded kernels (the next call of each op looks at the disk cache again)."""
+        """Forget loaded kernels (the next call of each op looks at the disk cache again).  Builds that could
+        not be stored stay available to this process."""
         self._loaded.clear()
-        self._private.clear()
 
     # ---- JITOPS_RECORD -------------------------------------------------------------------------------------
     def _record_miss(self, context: MissContext | None, target: Target) -> None:

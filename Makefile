@@ -1,0 +1,26 @@
+# Two commands on a fresh machine:
+#   make run    set up .venv, prewarm the built-in GPU kernels (no GPU needed), run the ops on the CPU path
+#   make test   set up .venv, run the test suite (GPU tests run where a GPU is, and skip elsewhere)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test setup clean
+run: setup
+	$(PY) -m jitops
+
+test: setup
+	$(PY) -m pytest -q
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: a bare "torch" requirement would pull several GB of CUDA packages on a CPU box.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

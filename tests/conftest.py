@@ -1,0 +1,51 @@
+"""Test setup: every test session gets its own cache root (never ~/.cache), GPU tests skip only without a GPU."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before jitops is imported anywhere: CPU kernels (load_inline, ~30 s each on 2 cores) compile once per session
+# into this root.  JITOPS_TEST_CACHE keeps it across sessions when iterating locally.
+_SESSION_ROOT = Path(os.environ.get("JITOPS_TEST_CACHE") or tempfile.mkdtemp(prefix="jitops-test-cache-"))
+os.environ["JITOPS_CACHE_DIR"] = str(_SESSION_ROOT)
+os.environ.pop("JITOPS_CACHE_PATH", None)
+os.environ.pop("JITOPS_OFFLINE", None)
+os.environ.pop("JITOPS_RECORD", None)
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none present); run on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def session_cache() -> Path:
+    """The session's shared cache root (holds the compiled CPU kernels)."""
+    return _SESSION_ROOT
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    """An empty writable cache root for this test, with the runtime's memory forgotten before and after."""
+    import jitops
+
+    def forget() -> None:
+        jitops.clear_memory_cache()
+        jitops.runtime._private.clear()  # builds kept in memory after a failed store belong to one test
+
+    root = tmp_path / "cache"
+    forget()
+    with jitops.config.scope(cache_dir=root, cache_path=(), offline=False, record=None):
+        yield root
+    forget()
