@@ -92,9 +92,35 @@ class CudaFunction:
         offsets = _field_offsets(self.signature)
         self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self._pointers_address = ctypes.addressof(self._pointers)
-        self._is_ptr = tuple(k == "ptr" for k in self.signature)
         self._lock = threading.Lock()
         self._dynamic_smem_limit = _MAX_STATIC_SMEM
+        self.launch = self._make_launcher()
+
+    def _make_launcher(self) -> Any:
+        """A launch function generated for this signature: one line packs every argument (a tensor passes its
+        data pointer), no per-argument loop.  Launches on torch's current stream of this device."""
+        names = [f"a{i}" for i in range(len(self.signature))]
+        values = [f"({n}.data_ptr() if isinstance({n}, Tensor) else ({n} or 0))" if kind == "ptr" else n
+                  for n, kind in zip(names, self.signature)]
+        source = (
+            f"def launch(grid, block, {''.join(n + ', ' for n in names)}shared_mem=0):\n"
+            f"    if shared_mem > fn._dynamic_smem_limit:\n"
+            f"        fn._raise_smem_limit(shared_mem)\n"
+            f"    gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]\n"
+            f"    bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]\n"
+            f"    stream = raw_stream(device)\n"
+            f"    with lock:\n"
+            f"        pack(buffer, 0, {', '.join(values)})\n"
+            f"        try:\n"
+            f"            launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, pointers, 0)\n"
+            f"        except driver_error as exc:\n"
+            f"            fn._launch_failed(exc, (gx, gy, gz), (bx, by, bz), shared_mem, stream)\n")
+        scope = {"Tensor": torch.Tensor, "fn": self, "raw_stream": torch._C._cuda_getCurrentRawStream,
+                 "device": self.device_index, "lock": self._lock, "pack": self._struct.pack_into,
+                 "buffer": self._buffer, "launch_kernel": self._launch, "handle": self.handle,
+                 "pointers": self._pointers_address, "driver_error": self._driver_error}
+        exec(compile(source, f"<jitops launcher {self.label}>", "exec"), scope)  # noqa: S102 - generated
+        return scope["launch"]
 
     def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args: Any,
                  shared_mem: int = 0) -> None:
@@ -102,25 +128,16 @@ class CudaFunction:
         if len(args) != len(self.signature):
             raise TypeError(f"jitops: kernel {self.label} takes {len(self.signature)} arguments "
                             f"({' '.join(self.signature)}), got {len(args)}")
-        values = [
-            (a.data_ptr() if isinstance(a, torch.Tensor) else (a or 0)) if is_ptr else a
-            for is_ptr, a in zip(self._is_ptr, args)
-        ]
-        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = (block, 1, 1) if isinstance(block, int) else (tuple(block) + (1, 1))[:3]
-        if shared_mem > self._dynamic_smem_limit:
-            self._raise_smem_limit(shared_mem)
-        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        with self._lock:  # the parameter buffer is shared; the driver copies it during the call
-            self._struct.pack_into(self._buffer, 0, *values)
-            try:
-                self._launch(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream, self._pointers_address, 0)
-            except self._driver_error as exc:
-                if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
-                    raise RuntimeError(f"jitops: launching {self.label} with grid {(gx, gy, gz)}, block "
-                                       f"{(bx, by, bz)}, {shared_mem} B shared memory failed: {exc}") from None
-                _bind_context(self.device_index)
-                self._launch(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream, self._pointers_address, 0)
+        self.launch(grid, block, *args, shared_mem=shared_mem)
+
+    def _launch_failed(self, exc: Exception, grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int,
+                       stream: int) -> None:
+        """Called with the parameter lock held.  Retries once after binding the context (fresh threads)."""
+        if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+            raise RuntimeError(f"jitops: launching {self.label} with grid {grid}, block {block}, {shared_mem} B "
+                               f"shared memory failed: {exc}") from None
+        _bind_context(self.device_index)
+        self._launch(self.handle, *grid, *block, shared_mem, stream, self._pointers_address, 0)
 
     def _raise_smem_limit(self, shared_mem: int) -> None:
         driver = _driver()

@@ -26,9 +26,13 @@ class AddClass(NamedTuple):
 
 
 def shape_class(a: torch.Tensor, b: torch.Tensor) -> AddClass:
-    shapes.check_same_dtype("add", ("a", a), ("b", b))
-    shapes.check_same_shape("add", ("a", a), ("b", b))
-    shapes.check_dtype("add", "a", a, CPU_DTYPES if a.device.type == "cpu" else CUDA_DTYPES)
+    # Runs on every call: plain comparisons first, the helpers (which build the messages) only on failure.
+    if a.dtype != b.dtype:
+        shapes.check_same_dtype("add", ("a", a), ("b", b))
+    if a.shape != b.shape:
+        shapes.check_same_shape("add", ("a", a), ("b", b))
+    if a.dtype not in (CPU_DTYPES if a.is_cpu else CUDA_DTYPES):
+        shapes.check_dtype("add", "a", a, CPU_DTYPES if a.is_cpu else CUDA_DTYPES)
     if a.is_contiguous() and b.is_contiguous():
         vec = shapes.vector_width((a, b))
     else:  # the contiguous copies are fresh allocations: 16-byte aligned
@@ -50,7 +54,7 @@ def run_cuda(k, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = a.numel()
     if n:
         vectors = max(n // k.shape_class.vec, 1)
-        k.forward(elementwise_grid(vectors, BLOCK, a.get_device()), BLOCK, a, b, out, n)
+        k.forward.launch(elementwise_grid(vectors, BLOCK, a.get_device()), BLOCK, a, b, out, n)
     return out
 
 

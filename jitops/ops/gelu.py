@@ -40,14 +40,21 @@ def _check_approximate(approximate: str) -> None:
 
 
 def _class_for(op_name: str, tensors: list[tuple[str, torch.Tensor]], approximate: str) -> GeluClass:
-    _check_approximate(approximate)
+    # Runs on every call: plain comparisons first, the helpers (which build the messages) only on failure.
+    if approximate not in APPROXIMATIONS:
+        _check_approximate(approximate)
     first_name, first = tensors[0]
-    shapes.check_same_dtype(op_name, (first_name, first), *tensors[1:])
-    shapes.check_same_shape(op_name, (first_name, first), *tensors[1:])
-    shapes.check_dtype(op_name, first_name, first, CPU_DTYPES if first.device.type == "cpu" else CUDA_DTYPES)
+    for name, t in tensors[1:]:
+        if t.dtype != first.dtype:
+            shapes.check_same_dtype(op_name, (first_name, first), (name, t))
+        if t.shape != first.shape:
+            shapes.check_same_shape(op_name, (first_name, first), (name, t))
+    allowed = CPU_DTYPES if first.is_cpu else CUDA_DTYPES
+    if first.dtype not in allowed:
+        shapes.check_dtype(op_name, first_name, first, allowed)
     if all(t.is_contiguous() for _, t in tensors):
-        vec = shapes.vector_width(t for _, t in tensors)
-    else:
+        vec = shapes.vector_width([t for _, t in tensors])
+    else:  # the contiguous copies are fresh allocations: 16-byte aligned
         vec = 16 // first.element_size()
     index = "int" if first.numel() < INT32_LIMIT else "long long"
     return GeluClass(first.dtype, vec, approximate, index)
@@ -71,7 +78,7 @@ def _cpu_kernels(cls: GeluClass, target: Target):
 
 def _launch(kernel, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
     vectors = max(n // cls.vec, 1)
-    kernel(elementwise_grid(vectors, BLOCK, device_index), BLOCK, *tensors, n)
+    kernel.launch(elementwise_grid(vectors, BLOCK, device_index), BLOCK, *tensors, n)
 
 
 # ---- jitops::gelu_backward: dx = dy * gelu'(x) -----------------------------------------------------------------
