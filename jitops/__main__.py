@@ -18,23 +18,21 @@ import torch.nn.functional as F
 import jitops
 from jitops.specs import Target
 
-PREWARM = [  # (op, dtype, shapes, kwargs): the common shape classes of the built-in ops
-    ("add", dtype, [[4096, 4096], [4096, 4096]], {}) for dtype in ("fp32", "fp16", "bf16")
-] + [
-    (name, dtype, shapes, {"approximate": approx})
-    for dtype in ("fp32", "fp16", "bf16") for approx in ("none", "tanh")
-    for name, shapes in (("gelu", [[4096, 8192]]), ("gelu_backward", [[4096, 8192], [4096, 8192]]))
-]
-
-
 def prewarm(archs: list[str]) -> None:
+    """Compile the built-in ops' common shape classes (jitops.ops.PREWARM) for each arch, one at a time
+    (`cache_tools prewarm --all-builtin` does the same in parallel, with a report)."""
+    from jitops.ops import PREWARM
+
     for arch in archs:
         target = Target.parse(arch)
         started, outcomes = time.perf_counter(), {"compiled": 0, "cached": 0}
-        for name, dtype, shapes, kwargs in PREWARM:
-            op = jitops.find(name)
-            for request in op.requests_for(op.example_args(dtype, shapes, kwargs), target).values():
-                outcomes[jitops.runtime.prewarm(request, target)] += 1
+        for item in PREWARM:
+            op = jitops.find(item["op"])
+            for dtype in item["dtypes"]:
+                for shapes in item["shapes"]:
+                    args = op.example_args(dtype, shapes, item.get("kwargs", {}))
+                    for request in op.requests_for(args, target).values():
+                        outcomes[jitops.runtime.prewarm(request, target)] += 1
         print(f"prewarm {arch}: {outcomes['compiled']} compiled, {outcomes['cached']} already cached "
               f"({time.perf_counter() - started:.1f} s)")
 

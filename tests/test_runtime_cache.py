@@ -223,3 +223,17 @@ def test_config_rejects_bad_values_by_name(monkeypatch):
     with pytest.raises(jitops.ConfigError, match="unknown setting"):
         with jitops.config.scope(ofline=True):
             pass
+
+
+def test_read_only_root_builds_by_another_toolchain_are_used_even_with_a_compiler(echo, tmp_path):
+    """A cache prewarmed on a build box (another host compiler or NVRTC release) and shipped read-only is used
+    as is; only the writable root insists on this machine's exact toolchain."""
+    shipped = tmp_path / "shipped"
+    with jitops.config.scope(cache_dir=shipped):
+        runtime.prewarm(fakes.request("built elsewhere"), SM90)
+    runtime.clear_memory()
+    echo.toolchain_identity = {"echo": "local-2.0"}
+    echo.compiles = 0
+    with jitops.config.scope(cache_dir=tmp_path / "mine", cache_path=(shipped,)):
+        assert runtime.get_kernel(fakes.request("built elsewhere"), SM90, 0) == b"sm_90|built elsewhere"
+    assert echo.compiles == 0

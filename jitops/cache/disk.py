@@ -146,17 +146,19 @@ class DiskCache:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def candidates(self, key: CacheKey, any_toolchain: bool) -> Iterator[CacheEntry | tuple[Path, CacheRoot, str]]:
-        """Entries for `key`, best first: the exact toolchain in each root, then (if allowed) any toolchain's
-        build of the same request, newest first.  Unreadable entries come as (path, root, reason)."""
+        """Entries for `key`, best first: the exact toolchain in each root, then any toolchain's build of the
+        same request, newest first: from read-only roots always (they are shipped builds, made on purpose on
+        another machine), from the writable root only if `any_toolchain`.  Unreadable entries come as
+        (path, root, reason)."""
         seen: set[Path] = set()
         for root in self.roots:
             exact = root.entry_dir(key)
             if exact.is_dir():
                 seen.add(exact)
                 yield self._open(exact, root)
-        if not any_toolchain:
-            return
         for root in self.roots:
+            if root.writable and not any_toolchain:
+                continue
             parent = root.base / key.arch / key.dtype
             try:
                 names = [n for n in os.listdir(parent) if n.startswith(key.request_prefix())]

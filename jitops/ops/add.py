@@ -73,6 +73,10 @@ def run_cpu(k, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
+PREWARM = [{"op": "add", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 4096], [4096, 4096]]], "kwargs": {}}]
+
+
 # ---- autograd ---------------------------------------------------------------------------------------------------
 def setup_context(ctx, inputs, output) -> None:
     pass

@@ -150,6 +150,13 @@ def backward(ctx, grad: torch.Tensor):
     return (gelu_backward(grad, x, ctx.approximate),)
 
 
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
+PREWARM = [
+    {"op": name, "dtypes": ["fp32", "fp16", "bf16"], "shapes": [shapes_], "kwargs": {"approximate": approximate}}
+    for approximate in ("none", "tanh")
+    for name, shapes_ in (("gelu", [[4096, 8192]]), ("gelu_backward", [[4096, 8192], [4096, 8192]]))
+]
+
 gelu = op(
     "jitops::gelu(Tensor x, str approximate='none') -> Tensor",
     shape_class=shape_class,
