@@ -217,7 +217,8 @@ class Op:
             "__run": self._cuda.run if self._cuda else None, "__Tensor": torch.Tensor,
             "__Parameter": torch.nn.Parameter, "__strided": _STRIDED, "__is_compiling": _is_compiling,
             "__function_mode": _function_mode, "__dispatch_stack": _dispatch_stack, "__profiling": _profiling,
-            "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device}
+            "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device,
+            "__grad_call": self._autograd.apply if self._autograd is not None else self.overload}
         exec(compile(source, f"<jitops op {self.qualname}>", "exec"), namespace)  # noqa: S102 - generated
         function = namespace[self.name]
         function.__defaults__ = tuple(defaults) or None
@@ -254,7 +255,7 @@ class Op:
             f"    if {' or '.join(not_plain)}:\n"
             f"        return __call({everything})\n"
             f"    if __grad_enabled() and ({' or '.join(grads)}):\n"
-            f"        return __call({everything})\n"
+            f"        return __grad_call({everything})\n"
             f"    __i = {first}.get_device()\n"
             f"    if __i < 0 or {' or '.join(elsewhere)} or __i != __current_device():\n"
             f"        return __run_device(({everything},))\n"
@@ -387,19 +388,17 @@ class Op:
             return None
         op = self
 
-        class Function(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, *args):  # type: ignore[override]
-                output = op._run_device(args)
-                op.setup_context(ctx, args, output)  # type: ignore[misc]
-                return output
+        def forward(ctx, *args):
+            output = op._run_device(args)
+            op.setup_context(ctx, args, output)  # type: ignore[misc]
+            return output
 
-            @staticmethod
-            def backward(ctx, *grads):  # type: ignore[override]
-                return op._backward(ctx, *grads)
+        def backward(ctx, *grads):
+            return op._backward(ctx, *grads)
 
-        Function.__name__ = Function.__qualname__ = f"{self.name}_backward_node"
-        return Function
+        # Built with type() so the autograd node is named after the op: grad_fn=<jitops_geluBackward>.
+        return type(f"jitops_{self.name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     def target(self, device_type: str, device_index: int) -> Target:
         if device_type == "cpu":

@@ -1,0 +1,1 @@
+"""cache_tools: the jitops cache CLI (python -m cache_tools)."""
