@@ -89,15 +89,17 @@ print(f"\n{RECORD.name}:")
 print(RECORD.read_text())
 
 # %% [markdown]
-# Each line is a manifest item. A manifest is the same items under `"ops"`, with the target archs; it is the
-# file you would commit next to a Dockerfile, and `verify` checks a cache against it.
+# Each line is a manifest item. A manifest is the same items under `"ops"`, with the target archs: the file you
+# would commit next to a Dockerfile (or write by hand for the shapes you serve). `prewarm` and `verify` take
+# either form (`--manifest` or `--record`).
 
 # %%
 items = [json.loads(line) for line in RECORD.read_text().splitlines()]
-archs = sorted({arch for item in items for arch in item.get("archs", [])})
+archs = sorted({arch for item in items for arch in item["archs"]})
+ops = [{key: item[key] for key in ("op", "dtypes", "shapes", "kwargs", "strides") if key in item} for item in items]
 MANIFEST = WORK / "manifest.json"
-MANIFEST.write_text(json.dumps({"archs": archs, "ops": [{k: v for k, v in item.items() if k != "archs"}
-                                                         for item in items]}, indent=1))
+body = ",\n".join(f"  {json.dumps(op)}" for op in ops)
+MANIFEST.write_text(f'{{"archs": {json.dumps(archs)}, "ops": [\n{body}\n]}}\n')  # one item a line: clear diffs
 print(MANIFEST.read_text())
 
 # %% [markdown]
