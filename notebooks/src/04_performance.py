@@ -141,7 +141,7 @@ for name in EXPECTED[1:]:
 # ## Reading the numbers
 #
 # - Throughput is measured after warm-up (which absorbs the one-time compile), as the median of many CUDA-event
-#   timed calls, with inputs rotated so that small cases do not run from L2. Compare a memory-bound op's TB/s
+#   timed calls; `benchmarks/harness.py` rotates the inputs of small cases so that they do not run from L2. Compare a memory-bound op's TB/s
 #   with the device's copy bandwidth (about 3 TB/s on an H100), not with its peak.
 # - A result belongs to its device, software and date: the plots say which. Numbers from another GPU or another
 #   driver are not comparable bar for bar.
