@@ -74,8 +74,15 @@ def execute(path: Path, tmp_path: Path) -> Ran:
     import nbclient
     import nbformat
 
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
     notebook = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+    # No kernel directories: the "python3" kernel is then ipykernel's own spec, which runs this interpreter
+    # (sys.executable), whatever kernelspecs the machine has installed.
+    specs = KernelSpecManager(kernel_dirs=[])
+    manager = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=specs)
+    client = nbclient.NotebookClient(notebook, km=manager, timeout=CELL_TIMEOUT, startup_timeout=120,
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
     try:
         client.execute()

@@ -117,7 +117,7 @@ def cpu_source(physics):
 # - **kernels** names the kernels one shape class needs: a `CudaKernel` (NVRTC) or a `CppExtension`
 #   (`load_inline`), bound to the shape class. `entry` names the template instantiation; `signature` gives the
 #   kernel's parameter kinds;
-# - **run** allocates the outputs and launches: `k.step.launch(grid, block, *kernel arguments)` on the GPU
+# - **run** allocates the outputs and launches: `k.step(grid, block, *kernel arguments)` on the GPU
 #   (tensors pass their data pointer), `k.step.particle_step(...)` on the CPU;
 # - **fake** gives outputs of the right shape without computing anything (for `torch.compile` and `opcheck`);
 # - **setup_context** and **backward**: the step is linear in `x` and `v`, so its backward is two lines of
@@ -143,7 +143,7 @@ def run_cuda(k, x, v, gravity, dt):
     x_next, v_next = torch.empty_like(x), torch.empty_like(v)
     n = x.numel()
     if n:
-        k.step.launch((n + 255) // 256, 256, x, v, x_next, v_next, gravity, dt, n)
+        k.step((n + 255) // 256, 256, x, v, x_next, v_next, gravity, dt, n)  # grid, block, kernel arguments
     return x_next, v_next
 
 

@@ -100,8 +100,9 @@ else:
 # ## Throughput against the baselines
 #
 # One chart per benchmark file and metric: jitops (blue) and the baseline measured in the same run (gray) for
-# each op, shape and dtype, with the speedup (baseline time over jitops time) at the end of each pair. For
-# memory-bound ops the rate counts bytes read plus bytes written; for compute-bound ones, floating-point operations (2·M·N·K for a GEMM).
+# each op, shape and dtype, with the speedup (baseline time over jitops time) after jitops' rate. For
+# memory-bound ops the rate counts bytes read plus bytes written; for compute-bound ones, floating-point
+# operations (2·M·N·K for a GEMM).
 
 # %%
 def plot_rows(name, data):
@@ -140,8 +141,9 @@ for name in EXPECTED[1:]:
 # %% [markdown]
 # ## Reading the numbers
 #
-# - Throughput is measured after warm-up (which absorbs the one-time compile), as the median of many CUDA-event
-#   timed calls; `benchmarks/harness.py` rotates the inputs of small cases so that they do not run from L2. Compare a memory-bound op's TB/s
-#   with the device's copy bandwidth (about 3 TB/s on an H100), not with its peak.
+# - Throughput is measured after warm-up (which absorbs the one-time compile), as the median of many
+#   CUDA-event timed calls; `benchmarks/harness.py` rotates the inputs of small cases so that they do not run
+#   from L2. Compare a memory-bound op's TB/s with the device's copy bandwidth (about 3 TB/s on an H100), not
+#   with its peak.
 # - A result belongs to its device, software and date: the plots say which. Numbers from another GPU or another
 #   driver are not comparable bar for bar.
