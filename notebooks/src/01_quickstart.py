@@ -1,5 +1,5 @@
 # %% [markdown]
-# # jitops quickstart: compile once, then it's free
+# # jitops quickstart: compile once, reuse everywhere
 #
 # A jitops op carries its own kernel source. The first call for a new **shape class** (the few input facts that
 # change the compiled code: dtype, vector width from the alignment, a mode argument...) compiles the kernel and
