@@ -8,8 +8,11 @@ GPU is present the GPU cells run; elsewhere they print a "No GPU here" note, whi
 Where nbclient or ipykernel is not installed (a bare GPU machine), the code cells run in order as one script in
 a fresh interpreter instead: the notebooks use no IPython syntax, so that is the same program.
 
-On 2 CPU cores the notebooks take about 4 minutes, most of it five C++ compiles through load_inline (01: gelu;
-02: the custom op, then its edited source; 03: gelu for the recorded run, then the prewarm).
+Without a GPU the four notebooks cost about 270 CPU-seconds (266 measured on the 2-core development box,
+2026-11-22), most of it five single-threaded C++ compiles through load_inline (01: gelu; 02: the custom op, then
+its edited source; 03: gelu for the recorded run, then the prewarm): 4 to 5 minutes on an idle 2-core machine.
+Each notebook uses temporary caches of its own on purpose: a first call must compile, an edit must recompile,
+a recorded run must miss, and a prewarm must build.
 """
 from __future__ import annotations
 
