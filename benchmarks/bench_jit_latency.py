@@ -134,34 +134,45 @@ def child(method: str, cache: str) -> dict:
         raise SystemExit(f"unknown method {method}")
     expected = torch.nn.functional.gelu(x.float(), approximate="tanh")
     result["max_error"] = (y.float() - expected).abs().max().item()
-    result["hot_us"] = hot_us(lambda: call(tiny))
-    result["torch_gelu_hot_us"] = hot_us(lambda: torch.nn.functional.gelu(tiny, approximate="tanh"))
+    result["hot_us"], result["torch_gelu_hot_us"] = hot_pair(
+        lambda: call(tiny), lambda: torch.nn.functional.gelu(tiny, approximate="tanh"))
     if method == "jitops":
         import jitops
 
         a, b = torch.randn(1, device="cuda"), torch.randn(1, device="cuda")
-        result["add_hot_us"] = hot_us(lambda: jitops.add(a, b))
-        result["torch_add_hot_us"] = hot_us(lambda: torch.add(a, b))
+        result["add_hot_us"], result["torch_add_hot_us"] = hot_pair(lambda: jitops.add(a, b),
+                                                                    lambda: torch.add(a, b))
         ag = a.clone().requires_grad_()
-        result["add_grad_hot_us"] = hot_us(lambda: jitops.add(ag, b))
-        result["torch_add_grad_hot_us"] = hot_us(lambda: torch.add(ag, b))
+        result["add_grad_hot_us"], result["torch_add_grad_hot_us"] = hot_pair(lambda: jitops.add(ag, b),
+                                                                              lambda: torch.add(ag, b))
     return result
 
 
 def hot_us(fn, calls: int = 20000) -> float:
+    return hot_pair(fn, None, calls)[0]
+
+
+def hot_pair(fn, baseline, calls: int = 20000, rounds: int = 7) -> tuple[float, float]:
+    """Best-of-rounds microseconds per call for fn and baseline, their rounds interleaved (A B A B ...) so that
+    clock or neighbour drift during the run hits both alike."""
     import torch
 
-    for _ in range(500):
-        fn()
+    for f in (fn, baseline):
+        if f is not None:
+            for _ in range(2000):
+                f()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - started) / calls * 1e6)
-    return best
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for slot, f in enumerate((fn, baseline)):
+            if f is None:
+                continue
+            started = time.perf_counter()
+            for _ in range(calls):
+                f()
+            torch.cuda.synchronize()
+            best[slot] = min(best[slot], (time.perf_counter() - started) / calls * 1e6)
+    return best[0], best[1]
 
 
 def run_child(method: str, cache: str) -> dict:
