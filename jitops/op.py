@@ -62,6 +62,7 @@ class _Arg:
     kwarg_only: bool
     has_default: bool
     default: Any
+    dtype: bool = False  # a ScalarType argument: manifests name it ("bf16")
 
 
 _REGISTRY: dict[str, "Op"] = {}
@@ -78,20 +79,28 @@ _profiling = torch.autograd._profiler_enabled
 _current_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 
 
+def _kind(arg: torch._C.Argument) -> str:
+    """Classify by torch's type objects, not their printed names (Tensor? prints as Optional[Tensor])."""
+    t = arg.type
+    if isinstance(t, torch.TensorType):
+        return "tensor"
+    if isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType):
+        return "optional_tensor"
+    if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+        return "tensor_list"
+    return "value"
+
+
+def _is_dtype(arg: torch._C.Argument) -> bool:
+    """ScalarType arguments print as int; their real_type names them."""
+    return "ScalarType" in str(getattr(arg, "real_type", arg.type))
+
+
 def _parse_arguments(schema: torch._C.FunctionSchema) -> list[_Arg]:
     args = []
     for a in schema.arguments:
-        text = str(a.type)
-        if text == "Tensor":
-            kind = "tensor"
-        elif text == "Tensor?":
-            kind = "optional_tensor"
-        elif text in ("List[Tensor]", "Tensor[]"):
-            kind = "tensor_list"
-        else:
-            kind = "value"
         has_default = a.default_value is not None or a.has_default_value()
-        args.append(_Arg(a.name, kind, a.kwarg_only, has_default, a.default_value))
+        args.append(_Arg(a.name, _kind(a), a.kwarg_only, has_default, a.default_value, _is_dtype(a)))
     return args
 
 
@@ -467,7 +476,7 @@ class Op:
             if a.kind == "value":
                 if a.name in kwargs:
                     value = kwargs[a.name]
-                    if str(self.schema.arguments[self.args.index(a)].type) == "ScalarType?" and value is not None:
+                    if a.dtype and isinstance(value, str):
                         value = parse_dtype(value)
                     values.append(value)
                 elif a.has_default:
