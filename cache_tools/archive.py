@@ -229,6 +229,9 @@ def _unpack(archive: Path, staging: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read archive {archive}: {exc}") from None
     seen: set[str] = set()
     index_bytes = None
+    if os.fstat(raw.fileno()).st_size == 0:
+        raw.close()
+        raise UsageError(f"{archive} is an empty file, not an archive.  Nothing was imported.")
     try:
         with raw:
             stream, mode = _open_stream(archive, raw)
@@ -239,7 +242,8 @@ def _unpack(archive: Path, staging: Path) -> dict[str, Any]:
                         continue
                     if not member.isreg():
                         kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk() else
-                                "a device file" if member.isdev() else "not a regular file")
+                                "a device file" if member.ischr() or member.isblk() else
+                                "a FIFO" if member.isfifo() else "not a regular file")
                         raise UsageError(f"{bad}: member {member.name!r} is {kind}; archives from "
                                          "`jitops-cache export` hold regular files only.  Nothing was imported.")
                     if name != INDEX and name.count("/") != 4:
