@@ -38,6 +38,7 @@ ARCHIVE_FORMAT = "jitops-cache-archive"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
 STAMP = "last_used"  # the runtime's last-use stamp: machine-local, never exported
+INDEX_LIMIT = 64 << 20  # an index of ~100k entries; a bigger one is not from `export`
 
 
 @dataclass
@@ -190,9 +191,13 @@ def import_archive(archive: str | Path, jobs: int | None = None) -> ImportReport
         for relative, key, meta in entries:
             record = {"path": relative, "op": meta.get("op"), "label": meta.get("label"), "arch": key.arch,
                       "dtype": key.dtype}
-            if disk.writable.entry_dir(key).is_dir():
-                report.present.append(record)
-                continue
+            existing = disk.writable.entry_dir(key)
+            if existing.is_dir():
+                if _intact(existing, disk.writable):
+                    report.present.append(record)
+                    continue
+                disk.remove(existing, disk.writable)  # a corrupt copy of the same key: the archive's replaces it
+                record["replaced_corrupt"] = True
             files = list(meta["files"])
             kept = {k: v for k, v in meta.items()
                     if k not in ("files", "key", "request", "request_hash", "toolchain", "toolchain_hash",
@@ -206,6 +211,14 @@ def import_archive(archive: str | Path, jobs: int | None = None) -> ImportReport
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _intact(path: Path, root: CacheRoot) -> bool:
+    try:
+        CacheEntry(path, root, json.loads((path / "meta.json").read_text())).verify()
+        return True
+    except (OSError, ValueError, CorruptEntry, AttributeError):
+        return False
 
 
 def _open_stream(archive: Path, raw: IO[bytes]) -> tuple[IO[bytes], str]:
@@ -254,16 +267,19 @@ def _unpack(archive: Path, staging: Path) -> dict[str, Any]:
                     seen.add(name)
                     source = tar.extractfile(member)
                     assert source is not None
-                    data = source.read()
-                    if len(data) != member.size:
-                        raise EOFError(f"member {name!r} is cut short")
                     if name == INDEX:
-                        index_bytes = data
+                        if member.size > INDEX_LIMIT:
+                            raise UsageError(f"{bad}: its index is {member.size} bytes.  Nothing was imported.")
+                        index_bytes = source.read()
+                        if len(index_bytes) != member.size:
+                            raise EOFError(f"member {name!r} is cut short")
                         continue
                     target = staging / name
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with open(target, "xb") as fh:  # our own file, mode 0644 by umask: no bits from the tar
-                        fh.write(data)
+                        shutil.copyfileobj(source, fh, 1 << 20)
+                        if fh.tell() != member.size:
+                            raise EOFError(f"member {name!r} is cut short")
     except UsageError:
         raise
     except Exception as exc:  # tarfile.ReadError, EOFError, zstd errors: a truncated or damaged archive

@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits 2 with argparse's message on bad flags
     try:
         archs = parse_archs(args.arch)
+        if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
+            raise UsageError(f"--cache-dir {args.cache_dir} is a file; give a directory (it is created if absent)")
         scope = {"cache_dir": args.cache_dir} if args.cache_dir is not None else {}
         with config.scope(**scope):
             return COMMANDS[args.command](args, archs)

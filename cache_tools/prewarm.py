@@ -99,8 +99,13 @@ def prewarm(plan: Plan, jobs: int | None = None, progress: bool = True, stream: 
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prewarm") as threads:
                 futures: dict[Future, int] = {threads.submit(builder.build, i, plan.jobs[i], display): i
                                               for i in todo}
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
+                try:
+                    for future in as_completed(futures):
+                        results[futures[future]] = future.result()
+                except BaseException:  # Ctrl-C: start nothing new; the builds under way finish and publish
+                    for future in futures:
+                        future.cancel()
+                    raise
         finally:
             builder.close()
             display.close()

@@ -270,3 +270,21 @@ def test_import_refuses_files_that_are_not_archives(content, message, target, tm
     code, out, err = cli(capsys, "import", path, "--cache-dir", target)
     assert code == 2 and message in err, err
     assert snapshot(target) == before
+
+
+def test_import_replaces_a_corrupt_copy_of_the_same_entry(archive, source_cache, tmp_path, capsys):
+    destination = tmp_path / "dest"
+    assert cli(capsys, "import", archive, "--cache-dir", destination)[0] == 0
+    broken = entry_dirs(destination)[0]
+    (broken / "kernel.cubin").write_bytes(b"rotten")
+    code, report = cli_json(capsys, "import", archive, "--cache-dir", destination)
+    assert code == 0 and [r.get("replaced_corrupt") for r in report["imported"]] == [True]
+    assert len(report["already_present"]) == 1
+    assert cli(capsys, "verify", "--cache-dir", destination)[0] == 0
+
+
+def test_cache_dir_that_is_a_file_is_bad_input(archive, tmp_path, capsys):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    code, out, err = cli(capsys, "import", archive, "--cache-dir", not_a_dir)
+    assert code == 2 and "is a file; give a directory" in err and not_a_dir.read_text() == "x"
