@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -144,11 +143,7 @@ def print_json(value: Any, out: TextIO | None = None) -> None:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
+    return str(value)  # Paths, dtypes: their text
 
 
 def compact_shape_class(text: str | None) -> str:

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from jitops import config, runtime
 from jitops.cache import CacheEntry, CorruptEntry
@@ -184,7 +184,3 @@ def prune(max_size: int | None = None, older_than: float | None = None, archs: S
     if not dry_run:
         report.stale = [str(p) for p in disk.clean_stale(STALE_SECONDS)]
     return report
-
-
-def total_size(paths: Iterable[Path]) -> int:
-    return sum(dir_size(p) for p in paths)
