@@ -444,7 +444,9 @@ class Op:
                     contiguous &= value.is_contiguous()
                     dtype = dtype or value.dtype
         kwargs = {a.name: _jsonable(args[i]) for i, a in enumerate(self.args) if a.kind == "value"}
-        item: dict[str, Any] = {"op": self.name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
+        # jitops' own ops by short name; others qualified (jitops.find("mylib::scaled_add") finds them on replay).
+        name = self.name if self.namespace == "jitops" else self.qualname
+        item: dict[str, Any] = {"op": name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
                                 "kwargs": kwargs}
         if not contiguous:
             item["strides"] = [strides]
