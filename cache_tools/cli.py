@@ -7,6 +7,7 @@ Exit codes: 0 done; 1 done but something failed (a compile, a corrupt entry, a m
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -50,6 +51,12 @@ def _shared(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="print the result as JSON on stdout")
 
 
+def _imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                        help="import this Python module first, so the ops it declares with jitops.op can be named "
+                             "(e.g. mylib::scaled_add); repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Prewarm, inspect, verify, prune, ship and explain the jitops kernel cache.  "
@@ -71,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-unbuildable", action="store_true",
                    help="report kernels this machine cannot build, but do not fail for them")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    _imports(p)
 
     p = command("list", "a table of the cached entries")
     p.add_argument("--op", action="append", metavar="NAME", help="only this op's entries (repeatable)")
@@ -79,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="store_true", help="remove corrupt entries from the writable root")
     p.add_argument("--manifest", metavar="FILE", help="exit 1 if a call of this manifest would miss the cache")
     p.add_argument("--record", metavar="FILE", help="the same for a JITOPS_RECORD file")
+    _imports(p)
 
     p = command("prune", "remove entries, least recently used first (by the runtime's last-use stamp)")
     p.add_argument("--max-size", metavar="SIZE", help="keep at most this much: 500M, 2G, 1.5GiB, 800MB")
@@ -104,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kwarg", action="append", metavar="NAME=VALUE", help="another argument, e.g. approximate=tanh")
     p.add_argument("--item", metavar="JSON", help="the call as a manifest item: a JITOPS_RECORD line or the item "
                                                   "a CacheMissError prints")
+    _imports(p)
 
     command("info", "cache roots, sizes and counts, compiler versions and settings")
     return parser
@@ -117,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         archs = parse_archs(args.arch)
         if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
             raise UsageError(f"--cache-dir {args.cache_dir} is a file; give a directory (it is created if absent)")
+        for module in getattr(args, "imports", ()):
+            _import(module)
         scope = {"cache_dir": args.cache_dir} if args.cache_dir is not None else {}
         with config.scope(**scope):
             return COMMANDS[args.command](args, archs)
@@ -126,6 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or the module's own error: bad input either way
+        raise UsageError(f"--import {module}: {type(exc).__name__}: {exc} (is it on PYTHONPATH?)") from None
 
 
 def _writable() -> None:

@@ -153,7 +153,9 @@ def parse_item(item: Any, archs: Sequence[str], where: str) -> list[Call]:
     try:
         jitops.find(op)
     except ValueError as exc:
-        raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}") from None
+        hint = "; an op declared in your own code needs --import MODULE (the module that declares it)" \
+            if "::" in op and not op.startswith("jitops::") else ""
+        raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}{hint}") from None
     where = f"{where} ({op})"
     dtypes = item.get("dtypes")
     if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):

@@ -207,6 +207,41 @@ def test_prewarm_record_replays_the_recorded_calls_exactly(tmp_path, capsys):
     assert code == 0 and [r["label"] for r in report["results"]] == ["jitops::gelu_forward<double, 2, 1, int>"]
 
 
+USER_OPS = '''
+import torch, jitops
+SOURCE = """
+template <typename T>
+__global__ void twice(const T* x, T* out, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i] + x[i];
+}
+"""
+KERNEL = jitops.CudaKernel("user_twice", jitops.Source.inline("user_twice", SOURCE), "twice<{T}>", "ptr ptr i64")
+twice = jitops.op("userlib::twice(Tensor x) -> Tensor", shape_class=lambda x: x.dtype,
+                  cuda=jitops.Impl(lambda cls, target: {"k": KERNEL.bind("fp32", T="float")}, lambda k, x: x),
+                  fake=lambda x: torch.empty_like(x))
+'''
+
+
+def test_record_of_a_users_op_replays_with_import(tmp_path):
+    """Ops outside the jitops namespace are recorded by qualified name; --import declares them for the replay."""
+    assert broken.op.manifest_item((torch.empty(3),))["op"] == "cachetoolstest::broken"
+    assert jitops.gelu.op.manifest_item((torch.empty(3), "none"))["op"] == "gelu"
+    (tmp_path / "userlib_ops.py").write_text(USER_OPS)
+    record = tmp_path / "misses.jsonl"
+    record.write_text(json.dumps({"op": "userlib::twice", "dtypes": ["fp32"], "shapes": [[[16]]], "kwargs": {},
+                                  "archs": ["sm_80"]}) + "\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]),
+               JITOPS_CACHE_DIR=str(tmp_path / "c"))
+    command = [sys.executable, "-m", "cache_tools", "prewarm", "--record", str(record), "--json"]
+    without = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert without.returncode == 2 and "needs --import MODULE" in without.stderr
+    done = subprocess.run(command + ["--import", "userlib_ops"], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["label"] for r in json.loads(done.stdout)["results"]] == ["twice<float>"]
+
+
 def test_parallel_prewarm_uses_the_jobs(tmp_path, capsys):
     manifest = write_manifest(tmp_path / "m.json", dict(GELU_ITEM, dtypes=["fp32", "fp16", "bf16", "fp64"]),
                               archs=["sm_80"])
@@ -525,6 +560,8 @@ def test_bad_manifest_exits_2_with_a_clear_message_and_changes_nothing(name, com
     (["explain", "gelu", "--dtype", "bf16", "--shape", "4x4", "--kwarg", "tanh", "--arch", "sm_80"], "NAME=VALUE"),
     (["explain", "nosuchop", "--dtype", "bf16", "--shape", "4x4", "--arch", "sm_80"], "unknown op 'nosuchop'"),
     (["bogus"], "invalid choice: 'bogus'"),
+    (["prewarm", "--all-builtin", "--arch", "sm_80", "--import", "no_such_module"],
+     "--import no_such_module: ModuleNotFoundError"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message_and_change_nothing(argv, message, cache, capsys):
     before = snapshot(cache)
