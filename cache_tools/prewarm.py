@@ -10,6 +10,7 @@ atomically, so a prewarm and processes using the ops on the same cache are safe 
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -92,8 +93,9 @@ def prewarm(plan: Plan, jobs: int | None = None, progress: bool = True, stream: 
         else:
             results[index] = settled
     display = Progress(len(todo), stream=stream, enabled=progress)
-    # The display reports progress; the runtime's own "compiling ..." lines would break the bar.
-    with config.scope(progress_seconds=1e9):
+    # The display reports progress; the runtime's own "compiling ..." lines would break the bar.  Without the
+    # display (--no-progress) they are the only sign of a long compile, so they stay.
+    with config.scope(progress_seconds=1e9) if progress else contextlib.nullcontext():
         builder = _Builder(jobs, sum(plan.jobs[i].request.backend == "load_inline" for i in todo))
         try:
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prewarm") as threads:
