@@ -133,3 +133,25 @@ def test_prewarm_and_normal_use_at_the_same_time_on_one_cache(tmp_path):
     from cache_tools.cli import main
     assert main(["verify", "--cache-dir", str(cache)]) == 0
     assert list((cache / "v1" / "tmp").iterdir()) == []
+
+
+@pytest.mark.timeout(900)
+def test_two_prewarms_of_one_manifest_at_once_compile_each_kernel_once(tmp_path):
+    cache = tmp_path / "shared"
+    items = [{"op": "gelu", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096]]], "kwargs": {"approximate": a}}
+             for a in ("none", "tanh")]
+    manifest = write_manifest(tmp_path / "m.json", *items, archs=["sm_80", "sm_90a"])
+    env = _base_env(JITOPS_CACHE_DIR=str(cache))
+    runs = [subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest), "--json",
+                              "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             cwd=REPO) for _ in range(2)]
+    reports = []
+    for run in runs:
+        out, err = run.communicate(timeout=800)
+        assert run.returncode == 0, err
+        reports.append(json.loads(out))
+    outcomes = [r["outcome"] for report in reports for r in report["results"]]
+    assert len(outcomes) == 24 and outcomes.count("compiled") == 12 and outcomes.count("cached") == 12
+    assert len(entry_dirs(cache)) == 12
+    from cache_tools.cli import main
+    assert main(["verify", "--cache-dir", str(cache)]) == 0
