@@ -155,3 +155,22 @@ def test_two_prewarms_of_one_manifest_at_once_compile_each_kernel_once(tmp_path)
     assert len(entry_dirs(cache)) == 12
     from cache_tools.cli import main
     assert main(["verify", "--cache-dir", str(cache)]) == 0
+
+
+def test_the_deploy_example_manifest_and_dockerfile_stay_in_step():
+    """examples/deploy cannot run here (no docker registry); its manifest must still plan, and the Dockerfile must
+    prewarm, verify, and run offline from a read-only root without a compiler."""
+    from cache_tools.manifest import load_manifest, plan
+
+    example = REPO / "examples" / "deploy"
+    jobs = plan(load_manifest(example / "kernels.json")).jobs
+    assert {j.arch for j in jobs} == {"sm_90", "cpu"}
+    dockerfile = (example / "Dockerfile").read_text()
+    build, runtime_stage = dockerfile.split("AS runtime", 1)
+    assert "AS build" in build and "jitops-cache prewarm --manifest" in build and "jitops-cache verify" in build
+    assert "COPY --from=build /opt/jitops-cache /opt/jitops-cache" in runtime_stage
+    assert "JITOPS_CACHE_PATH=/opt/jitops-cache" in runtime_stage and "JITOPS_OFFLINE=1" in runtime_stage
+    assert "-runtime-" in dockerfile.split("AS runtime")[0].splitlines()[-1]  # a base image without nvcc
+    assert "g++" not in runtime_stage and "nvcc]" not in runtime_stage
+    for name in ("kernels.json", "app.py"):
+        assert f"examples/deploy/{name}" in dockerfile and (example / name).is_file()
