@@ -135,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"{PROG} {args.command}: error: {str(exc).removeprefix('jitops: ')}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, a read-only or missing directory: say which file, no traceback
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -288,3 +288,11 @@ def test_cache_dir_that_is_a_file_is_bad_input(archive, tmp_path, capsys):
     not_a_dir.write_text("x")
     code, out, err = cli(capsys, "import", archive, "--cache-dir", not_a_dir)
     assert code == 2 and "is a file; give a directory" in err and not_a_dir.read_text() == "x"
+
+
+def test_export_to_a_directory_fails_cleanly_and_leaves_nothing_behind(source_cache, tmp_path, capsys):
+    occupied = tmp_path / "out.tar"
+    occupied.mkdir()
+    code, out, err = cli(capsys, "export", occupied, "--cache-dir", source_cache)
+    assert code == 1 and "jitops-cache export: error:" in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir()] == ["out.tar"] and list(occupied.iterdir()) == []
