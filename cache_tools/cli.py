@@ -1,7 +1,7 @@
 """The command line: `python -m cache_tools` / `jitops-cache`.  Parses flags, calls the functions of the other
 modules (which tests call directly too) and prints their results as tables or, with --json, as JSON.
 
-Exit codes: 0 done; 1 done but something failed (a compile, a corrupt entry, a manifest item that would miss);
+Exit codes: 0 done; 1 something failed (a compile, a corrupt entry, a manifest item that would miss, a write);
 2 bad input (flags, manifest, archive), with nothing in the cache changed; 130 interrupted.
 """
 from __future__ import annotations
