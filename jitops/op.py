@@ -453,16 +453,33 @@ class Op:
                     contiguous &= value.is_contiguous()
                     dtype = dtype or value.dtype
         kwargs = {a.name: _jsonable(args[i]) for i, a in enumerate(self.args) if a.kind == "value"}
-        item: dict[str, Any] = {"op": self.name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
+        # jitops' own ops by short name; others qualified (jitops.find("mylib::scaled_add") finds them on replay).
+        name = self.name if self.namespace == "jitops" else self.qualname
+        item: dict[str, Any] = {"op": name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
                                 "kwargs": kwargs}
         if not contiguous:
             item["strides"] = [strides]
         return item
 
     def example_args(self, dtype: str, shapes: Sequence[Any], kwargs: Mapping[str, Any],
-                     strides: Sequence[Any] | None = None) -> tuple[Any, ...]:
-        """Meta-device arguments for one manifest call (no memory, no GPU)."""
+                     strides: Sequence[Any] | None = None, device: str = "meta") -> tuple[Any, ...]:
+        """Arguments for one manifest call that hold no memory and need no GPU.
+
+        device="meta" (default) gives meta tensors, which shape classes treat like GPU tensors (not is_cpu).
+        device="cpu" gives fake CPU tensors (is_cpu is True), so the shape class applies the rules a real CPU
+        call meets: prewarming for the `cpu` target must build the kernels a CPU call asks for.  (The first
+        fake tensor imports torch._dynamo: about 2 s.)"""
         torch_dtype = parse_dtype(dtype)
+        if device == "meta":
+            make = _meta
+        else:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            mode = FakeTensorMode()
+
+            def make(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+                with mode:
+                    return _empty(shape, stride, dtype, device)
         tensor_args = [a for a in self.args if a.kind != "value"]
         if len(shapes) != len(tensor_args):
             raise ValueError(f"jitops.{self.name}: a manifest call gives {len(shapes)} shapes, the op takes "
@@ -488,14 +505,14 @@ class Op:
             shape, stride = next(shape_iter)
             if a.kind == "tensor_list":
                 stride = stride or [None] * len(shape)
-                values.append([_meta(s, st, torch_dtype) for s, st in zip(shape, stride)])
+                values.append([make(s, st, torch_dtype) for s, st in zip(shape, stride)])
             elif shape is None:
                 if a.kind != "optional_tensor":
                     raise ValueError(f"jitops.{self.name}: argument '{a.name}' is a required tensor; its shape "
                                      "cannot be null")
                 values.append(None)
             else:
-                values.append(_meta(shape, stride, torch_dtype))
+                values.append(make(shape, stride, torch_dtype))
         return tuple(values)
 
     def requests_for(self, args: tuple[Any, ...], target: Target) -> dict[str, BuildRequest]:
@@ -512,10 +529,14 @@ class Op:
         return f"<jitops op {self.qualname}>"
 
 
-def _meta(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+def _empty(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype, device: str) -> torch.Tensor:
     if stride is None:
-        return torch.empty(tuple(shape), dtype=dtype, device="meta")
-    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
+
+
+def _meta(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+    return _empty(shape, stride, dtype, "meta")
 
 
 def _jsonable(value: Any) -> Any:
