@@ -54,7 +54,8 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100, min_m
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def rotate(make: Callable[[], Sequence[Any]], bytes_per_set: int, l2_bytes: int = 50 * 2**20) -> Callable[[], Sequence[Any]]:
+def rotate(make: Callable[[], Sequence[Any]], bytes_per_set: int,
+           l2_bytes: int = 50 * 2**20) -> Callable[[], Sequence[Any]]:
     """Cycle through enough input sets that consecutive calls do not find their inputs in L2."""
     count = max(1, min(64, (3 * l2_bytes) // max(bytes_per_set, 1) + 1))
     sets = [make() for _ in range(count)]
