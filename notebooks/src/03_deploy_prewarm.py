@@ -182,9 +182,12 @@ assert result.returncode != 0
 # ENV JITOPS_CACHE_PATH=/opt/jitops-cache JITOPS_OFFLINE=1
 # ```
 #
-# Record the misses from a staging run with `JITOPS_RECORD`, or write the manifest by hand for the shapes you
-# serve; `python -m cache_tools prewarm --all-builtin --arch sm_90a` prewarms jitops' built-in ops' common shape
-# classes.
+# A complete, tested multi-stage Dockerfile (a build stage that prewarms, a compiler-free runtime stage) is in
+# [examples/deploy/](../examples/deploy/). Record the misses from a staging run with `JITOPS_RECORD`, or write
+# the manifest by hand for the shapes you serve; `python -m cache_tools prewarm --all-builtin --arch sm_90a`
+# prewarms jitops' built-in ops' common shape classes. Ops declared in your own code (like the one in
+# `02_custom_op.ipynb`) are named `namespace::name`; give `prewarm` and `verify` `--import MODULE`, the module
+# that declares them. The manifest format and every subcommand: [docs/cache_tools.md](../docs/cache_tools.md).
 #
 # The last cell removes this notebook's working directory.
 
