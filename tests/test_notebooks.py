@@ -32,8 +32,6 @@ NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT = 900  # seconds; the slowest cell is one load_inline compile (~30 s on 2 cores)
 HAVE_NBCLIENT = all(importlib.util.find_spec(m) is not None for m in ("nbclient", "nbformat", "ipykernel"))
-HAVE_CACHE_TOOLS = (REPO / "cache_tools" / "__main__.py").is_file()
-USES_CACHE_TOOLS = {"01_quickstart", "03_deploy_prewarm"}
 GPU = torch.cuda.is_available()
 
 
@@ -76,7 +74,6 @@ def execute(path: Path, tmp_path: Path) -> Ran:
         return _execute_as_script(path, tmp_path)
     import nbclient
     import nbformat
-
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -111,8 +108,6 @@ def _execute_as_script(path: Path, tmp_path: Path) -> Ran:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
-    if path.stem in USES_CACHE_TOOLS and not HAVE_CACHE_TOOLS:
-        pytest.skip("needs the `python -m cache_tools` CLI (issue 6), which this checkout does not have yet")
     _env(monkeypatch, tmp_path)
     ran = execute(path, tmp_path)
     if GPU:

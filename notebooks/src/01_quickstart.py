@@ -38,7 +38,7 @@ os.environ["JITOPS_CACHE_DIR"] = str(CACHE)
 # Announce every compile, however short. The default (1 s) announces only the slow ones.
 os.environ["JITOPS_PROGRESS_SECONDS"] = "0"
 
-import jitops  # noqa: E402 - jitops reads its JITOPS_* variables when it uses them, so this order is not needed
+import jitops  # reads its JITOPS_* variables when it uses them: importing it earlier would work as well
 
 if torch.cuda.is_available():
     DEVICE, DTYPE = "cuda", torch.bfloat16

@@ -31,8 +31,8 @@ CACHE = Path(tempfile.mkdtemp(prefix="jitops-custom-op-"))
 os.environ["JITOPS_CACHE_DIR"] = str(CACHE)
 os.environ["JITOPS_PROGRESS_SECONDS"] = "0"  # announce every compile, however short
 
-import jitops  # noqa: E402
-from jitops.testing import check_op  # noqa: E402
+import jitops
+from jitops.testing import check_op
 
 GPU = torch.cuda.is_available()
 print(f"GPU: {torch.cuda.get_device_name()}" if GPU else
