@@ -230,8 +230,11 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
   for (int it = 0; it < R_ITERS; ++it)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dw_acc[it][k] = db_acc[it][k] = A(0);
+  const bool sums = partial != nullptr;  // dweight/dbias wanted (the dynamic shared memory exists only then)
   if constexpr (PARAMS == 2) {
-    for (I i = threadIdx.x; i < 2 * S::RPB * n; i += S::THREADS) smem[i] = A(0);
+    if (sums) {
+      for (I i = threadIdx.x; i < 2 * S::RPB * n; i += S::THREADS) smem[i] = A(0);
+    }
     __syncthreads();
   }
   VA* const smem_dw = reinterpret_cast<VA*>(smem + (I)group * n);
@@ -265,8 +268,10 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
           if (w) wt = wv[c];
           VA pw, pb;
           if constexpr (PARAMS == 2) {
-            pw = smem_dw[c];
-            pb = smem_db[c];
+            if (sums) {
+              pw = smem_dw[c];
+              pb = smem_db[c];
+            }
           }
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
@@ -284,8 +289,10 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
             }
           }
           if constexpr (PARAMS == 2) {
-            smem_dw[c] = pw;
-            smem_db[c] = pb;
+            if (sums) {
+              smem_dw[c] = pw;
+              smem_db[c] = pb;
+            }
           }
         }
       }
@@ -326,7 +333,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
   }
 
   if constexpr (PARAMS != 0) {
-    if (partial == nullptr) return;
+    if (!sums) return;
     A* out_dw = partial + (i64)blockIdx.x * n;
     A* out_db = partial + ((i64)gridDim.x + blockIdx.x) * n;
     if constexpr (PARAMS == 1 && S::RPB == 1) {

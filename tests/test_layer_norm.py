@@ -207,3 +207,11 @@ def test_nvrtc_compiles_every_layer_norm_variant(fresh_cache, arch):
     assert params_seen == {0, 1, 2}
     assert {r.kernel for r in seen} == {"layer_norm_forward", "layer_norm_backward", "layer_norm_backward_columns",
                                         "layer_norm_reduce_partials"}
+
+
+def test_layer_norm_backward_op_opcheck_cpu():
+    x = torch.randn(6, 30, dtype=torch.float64)
+    w = torch.randn(30, dtype=torch.float64)
+    _, stats = jitops.layer_norm_forward(x, [30], w, None, 1e-5)
+    for mask in ((True, True, True), (True, False, False), (False, True, True)):
+        torch.library.opcheck(jitops.layer_norm_backward.op.overload, (torch.randn_like(x), x, stats, w, [30], *mask))

@@ -4,7 +4,9 @@
     gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))               approximate="tanh"
 
 Memory-bound: one read and one write per element forward, two reads and one write backward.  The shape class
-is (dtype, vector width from the alignment, approximation, index width).  Non-contiguous inputs are copied
+is (dtype, vector width from the alignment, approximation, index width).  Each thread issues UNROLL 16-byte
+loads before it computes (kernels/gelu.cu); the tanh form in fp16/bf16 uses the SFU's tanh.approx.f32 (relative
+error 2^-11, under the outputs' half-ulp).  Non-contiguous inputs are copied
 to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
 fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
 """
@@ -15,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
-from ..launch import elementwise_grid
+from ..launch import sm_count
 from ..op import Impl, op
 from ..specs import CppExtension, CudaKernel, Source, Target
 
@@ -23,8 +25,13 @@ CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64)
 APPROXIMATIONS = {"none": 0, "tanh": 1}
 BLOCK = 256
-# 32-bit indices while every offset plus one grid stride of vectors stays below 2**31.
-INT32_LIMIT = 2**31 - 2**26
+# 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
+INT32_LIMIT = 2**30
+# Tuning (benchmarks/bench_gelu.py --sweep): 16-byte vectors each thread loads before computing, the grid cap
+# in blocks per SM (0: one block per tile, no cap), and tanh through the SFU for 16-bit types.
+UNROLL = 4
+BLOCKS_PER_SM = 0
+FAST_TANH_16BIT = True
 
 
 class GeluClass(NamedTuple):
@@ -61,15 +68,16 @@ def _class_for(op_name: str, tensors: list[tuple[str, torch.Tensor]], approximat
 
 
 GELU_FORWARD = CudaKernel("gelu_forward", Source.file("gelu.cu"),
-                          "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr i64")
+                          "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr i64")
 GELU_BACKWARD = CudaKernel("gelu_backward", Source.file("gelu.cu"),
-                           "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr ptr i64")
+                           "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr ptr i64")
 GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gelu_forward", "gelu_backward"))
 
 
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
+    fast = int(FAST_TANH_16BIT and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
     return kernel.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
-                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
+                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index, UNROLL=UNROLL, FAST=fast)
 
 
 def _cpu_kernels(cls: GeluClass, target: Target):
@@ -77,8 +85,9 @@ def _cpu_kernels(cls: GeluClass, target: Target):
 
 
 def _launch(kernel, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
-    vectors = max(n // cls.vec, 1)
-    kernel.launch(elementwise_grid(vectors, BLOCK, device_index), BLOCK, *tensors, n)
+    tiles = -(-max(n // cls.vec, 1) // (BLOCK * UNROLL))
+    grid = min(tiles, sm_count(device_index) * BLOCKS_PER_SM) if BLOCKS_PER_SM else tiles
+    kernel.launch(grid, BLOCK, *tensors, n)
 
 
 # ---- jitops::gelu_backward: dx = dy * gelu'(x) -----------------------------------------------------------------
