@@ -2,7 +2,7 @@
 the same run.
 
     python benchmarks/bench_gelu.py            # the benchmark set
-    python benchmarks/bench_gelu.py --sweep    # tuning variants (UNROLL, grid cap, fast tanh) at 2^28 elements
+    python benchmarks/bench_gelu.py --sweep    # tuning variants (loads a thread, grid cap, fast tanh) at 2^28 elements
 
 Goal on the lent H100: forward and backward at least 90% of the copy bandwidth (read + write) of this run.
 forward: jitops.gelu(x, a) vs F.gelu(x, approximate=a), 2 bytes moved per element and byte of dtype (read x,
@@ -72,19 +72,23 @@ def compare(bench: Bench, numel: int, name: str, approximate: str, label: str = 
 
 
 def sweep(bench: Bench) -> None:
-    saved = (gelu_module.UNROLL, gelu_module.BLOCKS_PER_SM, gelu_module.FAST_TANH_16BIT)
-    for unroll, blocks, fast in ((4, 0, True), (1, 0, True), (2, 0, True), (8, 0, True), (4, 8, True),
-                                 (4, 16, True), (4, 0, False)):
-        gelu_module.UNROLL, gelu_module.BLOCKS_PER_SM, gelu_module.FAST_TANH_16BIT = unroll, blocks, fast
+    """Tuning variants (module constants of jitops/ops/gelu.py): loads in flight a thread, grid cap, fast tanh."""
+    names = ("UNROLL_FORWARD", "UNROLL_BACKWARD", "BLOCKS_PER_SM", "FAST_TANH_16BIT")
+    saved = {name: getattr(gelu_module, name) for name in names}
+    for values in ((4, 2, 0, False), (1, 1, 0, False), (2, 2, 0, False), (4, 4, 0, False), (8, 8, 0, False),
+                   (4, 2, 8, False), (4, 2, 16, False), (4, 2, 0, True)):
+        for name, value in zip(names, values):
+            setattr(gelu_module, name, value)
         jitops.find("gelu").clear_memory()
         jitops.find("gelu_backward").clear_memory()
-        label = f" u{unroll} b{blocks}{' fast' if fast else ''}"
+        label = " u{}/{} b{}{}".format(*values[:3], " fast" if values[3] else "")
         for name in ("bf16", "fp32"):
             for approximate in ("none", "tanh"):
-                if name == "fp32" and not fast:
+                if name == "fp32" and values[3]:
                     continue
                 compare(bench, 1 << 28, name, approximate, label)
-    gelu_module.UNROLL, gelu_module.BLOCKS_PER_SM, gelu_module.FAST_TANH_16BIT = saved
+    for name, value in saved.items():
+        setattr(gelu_module, name, value)
     jitops.find("gelu").clear_memory()
     jitops.find("gelu_backward").clear_memory()
 

@@ -22,14 +22,12 @@ import jitops  # noqa: E402
 from jitops.specs import Target  # noqa: E402
 
 ln = importlib.import_module("jitops.ops.layer_norm")
-gelu = importlib.import_module("jitops.ops.gelu")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 LN_HIDDEN = (1, 7, 10, 16, 40, 64, 96, 128, 200, 300, 512, 768, 1000, 1024, 2048, 4096, 4097, 8192, 16384, 20000,
              65536)
-LN_SWEEP = [dict(FORWARD_TILE_BYTES=t, BACKWARD_TILE_BYTES=u) for t, u in ((32, 32), (128, 64), (64, 32))]
+LN_SWEEP = [dict(FORWARD_TILE_BYTES=t, BACKWARD_TILE_BYTES=u) for t, u in ((64, 64), (128, 32))]
 LN_SWEEP_SHAPES = ((8192, torch.bfloat16), (8192, torch.float32), (1024, torch.bfloat16), (16384, torch.bfloat16),
                    (4097, torch.bfloat16))
-GELU_SWEEP = [(1, True), (2, True), (8, True), (4, False)]
 
 
 def meta(shape, dtype):
@@ -78,11 +76,6 @@ def main() -> None:
         for key, value in saved.items():
             setattr(ln, key, value)
         ln.clear_buckets()
-        saved_gelu = (gelu.UNROLL, gelu.FAST_TANH_16BIT)
-        for unroll, fast in GELU_SWEEP:
-            gelu.UNROLL, gelu.FAST_TANH_16BIT = unroll, fast
-            requests += gelu_requests(target, (torch.bfloat16, torch.float32))
-        gelu.UNROLL, gelu.FAST_TANH_16BIT = saved_gelu
     unique = list(dict.fromkeys(requests))
     started, outcomes = time.perf_counter(), {"compiled": 0, "cached": 0}
     for request in unique:

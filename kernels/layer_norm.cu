@@ -73,8 +73,17 @@ template <int TPR> struct Shape {
   static constexpr int THREADS = TPR > 128 ? TPR : 128;
   static constexpr int RPB = THREADS / TPR;  // rows per block
   static constexpr int WARPS = THREADS / 32;
-  // The backward keeps x, dy and its dweight/dbias sums in registers: at most 128 a thread (16 warps an SM).
-  static constexpr int BACKWARD_MIN_BLOCKS = THREADS < 512 ? 512 / THREADS : 1;
+};
+
+// Blocks of the backward an SM must hold: registers for x and dy (32-bit words), the dweight/dbias sums
+// (PARAMS == 1) and about 28 more; <= 64 a thread when that fits, else <= 128 (never fewer than 16 warps an SM).
+// Without it the compiler took 95 registers for the odd-n bf16 backward (one 512-thread block an SM) where 64
+// hold it.
+template <typename T, int VEC, int TPR, int ITERS, int PARAMS> struct BackwardOccupancy {
+  static constexpr int WORDS = VEC * (int)sizeof(T) < 4 ? 1 : VEC * (int)sizeof(T) / 4;
+  static constexpr int NEED = 2 * ITERS * WORDS + (PARAMS == 1 ? 2 * ITERS * VEC * (int)sizeof(acc_t<T>) / 4 : 0) + 28;
+  static constexpr int CAP = NEED <= 64 ? 64 : 128;
+  static constexpr int BLOCKS = 65536 / (Shape<TPR>::THREADS * CAP) > 0 ? 65536 / (Shape<TPR>::THREADS * CAP) : 1;
 };
 
 // All-reduce over each group of TPR consecutive threads.  Every thread of a group ends with bitwise the same
@@ -205,10 +214,10 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
 // Either way the block then writes its sums to partial[0][blockIdx.x][:] (dweight) and partial[1][...] (dbias),
 // adding the RPB row groups of the block in order; layer_norm_reduce_partials adds the blocks in order.
 template <typename T, int VEC, int TPR, int ITERS, typename I, int PARAMS>
-__global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKWARD_MIN_BLOCKS)
+__global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupancy<T, VEC, TPR, ITERS, PARAMS>::BLOCKS))
     layer_norm_backward(const T* __restrict__ dy, const T* __restrict__ x, const acc_t<T>* __restrict__ stats,
-                        const T* __restrict__ w, T* __restrict__ dx, acc_t<T>* __restrict__ partial, i64 rows_,
-                        i64 n_) {
+                        const T* __restrict__ w, T* __restrict__ dx, acc_t<T>* __restrict__ partial,
+                        T* __restrict__ dw_out, T* __restrict__ db_out, i64 rows_, i64 n_) {
   using A = acc_t<T>;
   using V = Vec<T, VEC>;
   using VA = Vec<A, VEC>;
@@ -230,7 +239,9 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
   for (int it = 0; it < R_ITERS; ++it)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dw_acc[it][k] = db_acc[it][k] = A(0);
-  const bool sums = partial != nullptr;  // dweight/dbias wanted (the dynamic shared memory exists only then)
+  // dweight/dbias wanted (the dynamic shared memory exists only then).  A grid of one block writes them
+  // directly (dw_out, db_out: either may be null); larger grids write partial sums.
+  const bool sums = partial != nullptr || dw_out != nullptr || db_out != nullptr;
   if constexpr (PARAMS == 2) {
     if (sums) {
       for (I i = threadIdx.x; i < 2 * S::RPB * n; i += S::THREADS) smem[i] = A(0);
@@ -334,8 +345,22 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
 
   if constexpr (PARAMS != 0) {
     if (!sums) return;
-    A* out_dw = partial + (i64)blockIdx.x * n;
-    A* out_db = partial + ((i64)gridDim.x + blockIdx.x) * n;
+    // Column vector c of this block's sums: to the partial workspace, or (one block) converted to T.
+    auto emit = [&](I c, const VA& pw, const VA& pb) {
+      if (partial != nullptr) {
+        reinterpret_cast<VA*>(partial + (i64)blockIdx.x * n)[c] = pw;
+        reinterpret_cast<VA*>(partial + ((i64)gridDim.x + blockIdx.x) * n)[c] = pb;
+        return;
+      }
+      V ow, ob;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        ow.v[k] = store_as<T>(pw.v[k]);
+        ob.v[k] = store_as<T>(pb.v[k]);
+      }
+      if (dw_out != nullptr) reinterpret_cast<V*>(dw_out)[c] = ow;
+      if (db_out != nullptr) reinterpret_cast<V*>(db_out)[c] = ob;
+    };
     if constexpr (PARAMS == 1 && S::RPB == 1) {
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
@@ -347,8 +372,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
             pw.v[k] = dw_acc[it][k];
             pb.v[k] = db_acc[it][k];
           }
-          reinterpret_cast<VA*>(out_dw)[c] = pw;
-          reinterpret_cast<VA*>(out_db)[c] = pb;
+          emit(c, pw, pb);
         }
       }
     } else {
@@ -369,15 +393,21 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, ln::Shape<TPR>::BACKW
         }
       }
       __syncthreads();
-      for (I i = threadIdx.x; i < n; i += S::THREADS) {
-        A sw = A(0), sb = A(0);
+      // Groups that never had a row (the block's first row block is its fullest) hold zeros: skip them.
+      const I remaining = rows - (I)blockIdx.x * S::RPB;
+      const int groups = remaining < S::RPB ? static_cast<int>(remaining) : S::RPB;
+      for (I c = threadIdx.x; c < chunks; c += S::THREADS) {
+        VA pw = reinterpret_cast<const VA*>(smem)[c], pb = reinterpret_cast<const VA*>(smem + (I)S::RPB * n)[c];
+        for (int r = 1; r < groups; ++r) {  // fixed order
+          const VA qw = reinterpret_cast<const VA*>(smem + (I)r * n)[c];
+          const VA qb = reinterpret_cast<const VA*>(smem + (I)(S::RPB + r) * n)[c];
 #pragma unroll
-        for (int r = 0; r < S::RPB; ++r) {  // fixed order
-          sw += smem[(I)r * n + i];
-          sb += smem[(I)(S::RPB + r) * n + i];
+          for (int k = 0; k < VEC; ++k) {
+            pw.v[k] += qw.v[k];
+            pb.v[k] += qb.v[k];
+          }
         }
-        out_dw[i] = sw;
-        out_db[i] = sb;
+        emit(c, pw, pb);
       }
     }
   }
@@ -422,8 +452,9 @@ __global__ void __launch_bounds__(COLUMN_THREADS)
 }
 
 // dweight[i] = sum_p partial[0][p][i], dbias[i] = sum_p partial[1][p][i], p = 0..parts-1 in a fixed order:
-// 32 columns a block, REDUCE_ROWS threads down each column, then their sums in order.  A null output is skipped.
-constexpr int REDUCE_ROWS = 16;
+// 32 columns a block, REDUCE_ROWS threads down each column, each with REDUCE_UNROLL independent sums (that many
+// loads in flight), then all of them added in order.  A null output is skipped.
+constexpr int REDUCE_ROWS = 16, REDUCE_UNROLL = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(32 * REDUCE_ROWS)
@@ -433,18 +464,33 @@ __global__ void __launch_bounds__(32 * REDUCE_ROWS)
   __shared__ A sums[2][REDUCE_ROWS][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const i64 col = (i64)blockIdx.x * 32 + tx;
-  A sw = A(0), sb = A(0);
+  A sw[REDUCE_UNROLL], sb[REDUCE_UNROLL];
+#pragma unroll
+  for (int u = 0; u < REDUCE_UNROLL; ++u) sw[u] = sb[u] = A(0);
   if (col < n) {
-    for (i64 p = ty; p < parts; p += REDUCE_ROWS) {
-      if (dw) sw += partial[p * n + col];
-      if (db) sb += partial[(parts + p) * n + col];
+    for (i64 p = ty; p < parts; p += REDUCE_ROWS * REDUCE_UNROLL) {
+#pragma unroll
+      for (int u = 0; u < REDUCE_UNROLL; ++u) {
+        const i64 q = p + u * REDUCE_ROWS;
+        if (q < parts) {
+          if (dw) sw[u] += partial[q * n + col];
+          if (db) sb[u] += partial[(parts + q) * n + col];
+        }
+      }
     }
   }
-  sums[0][ty][tx] = sw;
-  sums[1][ty][tx] = sb;
+  A tw = A(0), tb = A(0);
+#pragma unroll
+  for (int u = 0; u < REDUCE_UNROLL; ++u) {
+    tw += sw[u];
+    tb += sb[u];
+  }
+  sums[0][ty][tx] = tw;
+  sums[1][ty][tx] = tb;
   __syncthreads();
   if (ty == 0 && col < n) {
-    A tw = A(0), tb = A(0);
+    tw = A(0);
+    tb = A(0);
 #pragma unroll
     for (int r = 0; r < REDUCE_ROWS; ++r) {
       tw += sums[0][r][tx];

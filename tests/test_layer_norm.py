@@ -141,16 +141,24 @@ def meta(shape, dtype=torch.bfloat16, offset=0):
 
 
 @pytest.mark.parametrize("n, dtype, expected", [
-    (8192, torch.bfloat16, (8, 256, 4)),   # a block per row, 4 x 16 B per thread
-    (1024, torch.bfloat16, (8, 32, 4)),    # a warp per row
-    (128, torch.bfloat16, (8, 4, 4)),      # 32 rows per 128-thread block
-    (4097, torch.bfloat16, (1, 512, 16)),  # odd: element accesses
-    (7, torch.float32, (1, 1, 8)),         # a thread per row
-    (65536, torch.float32, (4, 1024, 4)),  # longer than one tile: streams
+    (8192, torch.bfloat16, (8, 128, 8)),    # a block per row, 8 x 16 B per thread
+    (1024, torch.bfloat16, (8, 16, 8)),     # 8 rows per 128-thread block
+    (4097, torch.bfloat16, (1, 256, 17)),   # odd: element accesses, just enough of them per thread
+    (7, torch.float32, (1, 1, 7)),          # a thread per row
+    (65536, torch.float32, (4, 1024, 8)),   # longer than one tile: streams
 ])
 def test_forward_buckets(n, dtype, expected):
-    cls = ln.shape_class(meta((4, n), dtype), [n], None, None, 1e-5)
+    cls = ln.shape_class(meta((4096, n), dtype), [n], None, None, 1e-5)
     assert (cls.vec, cls.tpr, cls.iters) == expected and cls.index == "int"
+
+
+@pytest.mark.parametrize("n, expected", [(1024, (128, 1)), (8192, (1024, 1)), (16384, (256, 8))])
+def test_few_rows_spread_each_row_over_more_threads(n, expected):
+    cls = ln.shape_class(meta((64, n)), [n], None, None, 1e-5)
+    assert (cls.tpr, cls.iters) == expected
+    back = ln.backward_shape_class(meta((64, n)), meta((64, n)), meta((2, 64), torch.float32), None, [n], True,
+                                   True, True)
+    assert back.tpr <= ln.BACKWARD_MAX_TPR and back.params == 1
 
 
 def test_vector_width_follows_alignment_of_every_pointer():
@@ -167,8 +175,8 @@ def test_vector_width_follows_alignment_of_every_pointer():
     (8192, torch.bfloat16, 1), (16384, torch.bfloat16, 1), (16384, torch.float32, 2),
     (65536, torch.bfloat16, 0), (8192, torch.float64, 2), (65536, torch.float64, 0)])
 def test_backward_buckets(n, dtype, params):
-    x = meta((4, n), dtype)
-    cls = ln.backward_shape_class(x, x, meta((2, 4), torch.float32), None, [n], True, True, True)
+    x = meta((4096, n), dtype)
+    cls = ln.backward_shape_class(x, x, meta((2, 4096), torch.float32), None, [n], True, True, True)
     assert cls.params == params and cls.tpr <= ln.BACKWARD_MAX_TPR
 
 

@@ -4,10 +4,9 @@
     gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))               approximate="tanh"
 
 Memory-bound: one read and one write per element forward, two reads and one write backward.  The shape class
-is (dtype, vector width from the alignment, approximation, index width).  Each thread issues UNROLL 16-byte
-loads before it computes (kernels/gelu.cu); the tanh form in fp16/bf16 uses the SFU's tanh.approx.f32 (relative
-error 2^-11, under the outputs' half-ulp).  Non-contiguous inputs are copied
-to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
+is (dtype, vector width from the alignment, approximation, index width).  Each thread issues 2 to 4 16-byte
+loads before it computes (kernels/gelu.cu): at 2^28 elements both directions run at the device's copy
+bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
 fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
 """
 from __future__ import annotations
@@ -27,11 +26,15 @@ APPROXIMATIONS = {"none": 0, "tanh": 1}
 BLOCK = 256
 # 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
 INT32_LIMIT = 2**30
-# Tuning (benchmarks/bench_gelu.py --sweep): 16-byte vectors each thread loads before computing, the grid cap
-# in blocks per SM (0: one block per tile, no cap), and tanh through the SFU for 16-bit types.
-UNROLL = 4
+# Tuning (benchmarks/bench_gelu.py --sweep, lent H100 2026-11-22, 2^28 elements: every variant below within 5%
+# of the 3.0 TB/s copy except where noted): 16-byte vectors each thread loads before computing - forward 4 (bf16
+# erf 358 us where 1 and 2 took 372), backward 2 (bf16 erf 525 us; 4 took 535: 97 registers, 2 blocks an SM;
+# 8 took 671) - the grid cap in blocks per SM (0: one block per tile; capping at 8 or 16 a SM cost 5-10%), and
+# tanh through the SFU's tanh.approx for 16-bit types (no measurable gain, so off: the accurate tanhf).
+UNROLL_FORWARD = 4
+UNROLL_BACKWARD = 2
 BLOCKS_PER_SM = 0
-FAST_TANH_16BIT = True
+FAST_TANH_16BIT = False
 
 
 class GeluClass(NamedTuple):
@@ -77,15 +80,19 @@ GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gel
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
     fast = int(FAST_TANH_16BIT and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
     return kernel.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
-                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index, UNROLL=UNROLL, FAST=fast)
+                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index, UNROLL=_unroll(kernel), FAST=fast)
+
+
+def _unroll(kernel: CudaKernel) -> int:
+    return UNROLL_BACKWARD if kernel is GELU_BACKWARD else UNROLL_FORWARD
 
 
 def _cpu_kernels(cls: GeluClass, target: Target):
     return {"cpu": GELU_CPU.bind(shapes.dtype_name(cls.dtype), SCALAR_T=shapes.CPU_TYPES[cls.dtype])}
 
 
-def _launch(kernel, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
-    tiles = -(-max(n // cls.vec, 1) // (BLOCK * UNROLL))
+def _launch(kernel, unroll: int, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
+    tiles = -(-max(n // cls.vec, 1) // (BLOCK * unroll))
     grid = min(tiles, sm_count(device_index) * BLOCKS_PER_SM) if BLOCKS_PER_SM else tiles
     kernel.launch(grid, BLOCK, *tensors, n)
 
@@ -103,7 +110,7 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) 
     grad, x = grad.contiguous(), x.contiguous()
     dx = torch.empty_like(x)
     if x.numel():
-        _launch(k.backward, k.shape_class, x.numel(), x.get_device(), grad, x, dx)
+        _launch(k.backward, UNROLL_BACKWARD, k.shape_class, x.numel(), x.get_device(), grad, x, dx)
     return dx
 
 
@@ -137,7 +144,7 @@ def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _launch(k.forward, k.shape_class, x.numel(), x.get_device(), x, y)
+        _launch(k.forward, UNROLL_FORWARD, k.shape_class, x.numel(), x.get_device(), x, y)
     return y
 
 

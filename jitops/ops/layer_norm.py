@@ -47,12 +47,19 @@ STATS_DTYPE = {torch.float32: torch.float32, torch.float16: torch.float32, torch
                torch.float64: torch.float64}
 INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid offsets never pass 2^31)
 
-# Tuning (the hidden-size buckets): bytes of its row each thread keeps in registers, and the most threads per
-# row.  The backward also keeps dweight/dbias sums for its columns, hence at most 512 threads (<= 128 registers).
-FORWARD_TILE_BYTES = 64
+# Tuning (the hidden-size buckets; benchmarks/bench_layer_norm.py --sweep): bytes of its row each thread keeps
+# in registers, and the most threads per row.  The backward also keeps dweight/dbias sums for its columns, hence
+# at most 512 threads (<= 128 registers each).  Fewer than SMALL_ROWS rows leave the GPU mostly idle and the
+# time is one row's latency: then a row is spread one 16-byte vector per thread when it fits in one block.
+# Sweep on the lent H100 (2026-11-22, bench_layer_norm.py --sweep, us ours/torch): forward tiles of 128 bytes
+# against 64: (65536, 1024) bf16 98.8 vs 104.5 (torch 154.6), (4096, 4097) bf16 61.6 vs 72.2 (torch 97.5), the
+# headline (16384, 8192) bf16 equal (198); backward tiles of 32 bytes against 64: the headline 356 vs 294 (torch
+# 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.
+FORWARD_TILE_BYTES = 128
 BACKWARD_TILE_BYTES = 64
 FORWARD_MAX_TPR = 1024
 BACKWARD_MAX_TPR = 512
+SMALL_ROWS = 256
 # dweight/dbias sums in shared memory ([2][n] of float) up to this size; sm_80 allows 163 KB a block.
 PARAMS_SMEM_LIMIT = 160 * 1024
 FORWARD_BLOCKS_PER_SM = 16  # grid cap of the (grid-stride) forward, in blocks per SM
@@ -81,33 +88,38 @@ def _threads(tpr: int) -> int:
     return max(tpr, 128)
 
 
-def _bucket(n: int, vec: int, itemsize: int, tile_bytes: int, max_tpr: int) -> tuple[int, int]:
-    """(threads per row, vectors per thread) for rows of n elements: as few threads as hold the row in
-    `tile_bytes` each, both powers of two; rows longer than max_tpr tiles keep max_tpr and stream."""
+def _bucket(n: int, vec: int, itemsize: int, tile_bytes: int, max_tpr: int, small: bool) -> tuple[int, int]:
+    """(threads per row, vectors per thread) for rows of n elements: as few threads (a power of two) as hold the
+    row in `tile_bytes` each, then just enough vectors per thread; rows longer than max_tpr tiles stream."""
     chunks = n // vec
+    if small and chunks <= max_tpr:
+        return shapes.next_pow2(chunks), 1
+    if itemsize == 8:  # float64 (correctness, not speed): registers for 64 bytes at most
+        tile_bytes = min(tile_bytes, 64)
     iters_max = max(1, tile_bytes // max(vec * itemsize, 4))  # a 16-bit element alone still takes a register
     tpr = min(max_tpr, shapes.next_pow2(-(-chunks // iters_max)))
-    iters = min(iters_max, shapes.next_pow2(-(-chunks // tpr)))
-    return tpr, iters
+    return tpr, max(1, min(iters_max, -(-chunks // tpr)))
 
 
-_FORWARD_BUCKETS: dict[tuple[int, int, torch.dtype], tuple[int, int]] = {}
-_BACKWARD_BUCKETS: dict[tuple[int, int, torch.dtype], tuple[int, int, int]] = {}
+_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
+_FORWARD_CLASSES: dict[tuple, "ForwardClass"] = {}
+_BACKWARD_CLASSES: dict[tuple, "BackwardClass"] = {}
 
 
-def forward_bucket(n: int, vec: int, dtype: torch.dtype) -> tuple[int, int]:
-    bucket = _FORWARD_BUCKETS.get((n, vec, dtype))
-    if bucket is None:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        bucket = _FORWARD_BUCKETS[(n, vec, dtype)] = _bucket(n, vec, itemsize, FORWARD_TILE_BYTES, FORWARD_MAX_TPR)
-    return bucket
+def forward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str) -> ForwardClass:
+    key = (dtype, n, vec, small, index)
+    cls = _FORWARD_CLASSES.get(key)
+    if cls is None:
+        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], FORWARD_TILE_BYTES, FORWARD_MAX_TPR, small)
+        cls = _FORWARD_CLASSES[key] = ForwardClass(dtype, vec, tpr, iters, index)
+    return cls
 
 
-def backward_bucket(n: int, vec: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    bucket = _BACKWARD_BUCKETS.get((n, vec, dtype))
-    if bucket is None:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        tpr, iters = _bucket(n, vec, itemsize, BACKWARD_TILE_BYTES, BACKWARD_MAX_TPR)
+def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str) -> BackwardClass:
+    key = (dtype, n, vec, small, index)
+    cls = _BACKWARD_CLASSES.get(key)
+    if cls is None:
+        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], BACKWARD_TILE_BYTES, BACKWARD_MAX_TPR, small)
         acc_size = 8 if dtype == torch.float64 else 4
         if n // vec <= tpr * iters:
             params = 1
@@ -115,14 +127,14 @@ def backward_bucket(n: int, vec: int, dtype: torch.dtype) -> tuple[int, int, int
             params = 2
         else:
             params = 0
-        bucket = _BACKWARD_BUCKETS[(n, vec, dtype)] = (tpr, iters, params)
-    return bucket
+        cls = _BACKWARD_CLASSES[key] = BackwardClass(dtype, vec, tpr, iters, index, params)
+    return cls
 
 
 def clear_buckets() -> None:
-    """Forget the memoized buckets (after changing the tuning constants above)."""
-    _FORWARD_BUCKETS.clear()
-    _BACKWARD_BUCKETS.clear()
+    """Forget the memoized classes (after changing the tuning constants above)."""
+    _FORWARD_CLASSES.clear()
+    _BACKWARD_CLASSES.clear()
 
 
 # ---- input checks (every error names the argument) -----------------------------------------------------------
@@ -155,37 +167,46 @@ def _check_dtype(op_name: str, name: str, t: torch.Tensor) -> None:
 def _vector_width(n: int, itemsize: int, tensors: list[torch.Tensor]) -> int:
     """Elements per access that n and every tensor's start allow (tensors that will be copied are left out:
     fresh allocations are 16-byte aligned)."""
-    if tensors:
-        return shapes.vector_width(tensors, row=n)
     width = 16 // itemsize
-    while width > 1 and n % width:
+    address = 0
+    for t in tensors:  # plain CUDA tensors: their address; fake and meta ones: shapes' rule (storage offset)
+        address |= t.data_ptr() if type(t) is torch.Tensor and t.is_cuda else shapes.byte_alignment(t) % 16
+    while width > 1 and (n % width or address % (width * itemsize)):
         width //= 2
     return width
 
 
-# ---- jitops::layer_norm_forward --------------------------------------------------------------------------------
-def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
-    # Runs on every call: plain comparisons first, the helpers (which build the messages) only on failure.
+def _check_inputs(op_name: str, x: torch.Tensor, normalized_shape, params) -> int:
+    """Every check of x, normalized_shape and the (name, tensor) params; returns n.  Plain comparisons
+    first (this runs on every call); the helpers that build the messages only on failure."""
     dtype = x.dtype
     if dtype not in CUDA_DTYPES or (dtype not in CPU_DTYPES and x.is_cpu):
-        _check_dtype("layer_norm", "x", x)
-    n = _row_length("layer_norm", x, normalized_shape)
-    aligned = [x] if x.is_contiguous() else []
-    if weight is not None:
-        if weight.dtype != dtype or weight.shape != x.shape[x.dim() - len(normalized_shape):]:
-            _check_param("layer_norm", "weight", weight, x, normalized_shape)
-        if weight.is_contiguous():
-            aligned.append(weight)
-    if bias is not None:
-        if bias.dtype != dtype or bias.shape != x.shape[x.dim() - len(normalized_shape):]:
-            _check_param("layer_norm", "bias", bias, x, normalized_shape)
-        if bias.is_contiguous():
-            aligned.append(bias)
+        _check_dtype(op_name, "x", x)
+    k = len(normalized_shape)
+    if k == 1:
+        n = normalized_shape[0]
+        if x.dim() == 0 or x.shape[-1] != n:
+            n = _row_length(op_name, x, normalized_shape)
+        for name, t in params:
+            if t is not None and (t.dtype != dtype or t.dim() != 1 or t.shape[0] != n):
+                _check_param(op_name, name, t, x, normalized_shape)
+        return n
+    n = _row_length(op_name, x, normalized_shape)
+    for name, t in params:
+        if t is not None and (t.dtype != dtype or tuple(t.shape) != tuple(normalized_shape)):
+            _check_param(op_name, name, t, x, normalized_shape)
+    return n
+
+
+# ---- jitops::layer_norm_forward --------------------------------------------------------------------------------
+def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
+    n = _check_inputs("layer_norm", x, normalized_shape, (("weight", weight), ("bias", bias)))
     if x.is_cpu:
-        return ForwardClass(dtype, 0, 0, 0, "")
-    vec = _vector_width(n, x.element_size(), aligned)
-    tpr, iters = forward_bucket(n, vec, dtype)
-    return ForwardClass(dtype, vec, tpr, iters, "int" if x.numel() < INT32_LIMIT else "long long")
+        return ForwardClass(x.dtype, 0, 0, 0, "")
+    aligned = [t for t in (x, weight, bias) if t is not None and t.is_contiguous()]
+    numel = x.numel()
+    return forward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned),
+                         numel < SMALL_ROWS * n, "int" if numel < INT32_LIMIT else "long long")
 
 
 LN_FORWARD = CudaKernel("layer_norm_forward", Source.file("layer_norm.cu"),
@@ -193,7 +214,7 @@ LN_FORWARD = CudaKernel("layer_norm_forward", Source.file("layer_norm.cu"),
                         "ptr ptr ptr ptr ptr i64 i64 f64")
 LN_BACKWARD = CudaKernel("layer_norm_backward", Source.file("layer_norm.cu"),
                          "jitops::layer_norm_backward<{T}, {VEC}, {TPR}, {ITERS}, {I}, {PARAMS}>",
-                         "ptr ptr ptr ptr ptr ptr i64 i64")
+                         "ptr ptr ptr ptr ptr ptr ptr ptr i64 i64")
 LN_COLUMNS = CudaKernel("layer_norm_backward_columns", Source.file("layer_norm.cu"),
                         "jitops::layer_norm_backward_columns<{T}, {VEC}, {I}>", "ptr ptr ptr ptr i64 i64 i64")
 LN_REDUCE = CudaKernel("layer_norm_reduce_partials", Source.file("layer_norm.cu"),
@@ -282,28 +303,20 @@ def backward(ctx, grad: torch.Tensor | None, grad_stats: torch.Tensor | None):
 # ---- jitops::layer_norm_backward -------------------------------------------------------------------------------
 def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
                          need_dx: bool, need_dweight: bool, need_dbias: bool) -> BackwardClass:
-    dtype = x.dtype
-    if dtype not in CUDA_DTYPES or (dtype not in CPU_DTYPES and x.is_cpu):
-        _check_dtype("layer_norm_backward", "x", x)
-    if grad.dtype != dtype:
+    n = _check_inputs("layer_norm_backward", x, normalized_shape, (("weight", weight),))
+    if grad.dtype != x.dtype:
         shapes.check_same_dtype("layer_norm_backward", ("x", x), ("grad", grad))
     if grad.shape != x.shape:
         shapes.check_same_shape("layer_norm_backward", ("x", x), ("grad", grad))
-    n = _row_length("layer_norm_backward", x, normalized_shape)
-    rows = _rows(x, n, len(normalized_shape))
+    numel = x.numel()
+    rows = numel // n if n else _rows(x, n, len(normalized_shape))
     if stats.dim() != 2 or stats.shape[0] != 2 or stats.shape[1] != rows:
         shapes.check_shape("layer_norm_backward", "stats", stats, (2, rows), "mean and rstd of every row")
-    aligned = [t for t in (grad, x) if t.is_contiguous()]
-    if weight is not None:
-        if weight.dtype != dtype or weight.shape != x.shape[x.dim() - len(normalized_shape):]:
-            _check_param("layer_norm_backward", "weight", weight, x, normalized_shape)
-        if weight.is_contiguous():
-            aligned.append(weight)
     if x.is_cpu:
-        return BackwardClass(dtype, 0, 0, 0, "", 0)
-    vec = _vector_width(n, x.element_size(), aligned)
-    tpr, iters, params = backward_bucket(n, vec, dtype)
-    return BackwardClass(dtype, vec, tpr, iters, "int" if x.numel() < INT32_LIMIT else "long long", params)
+        return BackwardClass(x.dtype, 0, 0, 0, "", 0)
+    aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
+    return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
+                          "int" if numel < INT32_LIMIT else "long long")
 
 
 def backward_cuda_kernels(cls: BackwardClass, target: Target):
@@ -357,16 +370,17 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     device = x.get_device()
     threads = _threads(cls.tpr)
     rpb = threads // cls.tpr
+    fused = params and cls.params  # dweight/dbias summed by the main kernel
     partial, parts = None, 0
-    if need_dx or (params and cls.params):
-        shared = 0
-        if params and cls.params and (cls.params == 2 or rpb > 1):
-            shared = 2 * rpb * n * stats.element_size()
+    if need_dx or fused:
+        shared = 2 * rpb * n * stats.element_size() if fused and (cls.params == 2 or rpb > 1) else 0
         grid = min(-(-rows // rpb), sm_count(device) * _blocks_per_sm(k.backward, threads, shared))
-        if params and cls.params:
+        direct = fused and grid == 1  # one block: it writes dweight/dbias itself, no second kernel
+        if fused and not direct:
             parts = grid
             partial = x.new_empty((2, parts, n), dtype=stats.dtype)
-        k.backward.launch(grid, threads, grad, x, stats, weight, dx if need_dx else None, partial, rows, n,
+        k.backward.launch(grid, threads, grad, x, stats, weight, dx if need_dx else None, partial,
+                          dw if direct and need_dweight else None, db if direct and need_dbias else None, rows, n,
                           shared_mem=shared)
     if params and not cls.params:
         column_blocks = -(-(n // cls.vec) // COLUMN_THREADS)
@@ -375,7 +389,7 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
         parts = -(-rows // rows_per_part)
         partial = x.new_empty((2, parts, n), dtype=stats.dtype)
         k.columns.launch((column_blocks, parts), COLUMN_THREADS, grad, x, stats, partial, rows, n, rows_per_part)
-    if params:
+    if partial is not None:
         k.reduce.launch(-(-n // 32), 32 * REDUCE_ROWS, partial, dw if need_dweight else None,
                         db if need_dbias else None, parts, n)
     return dx, dw, db
