@@ -39,10 +39,11 @@ def layer_norm_requests(target: Target, hidden, dtypes) -> list:
     forward, backward = jitops.find("layer_norm_forward"), jitops.find("layer_norm_backward")
     for dtype in dtypes:
         for n in hidden:
-            x, w = meta((8, n), dtype), meta((n,), dtype)
-            requests += forward.requests_for((x, [n], w, w, 1e-5), target).values()
-            stats = meta((2, 8), torch.float32)
-            requests += backward.requests_for((x, x, stats, w, [n], True, True, True), target).values()
+            for rows in (8, 4096):  # the few-rows bucket and the others
+                x, w = meta((rows, n), dtype), meta((n,), dtype)
+                requests += forward.requests_for((x, [n], w, w, 1e-5), target).values()
+                stats = meta((2, rows), torch.float32)
+                requests += backward.requests_for((x, x, stats, w, [n], True, True, True), target).values()
     return requests
 
 

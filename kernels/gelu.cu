@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(256) gelu_forward(const T* __restrict__ x, T* 
   }
 }
 
-template <typename T, int VEC, int APPROX, typename I, int UNROLL = 4, int FAST = 0>
+template <typename T, int VEC, int APPROX, typename I, int UNROLL = 2, int FAST = 0>
 __global__ void __launch_bounds__(256) gelu_backward(const T* __restrict__ dy, const T* __restrict__ x,
                                                      T* __restrict__ dx, i64 count) {
   using A = acc_t<T>;

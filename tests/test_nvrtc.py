@@ -47,8 +47,7 @@ def test_nvrtc_compiles_builtin_cuda_kernels_without_a_gpu(fresh_cache, arch):
 def test_arch_specific_request_targets_sm_90a(fresh_cache):
     from dataclasses import replace
     from jitops.ops.gelu import GELU_FORWARD
-    request = replace(GELU_FORWARD.bind("bf16", T="__nv_bfloat16", VEC=8, APPROX=0, I="int", UNROLL=4, FAST=0),
-                      arch_specific=True)
+    request = replace(GELU_FORWARD.bind("bf16", T="__nv_bfloat16", VEC=8, APPROX=0, I="int"), arch_specific=True)
     runtime.prewarm(request, Target.parse("sm_90"))
     [cubin] = fresh_cache.glob("v1/sm_90a/bf16/*/kernel.cubin")
     assert cubin_sm(cubin.read_bytes()) == 90

@@ -70,21 +70,30 @@ def _class_for(op_name: str, tensors: list[tuple[str, torch.Tensor]], approximat
     return GeluClass(first.dtype, vec, approximate, index)
 
 
+# The kernels' template defaults are the tuned values (UNROLL 4 forward, 2 backward, FAST 0); other values of
+# the constants above (tuning sweeps) name them explicitly.
 GELU_FORWARD = CudaKernel("gelu_forward", Source.file("gelu.cu"),
-                          "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr i64")
+                          "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr i64")
 GELU_BACKWARD = CudaKernel("gelu_backward", Source.file("gelu.cu"),
-                           "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr ptr i64")
+                           "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr ptr i64")
+_EXPLICIT = {
+    GELU_FORWARD: (4, CudaKernel("gelu_forward", Source.file("gelu.cu"),
+                                 "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr i64")),
+    GELU_BACKWARD: (2, CudaKernel("gelu_backward", Source.file("gelu.cu"),
+                                  "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>",
+                                  "ptr ptr ptr i64")),
+}
 GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gelu_forward", "gelu_backward"))
 
 
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
     fast = int(FAST_TANH_16BIT and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
-    return kernel.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
-                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index, UNROLL=_unroll(kernel), FAST=fast)
-
-
-def _unroll(kernel: CudaKernel) -> int:
-    return UNROLL_BACKWARD if kernel is GELU_BACKWARD else UNROLL_FORWARD
+    unroll = UNROLL_BACKWARD if kernel is GELU_BACKWARD else UNROLL_FORWARD
+    params = dict(T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec, APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
+    default_unroll, explicit = _EXPLICIT[kernel]
+    if unroll != default_unroll or fast:
+        return explicit.bind(shapes.dtype_name(cls.dtype), **params, UNROLL=unroll, FAST=fast)
+    return kernel.bind(shapes.dtype_name(cls.dtype), **params)
 
 
 def _cpu_kernels(cls: GeluClass, target: Target):
