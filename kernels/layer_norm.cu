@@ -393,21 +393,23 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupanc
         }
       }
       __syncthreads();
-      // Groups that never had a row (the block's first row block is its fullest) hold zeros: skip them.
-      const I remaining = rows - (I)blockIdx.x * S::RPB;
-      const int groups = remaining < S::RPB ? static_cast<int>(remaining) : S::RPB;
-      for (I c = threadIdx.x; c < chunks; c += S::THREADS) {
-        VA pw = reinterpret_cast<const VA*>(smem)[c], pb = reinterpret_cast<const VA*>(smem + (I)S::RPB * n)[c];
-        for (int r = 1; r < groups; ++r) {  // fixed order
-          const VA qw = reinterpret_cast<const VA*>(smem + (I)r * n)[c];
-          const VA qb = reinterpret_cast<const VA*>(smem + (I)(S::RPB + r) * n)[c];
+      // Element by element, every thread busy, the RPB groups unrolled.  (A run with a loop of vectors over the
+      // groups here and four independent sums in layer_norm_reduce_partials lost 2.5 to 20 us on every
+      // backward with rows under 128 threads, e.g. (4096, 128) bf16 9.4 us against 6.9: both reverted.)
+      for (I i = threadIdx.x; i < n; i += S::THREADS) {
+        A sw = A(0), sb = A(0);
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            pw.v[k] += qw.v[k];
-            pb.v[k] += qb.v[k];
-          }
+        for (int r = 0; r < S::RPB; ++r) {  // fixed order
+          sw += smem[(I)r * n + i];
+          sb += smem[(I)(S::RPB + r) * n + i];
         }
-        emit(c, pw, pb);
+        if (partial != nullptr) {
+          partial[(i64)blockIdx.x * n + i] = sw;
+          partial[((i64)gridDim.x + blockIdx.x) * n + i] = sb;
+        } else {
+          if (dw_out != nullptr) dw_out[i] = store_as<T>(sw);
+          if (db_out != nullptr) db_out[i] = store_as<T>(sb);
+        }
       }
     }
   }
@@ -452,9 +454,8 @@ __global__ void __launch_bounds__(COLUMN_THREADS)
 }
 
 // dweight[i] = sum_p partial[0][p][i], dbias[i] = sum_p partial[1][p][i], p = 0..parts-1 in a fixed order:
-// 32 columns a block, REDUCE_ROWS threads down each column, each with REDUCE_UNROLL independent sums (that many
-// loads in flight), then all of them added in order.  A null output is skipped.
-constexpr int REDUCE_ROWS = 16, REDUCE_UNROLL = 4;
+// 32 columns a block, REDUCE_ROWS threads down each column, then their sums in order.  A null output is skipped.
+constexpr int REDUCE_ROWS = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(32 * REDUCE_ROWS)
@@ -464,33 +465,18 @@ __global__ void __launch_bounds__(32 * REDUCE_ROWS)
   __shared__ A sums[2][REDUCE_ROWS][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const i64 col = (i64)blockIdx.x * 32 + tx;
-  A sw[REDUCE_UNROLL], sb[REDUCE_UNROLL];
-#pragma unroll
-  for (int u = 0; u < REDUCE_UNROLL; ++u) sw[u] = sb[u] = A(0);
+  A sw = A(0), sb = A(0);
   if (col < n) {
-    for (i64 p = ty; p < parts; p += REDUCE_ROWS * REDUCE_UNROLL) {
-#pragma unroll
-      for (int u = 0; u < REDUCE_UNROLL; ++u) {
-        const i64 q = p + u * REDUCE_ROWS;
-        if (q < parts) {
-          if (dw) sw[u] += partial[q * n + col];
-          if (db) sb[u] += partial[(parts + q) * n + col];
-        }
-      }
+    for (i64 p = ty; p < parts; p += REDUCE_ROWS) {
+      if (dw) sw += partial[p * n + col];
+      if (db) sb += partial[(parts + p) * n + col];
     }
   }
-  A tw = A(0), tb = A(0);
-#pragma unroll
-  for (int u = 0; u < REDUCE_UNROLL; ++u) {
-    tw += sw[u];
-    tb += sb[u];
-  }
-  sums[0][ty][tx] = tw;
-  sums[1][ty][tx] = tb;
+  sums[0][ty][tx] = sw;
+  sums[1][ty][tx] = sb;
   __syncthreads();
   if (ty == 0 && col < n) {
-    tw = A(0);
-    tb = A(0);
+    A tw = A(0), tb = A(0);
 #pragma unroll
     for (int r = 0; r < REDUCE_ROWS; ++r) {
       tw += sums[0][r][tx];

@@ -142,7 +142,7 @@ def meta(shape, dtype=torch.bfloat16, offset=0):
 
 @pytest.mark.parametrize("n, dtype, expected", [
     (8192, torch.bfloat16, (8, 128, 8)),    # a block per row, 8 x 16 B per thread
-    (1024, torch.bfloat16, (8, 16, 8)),     # 8 rows per 128-thread block
+    (1024, torch.bfloat16, (8, 32, 4)),     # a warp per row: 128-byte tiles would leave too few threads
     (4097, torch.bfloat16, (1, 256, 17)),   # odd: element accesses, just enough of them per thread
     (7, torch.float32, (1, 1, 7)),          # a thread per row
     (65536, torch.float32, (4, 1024, 8)),   # longer than one tile: streams

@@ -54,8 +54,13 @@ INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid 
 # Sweep on the lent H100 (2026-11-22, bench_layer_norm.py --sweep, us ours/torch): forward tiles of 128 bytes
 # against 64: (65536, 1024) bf16 98.8 vs 104.5 (torch 154.6), (4096, 4097) bf16 61.6 vs 72.2 (torch 97.5), the
 # headline (16384, 8192) bf16 equal (198); backward tiles of 32 bytes against 64: the headline 356 vs 294 (torch
-# 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.
+# 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.  But 128-byte forward tiles
+# leave short rows too few threads (second run, graph-timed): (4096, 128) bf16 5.7 us against 3.8 with 64 bytes,
+# (65536, 128) bf16 14.3 against 12.9, (4096, 1024) bf16 8.1 against 7.1, where (4096, 1024) fp32 (32 threads a
+# row, 131072 in all) gained, 11.7 against 12.9: hence FORWARD_BUSY_THREADS and FORWARD_MIN_WIDE_TPR.
 FORWARD_TILE_BYTES = 128
+FORWARD_BUSY_THREADS = 2**17  # 128-byte tiles need this many threads (rows x threads per row) and at least
+FORWARD_MIN_WIDE_TPR = 8      # this many threads per row; otherwise 64-byte tiles
 BACKWARD_TILE_BYTES = 64
 FORWARD_MAX_TPR = 1024
 BACKWARD_MAX_TPR = 512
@@ -102,17 +107,24 @@ def _bucket(n: int, vec: int, itemsize: int, tile_bytes: int, max_tpr: int, smal
 
 
 _ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
-_FORWARD_CLASSES: dict[tuple, "ForwardClass"] = {}
+_FORWARD_CLASSES: dict[tuple, tuple["ForwardClass", "ForwardClass"]] = {}
 _BACKWARD_CLASSES: dict[tuple, "BackwardClass"] = {}
 
 
-def forward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str) -> ForwardClass:
+def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -> ForwardClass:
+    """The class for `rows` rows of n: fewer than SMALL_ROWS rows take the few-rows bucket; otherwise 128-byte
+    tiles when that leaves enough threads (FORWARD_BUSY_THREADS, FORWARD_MIN_WIDE_TPR), else 64-byte tiles."""
+    small = rows < SMALL_ROWS
     key = (dtype, n, vec, small, index)
-    cls = _FORWARD_CLASSES.get(key)
-    if cls is None:
-        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], FORWARD_TILE_BYTES, FORWARD_MAX_TPR, small)
-        cls = _FORWARD_CLASSES[key] = ForwardClass(dtype, vec, tpr, iters, index)
-    return cls
+    pair = _FORWARD_CLASSES.get(key)
+    if pair is None:
+        itemsize = _ITEMSIZE[dtype]
+        wide = ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, FORWARD_TILE_BYTES, FORWARD_MAX_TPR, small), index)
+        narrow = ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, FORWARD_TILE_BYTES // 2, FORWARD_MAX_TPR,
+                                                   small), index)
+        pair = _FORWARD_CLASSES[key] = (wide, narrow)
+    wide = small or (pair[0].tpr >= FORWARD_MIN_WIDE_TPR and rows * pair[0].tpr >= FORWARD_BUSY_THREADS)
+    return pair[0] if wide else pair[1]
 
 
 def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str) -> BackwardClass:
@@ -199,14 +211,20 @@ def _check_inputs(op_name: str, x: torch.Tensor, normalized_shape, params) -> in
 
 
 # ---- jitops::layer_norm_forward --------------------------------------------------------------------------------
+def _concrete(x: torch.Tensor) -> bool:
+    """A real (or meta) tensor: its class can be computed.  Fake tensors under torch.compile/opcheck may have
+    symbolic sizes; the fake path only needs the input checks."""
+    return type(x) is torch.Tensor or isinstance(x, torch.nn.Parameter)
+
+
 def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
     n = _check_inputs("layer_norm", x, normalized_shape, (("weight", weight), ("bias", bias)))
-    if x.is_cpu:
+    if x.is_cpu or not _concrete(x):
         return ForwardClass(x.dtype, 0, 0, 0, "")
     aligned = [t for t in (x, weight, bias) if t is not None and t.is_contiguous()]
     numel = x.numel()
-    return forward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned),
-                         numel < SMALL_ROWS * n, "int" if numel < INT32_LIMIT else "long long")
+    return forward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), numel // n if n else 0,
+                         "int" if numel < INT32_LIMIT else "long long")
 
 
 LN_FORWARD = CudaKernel("layer_norm_forward", Source.file("layer_norm.cu"),
@@ -312,7 +330,7 @@ def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     rows = numel // n if n else _rows(x, n, len(normalized_shape))
     if stats.dim() != 2 or stats.shape[0] != 2 or stats.shape[1] != rows:
         shapes.check_shape("layer_norm_backward", "stats", stats, (2, rows), "mean and rstd of every row")
-    if x.is_cpu:
+    if x.is_cpu or not _concrete(x):
         return BackwardClass(x.dtype, 0, 0, 0, "", 0)
     aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
     return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
