@@ -39,7 +39,7 @@ def layer_norm_requests(target: Target, hidden, dtypes) -> list:
     forward, backward = jitops.find("layer_norm_forward"), jitops.find("layer_norm_backward")
     for dtype in dtypes:
         for n in hidden:
-            for rows in (8, 4096):  # the few-rows bucket and the others
+            for rows in (8, 4096, 65536):  # the few-rows bucket and the others
                 x, w = meta((rows, n), dtype), meta((n,), dtype)
                 requests += forward.requests_for((x, [n], w, w, 1e-5), target).values()
                 stats = meta((2, rows), torch.float32)
