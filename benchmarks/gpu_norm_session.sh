@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU for gelu and layer_norm: their GPU tests, then the named benchmark steps.
-#   bash benchmarks/gpu_norm_session.sh [tests] [gelu-sweep] [ln-sweep] [gelu] [ln] [latency]
+#   bash benchmarks/gpu_norm_session.sh [tests] [ln-tests] [gelu-sweep] [ln-sweep] [gelu] [ln] [latency]
 # Kernels prebuilt on a GPU-less machine (benchmarks/prebuild_norm.py) are read from ./prebuilt when present
 # (a read-only root: builds by another NVRTC are accepted).  Logs and JSON land in $OUT.
 set -uo pipefail
@@ -25,6 +25,7 @@ for step in "${@:-tests}"; do
     tests) run tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_layer_norm_gpu.py \
              tests/test_gelu_gpu.py tests/test_gpu_core.py \
              -k "layer_norm or gelu_cuda_tiles or gelu_backward_op or misaligned or stream or thread" ;;
+    ln-tests) run ln-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_layer_norm_gpu.py ;;
     gelu-sweep) run gelu-sweep 120 python3 benchmarks/bench_gelu.py --sweep ;;
     ln-sweep) run ln-sweep 120 python3 benchmarks/bench_layer_norm.py --sweep ;;
     gelu) run gelu 150 python3 benchmarks/bench_gelu.py ;;
