@@ -145,7 +145,8 @@ def child(method: str, cache: str) -> dict:
         expected = F.layer_norm(h.detach().float(), [1024], w.detach().float(), b.detach().float())
         result["max_error"] = (out.detach().float() - expected).abs().max().item()
         th = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
-        tw, tb = torch.randn(128, device="cuda", dtype=torch.bfloat16), torch.randn(128, device="cuda", dtype=torch.bfloat16)
+        tw = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(128, device="cuda", dtype=torch.bfloat16)
         result["hot_us"] = hot_us(lambda: jitops.layer_norm(th, [128], tw, tb))
         result["torch_gelu_hot_us"] = hot_us(lambda: F.layer_norm(th, [128], tw, tb))  # the torch op of this row
         return result

@@ -42,7 +42,8 @@ template <typename A> __device__ __forceinline__ Moments<A> combine(const Moment
   const A count = p.count + q.count;
   const A inv = A(1) / count;
   const A delta = q.mean - p.mean;
-  return {count, (p.count * p.mean + q.count * q.mean) * inv, (p.m2 + q.m2) + delta * delta * (p.count * q.count * inv)};
+  return {count, (p.count * p.mean + q.count * q.mean) * inv,
+          (p.m2 + q.m2) + delta * delta * (p.count * q.count * inv)};
 }
 template <typename A> __device__ __forceinline__ Sums<A> combine(const Sums<A>& p, const Sums<A>& q) {
   return {p.a + q.a, p.b + q.b};

@@ -6,8 +6,8 @@
 Memory-bound: one read and one write per element forward, two reads and one write backward.  The shape class
 is (dtype, vector width from the alignment, approximation, index width).  Each thread issues 2 to 4 16-byte
 loads before it computes (kernels/gelu.cu): at 2^28 elements both directions run at the device's copy
-bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
-fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
+bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32,
+fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
 """
 from __future__ import annotations
 

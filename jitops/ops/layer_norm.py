@@ -23,11 +23,14 @@ The vector width is then chosen from the copies' alignment, so a strided x costs
 
 Shape class (what changes the compiled code): dtype; the vector width, 16 bytes when every pointer and n allow
 it, else the widest that they do (odd n: 1 element); the hidden-size bucket - threads per row (a power of two,
-1 to 1024: several rows per block for short rows, a warp per row, or a block per row) and vectors per thread,
-chosen so that each thread keeps 64 bytes of its row in registers between the statistics and the output;
-rows longer than 1024 threads x 64 bytes stream twice (the second pass from L2); and the index width (32-bit
-below 2^30 elements).  The backward adds where dweight/dbias are summed: registers (rows that fit in one
-tile), shared memory, or a column kernel for rows too long for either.  See kernels/layer_norm.cu.
+1 to 1024: many rows per block for short rows, a warp per row, or a block per row) and vectors per thread, so
+that each thread keeps a tile of its row in registers between the statistics and the output (forward 128 bytes,
+or 64 when 128 would leave the GPU too few threads; backward 64; fewer than SMALL_ROWS rows: one 16-byte vector a
+thread, for latency), rows longer than the largest block's tiles streaming twice (the second pass from L2); and
+the index width (32-bit below 2^30 elements).  The backward adds where dweight/dbias are summed: registers (rows
+that fit in one tile), shared memory, or a column kernel for rows too long for either (n above about 20000 in
+fp32/bf16/fp16, 10000 in fp64).  The benchmark set's buckets were measured on the lent H100:
+docs/benchmarks.md.  See kernels/layer_norm.cu.
 """
 from __future__ import annotations
 
@@ -119,10 +122,9 @@ def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -
     pair = _FORWARD_CLASSES.get(key)
     if pair is None:
         itemsize = _ITEMSIZE[dtype]
-        wide = ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, FORWARD_TILE_BYTES, FORWARD_MAX_TPR, small), index)
-        narrow = ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, FORWARD_TILE_BYTES // 2, FORWARD_MAX_TPR,
-                                                   small), index)
-        pair = _FORWARD_CLASSES[key] = (wide, narrow)
+        pair = _FORWARD_CLASSES[key] = tuple(
+            ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, tile, FORWARD_MAX_TPR, small), index)
+            for tile in (FORWARD_TILE_BYTES, FORWARD_TILE_BYTES // 2))
     wide = small or (pair[0].tpr >= FORWARD_MIN_WIDE_TPR and rows * pair[0].tpr >= FORWARD_BUSY_THREADS)
     return pair[0] if wide else pair[1]
 
