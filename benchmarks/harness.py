@@ -91,7 +91,8 @@ def time_cuda_graph(fn: Callable[[], Any], *, calls: int | None = None, reps: in
     return ms
 
 
-def rotate(make: Callable[[], Sequence[Any]], bytes_per_set: int, l2_bytes: int = 50 * 2**20) -> Callable[[], Sequence[Any]]:
+def rotate(make: Callable[[], Sequence[Any]], bytes_per_set: int,
+           l2_bytes: int = 50 * 2**20) -> Callable[[], Sequence[Any]]:
     """Cycle through enough input sets that consecutive calls do not find their inputs in L2."""
     count = max(1, min(64, (3 * l2_bytes) // max(bytes_per_set, 1) + 1))
     sets = [make() for _ in range(count)]

@@ -31,8 +31,9 @@ def prewarm(archs: list[str]) -> None:
             for dtype in item["dtypes"]:
                 for shapes in item["shapes"]:
                     args = op.example_args(dtype, shapes, item.get("kwargs", {}))
+                    context = jitops.MissContext(op.name, op.shape_class(*args))  # names the op in `list`
                     for request in op.requests_for(args, target).values():
-                        outcomes[jitops.runtime.prewarm(request, target)] += 1
+                        outcomes[jitops.runtime.prewarm(request, target, context)] += 1
         print(f"prewarm {arch}: {outcomes['compiled']} compiled, {outcomes['cached']} already cached "
               f"({time.perf_counter() - started:.1f} s)")
 

@@ -1,17 +1,23 @@
 """Loading cubins and launching them on torch's current stream; calling host libraries through ctypes.
 
-Why the raw driver call: per-call cost on the lent H100 (2026-11-22, benchmarks/probe_launch_paths.py,
-1-element tensors, torch.add = 6.4 us in the same run):
+Measured on the lent H100 (2026-11-22, benchmarks/probe_launch_paths.py and probe_hot_path.py):
+per-call cost of a launch, 1-element tensors, each with a torch.empty_like of 1.7 us, torch.add = 6.4 us:
     cupy Function(...) with numpy scalars        10.1 us
     cupy Function(...) with Python ints           8.0 us
     ctypes cuLaunchKernel, packed parameters      9.3 us
-    cupy_backends driver.launchKernel, packed     6.8 us   <- used here
-(each including a torch.empty_like of 1.7 us).  cupy_backends also imports in 13 ms where `import cupy`
-takes 126-178 ms, which matters for the warm-start budget of 5 ms a kernel.
+    cupy_backends driver.launchKernel, packed     6.8 us   <- the steady-state launcher here
+But CuPy's driver binding imports all of CuPy on its first call (its library loader logs through
+cupy._environment): 120 ms in a fresh process on that box, where loading a cubin and launching it take 2 ms.
+So the one-time calls (module load, function lookup, attributes) go to libcuda directly through ctypes
+(libcuda.so.1 is already loaded by torch), launches start on ctypes, and after 100 launches a background
+thread imports CuPy's binding; once it is there, every launcher switches to it.  A fresh process's first
+kernels therefore cost milliseconds (an import running beside them would slow them through the GIL: 5.9 ms
+instead of 2.4 ms a kernel, measured), and hot code gets CuPy's cheaper launch.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 from typing import Any, Sequence
@@ -21,13 +27,93 @@ import torch
 from .specs import PARAM_KINDS
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
+# Launches through ctypes before CuPy's binding is imported in the background (see the module docstring).
+_TIER_UP_LAUNCHES = 100
 _MAX_STATIC_SMEM = 48 * 1024
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_FUNC_ATTRIBUTES = {"MAX_THREADS_PER_BLOCK": 0, "SHARED_SIZE_BYTES": 1, "CONST_SIZE_BYTES": 2,
+                    "LOCAL_SIZE_BYTES": 3, "NUM_REGS": 4, "PTX_VERSION": 5, "BINARY_VERSION": 6,
+                    "MAX_DYNAMIC_SHARED_SIZE_BYTES": 8}
 
 
-def _driver():
-    from cupy_backends.cuda.api import driver
+class DriverError(RuntimeError):
+    """A CUDA driver call failed; `status` is the CUresult."""
 
-    return driver
+    def __init__(self, call: str, status: int) -> None:
+        self.status = status
+        name = ctypes.c_char_p()
+        try:
+            _Driver.get().lib.cuGetErrorName(status, ctypes.byref(name))
+        except Exception:  # noqa: BLE001 - the message is best effort
+            pass
+        label = name.value.decode() if name.value else f"error {status}"
+        super().__init__(f"{call} failed: {label} ({status})")
+
+
+class _Driver:
+    """libcuda through ctypes, plus the launcher every CudaFunction uses (swapped to CuPy's when imported)."""
+
+    _instance: "_Driver | None" = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise RuntimeError(f"jitops: cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+        void_p, uint = ctypes.c_void_p, ctypes.c_uint
+        lib.cuModuleLoadData.argtypes = [ctypes.POINTER(void_p), ctypes.c_char_p]
+        lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(void_p), void_p, ctypes.c_char_p]
+        lib.cuFuncSetAttribute.argtypes = [void_p, ctypes.c_int, ctypes.c_int]
+        lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, void_p]
+        lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuLaunchKernel.argtypes = [void_p, uint, uint, uint, uint, uint, uint, uint, void_p, void_p, void_p]
+        for fn in (lib.cuModuleLoadData, lib.cuModuleGetFunction, lib.cuFuncSetAttribute, lib.cuFuncGetAttribute,
+                   lib.cuLaunchKernel, lib.cuGetErrorName):
+            fn.restype = ctypes.c_int
+        self.lib = lib
+        ctypes_launch = lib.cuLaunchKernel
+        launches = [0]
+
+        def launch_with_ctypes(*args: Any) -> None:
+            status = ctypes_launch(*args)
+            if status:
+                raise DriverError("cuLaunchKernel", status)
+            launches[0] += 1
+            if launches[0] == _TIER_UP_LAUNCHES:
+                self._start_cupy_import()
+
+        self.launch = launch_with_ctypes
+
+    def _start_cupy_import(self) -> None:
+        """Tier up: a process that launches often gets CuPy's cheaper launch.  The import runs in a thread,
+        after the process has shown it is hot, so no warm start pays for it."""
+        importer = threading.Thread(target=self._adopt_cupy_launch, name="jitops-cupy-import", daemon=True)
+        importer.start()
+        # A fork while that thread holds an import lock would leave the child waiting on a lock nobody holds
+        # (DataLoader workers fork): forks wait for the import to finish (~120 ms, once).
+        os.register_at_fork(before=lambda: importer.join(timeout=10))
+
+    def _adopt_cupy_launch(self) -> None:
+        try:
+            from cupy_backends.cuda.api import driver
+
+            driver.ctxGetCurrent()  # its first call loads libcuda (and imports CuPy): do it here, not on a launch
+        except Exception:  # noqa: BLE001 - without CuPy, ctypes keeps launching
+            return
+        self.launch = driver.launchKernel  # one attribute store: launchers read it on every call
+
+    @classmethod
+    def get(cls) -> "_Driver":
+        if cls._instance is None:
+            with cls._guard:
+                if cls._instance is None:
+                    cls._instance = _Driver()
+        return cls._instance
+
+    def check(self, call: str, status: int) -> None:
+        if status:
+            raise DriverError(call, status)
 
 
 def _bind_context(device_index: int) -> None:
@@ -35,14 +121,8 @@ def _bind_context(device_index: int) -> None:
 
     torch creates the primary context but a thread that has made no runtime call yet (autograd's device
     threads, user threads) has no current context, and driver calls then fail with CUDA_ERROR_INVALID_CONTEXT.
-    """
-    from cupy_backends.cuda.api import runtime
-
-    if torch.cuda.current_device() == device_index:
-        runtime.setDevice(device_index)
-    else:
-        with torch.cuda.device(device_index):
-            runtime.setDevice(device_index)
+    cudaSetDevice binds it (and sets the device this thread already uses)."""
+    torch.cuda.set_device(device_index)
 
 
 _SM_COUNTS: dict[int, int] = {}
@@ -56,10 +136,17 @@ def sm_count(device_index: int) -> int:
     return count
 
 
+_GRID_CAPS: dict[tuple[int, int], int] = {}
+
+
 def elementwise_grid(vectors: int, block: int, device_index: int, waves: int = 8) -> int:
-    """Blocks for a grid-stride loop over `vectors` items: enough to fill the device `waves` times over,
-    never more than there is work for."""
-    return max(1, min((vectors + block - 1) // block, sm_count(device_index) * waves))
+    """Blocks for a grid-stride loop over `vectors` (>= 1) items: enough to fill the device `waves` times over,
+    never more than there is work for.  (Runs every call: one dict lookup, no min/max calls.)"""
+    cap = _GRID_CAPS.get((device_index, waves))
+    if cap is None:
+        cap = _GRID_CAPS[(device_index, waves)] = sm_count(device_index) * waves
+    blocks = (vectors + block - 1) // block
+    return blocks if blocks < cap else cap
 
 
 def current_stream(device_index: int) -> int:
@@ -71,21 +158,22 @@ class CudaFunction:
     """A __global__ function loaded from a cubin into one device's primary context."""
 
     def __init__(self, cubin: bytes, symbol: str, signature: Sequence[str], device_index: int, label: str) -> None:
-        driver = _driver()
+        self._driver = driver = _Driver.get()
         self.label = label
         self.device_index = device_index
         self.signature = tuple(signature)
+        self._cubin = cubin  # the driver reads the image during the load; keep the bytes alive with the module
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
         with torch.cuda.device(device_index):
-            try:
-                self._module = driver.moduleLoadData(cubin)
-            except driver.CUDADriverError as exc:
-                if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
-                    raise
+            status = driver.lib.cuModuleLoadData(ctypes.byref(module), cubin)
+            if status == _CUDA_ERROR_INVALID_CONTEXT:
                 _bind_context(device_index)
-                self._module = driver.moduleLoadData(cubin)
-            self.handle = driver.moduleGetFunction(self._module, symbol)
-        self._launch = driver.launchKernel
-        self._driver_error = driver.CUDADriverError
+                status = driver.lib.cuModuleLoadData(ctypes.byref(module), cubin)
+            driver.check("cuModuleLoadData", status)
+            driver.check("cuModuleGetFunction",
+                         driver.lib.cuModuleGetFunction(ctypes.byref(function), module, symbol.encode()))
+        self._module = module.value
+        self.handle = function.value
         self._struct = struct.Struct("@" + "".join(PARAM_KINDS[k] for k in self.signature))
         self._buffer = ctypes.create_string_buffer(max(self._struct.size, 8))
         base = ctypes.addressof(self._buffer)
@@ -100,8 +188,8 @@ class CudaFunction:
         """A launch function generated for this signature: one line packs every argument (a tensor passes its
         data pointer), no per-argument loop.  Launches on torch's current stream of this device."""
         names = [f"a{i}" for i in range(len(self.signature))]
-        values = [f"({n}.data_ptr() if isinstance({n}, Tensor) else ({n} or 0))" if kind == "ptr" else n
-                  for n, kind in zip(names, self.signature)]
+        values = [f"({n}.data_ptr() if type({n}) is Tensor or isinstance({n}, Tensor) else ({n} or 0))"
+                  if kind == "ptr" else n for n, kind in zip(names, self.signature)]
         source = (
             f"def launch(grid, block, {''.join(n + ', ' for n in names)}shared_mem=0):\n"
             f"    if shared_mem > fn._dynamic_smem_limit:\n"
@@ -112,13 +200,13 @@ class CudaFunction:
             f"    with lock:\n"
             f"        pack(buffer, 0, {', '.join(values)})\n"
             f"        try:\n"
-            f"            launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, pointers, 0)\n"
-            f"        except driver_error as exc:\n"
+            f"            driver.launch(handle, gx, gy, gz, bx, by, bz, shared_mem, stream, pointers, 0)\n"
+            f"        except Exception as exc:\n"
             f"            fn._launch_failed(exc, (gx, gy, gz), (bx, by, bz), shared_mem, stream)\n")
         scope = {"Tensor": torch.Tensor, "fn": self, "raw_stream": torch._C._cuda_getCurrentRawStream,
                  "device": self.device_index, "lock": self._lock, "pack": self._struct.pack_into,
-                 "buffer": self._buffer, "launch_kernel": self._launch, "handle": self.handle,
-                 "pointers": self._pointers_address, "driver_error": self._driver_error}
+                 "buffer": self._buffer, "driver": self._driver, "handle": self.handle,
+                 "pointers": self._pointers_address}
         exec(compile(source, f"<jitops launcher {self.label}>", "exec"), scope)  # noqa: S102 - generated
         return scope["launch"]
 
@@ -137,18 +225,20 @@ class CudaFunction:
             raise RuntimeError(f"jitops: launching {self.label} with grid {grid}, block {block}, {shared_mem} B "
                                f"shared memory failed: {exc}") from None
         _bind_context(self.device_index)
-        self._launch(self.handle, *grid, *block, shared_mem, stream, self._pointers_address, 0)
+        self._driver.launch(self.handle, *grid, *block, shared_mem, stream, self._pointers_address, 0)
 
     def _raise_smem_limit(self, shared_mem: int) -> None:
-        driver = _driver()
         with torch.cuda.device(self.device_index):
-            driver.funcSetAttribute(self.handle, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            self._driver.check("cuFuncSetAttribute", self._driver.lib.cuFuncSetAttribute(
+                self.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem))
         self._dynamic_smem_limit = shared_mem
 
     def attribute(self, name: str) -> int:
         """A function attribute, e.g. attribute('NUM_REGS') or attribute('LOCAL_SIZE_BYTES')."""
-        driver = _driver()
-        return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"), self.handle)
+        value = ctypes.c_int()
+        self._driver.check("cuFuncGetAttribute", self._driver.lib.cuFuncGetAttribute(
+            ctypes.byref(value), _FUNC_ATTRIBUTES[name], self.handle))
+        return value.value
 
     def __repr__(self) -> str:
         return f"CudaFunction({self.label}, cuda:{self.device_index})"

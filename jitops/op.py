@@ -11,11 +11,12 @@
 The declaration is registered once with torch.library (so autograd, torch.compile(fullgraph=True) and
 torch.library.opcheck see a real op) and returns the public Python function.
 
-Hot path.  Going through the dispatcher costs 8.5 us a call with a Python kernel, 13.7 us once an autograd
-kernel is registered, where torch.add costs 6.4 us (lent H100, 2026-11-22, benchmarks/probe_launch_paths.py).
-So a call that needs nothing from the dispatcher - no gradient to record, not being compiled, no torch
-function/dispatch mode, no profiler, plain tensors - runs the device implementation directly (7.7 us in the
-same probe); every other call goes through torch.ops.<ns>.<name>.
+Routes.  Going through the dispatcher costs 8.5 us a call with a Python kernel, 13.7 us once an autograd
+kernel is registered, 10.6 us as an autograd.Function, where torch.add costs 6.4 us (lent H100, 2026-11-22,
+benchmarks/probe_launch_paths.py).  So the public function, generated per op:
+  - compiling, a torch function/dispatch mode, the profiler, or a tensor subclass -> torch.ops.<ns>.<name>;
+  - a gradient to record -> the op's own autograd.Function (same setup_context and backward as registered);
+  - otherwise -> the device implementation directly (7.7 us in the same probe).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class _Arg:
     kwarg_only: bool
     has_default: bool
     default: Any
+    dtype: bool = False  # a ScalarType argument: manifests name it ("bf16")
 
 
 _REGISTRY: dict[str, "Op"] = {}
@@ -78,20 +80,28 @@ _profiling = torch.autograd._profiler_enabled
 _current_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 
 
+def _kind(arg: torch._C.Argument) -> str:
+    """Classify by torch's type objects, not their printed names (Tensor? prints as Optional[Tensor])."""
+    t = arg.type
+    if isinstance(t, torch.TensorType):
+        return "tensor"
+    if isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType):
+        return "optional_tensor"
+    if isinstance(t, torch.ListType) and isinstance(t.getElementType(), torch.TensorType):
+        return "tensor_list"
+    return "value"
+
+
+def _is_dtype(arg: torch._C.Argument) -> bool:
+    """ScalarType arguments print as int; their real_type names them."""
+    return "ScalarType" in str(getattr(arg, "real_type", arg.type))
+
+
 def _parse_arguments(schema: torch._C.FunctionSchema) -> list[_Arg]:
     args = []
     for a in schema.arguments:
-        text = str(a.type)
-        if text == "Tensor":
-            kind = "tensor"
-        elif text in ("Tensor?", "Optional[Tensor]"):  # torch prints Tensor? as Optional[Tensor]
-            kind = "optional_tensor"
-        elif text in ("List[Tensor]", "Tensor[]"):
-            kind = "tensor_list"
-        else:
-            kind = "value"
         has_default = a.default_value is not None or a.has_default_value()
-        args.append(_Arg(a.name, kind, a.kwarg_only, has_default, a.default_value))
+        args.append(_Arg(a.name, _kind(a), a.kwarg_only, has_default, a.default_value, _is_dtype(a)))
     return args
 
 
@@ -217,7 +227,8 @@ class Op:
             "__run": self._cuda.run if self._cuda else None, "__Tensor": torch.Tensor,
             "__Parameter": torch.nn.Parameter, "__strided": _STRIDED, "__is_compiling": _is_compiling,
             "__function_mode": _function_mode, "__dispatch_stack": _dispatch_stack, "__profiling": _profiling,
-            "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device}
+            "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device,
+            "__grad_call": self._autograd.apply if self._autograd is not None else self.overload}
         exec(compile(source, f"<jitops op {self.qualname}>", "exec"), namespace)  # noqa: S102 - generated
         function = namespace[self.name]
         function.__defaults__ = tuple(defaults) or None
@@ -254,7 +265,7 @@ class Op:
             f"    if {' or '.join(not_plain)}:\n"
             f"        return __call({everything})\n"
             f"    if __grad_enabled() and ({' or '.join(grads)}):\n"
-            f"        return __call({everything})\n"
+            f"        return __grad_call({everything})\n"
             f"    __i = {first}.get_device()\n"
             f"    if __i < 0 or {' or '.join(elsewhere)} or __i != __current_device():\n"
             f"        return __run_device(({everything},))\n"
@@ -387,19 +398,17 @@ class Op:
             return None
         op = self
 
-        class Function(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, *args):  # type: ignore[override]
-                output = op._run_device(args)
-                op.setup_context(ctx, args, output)  # type: ignore[misc]
-                return output
+        def forward(ctx, *args):
+            output = op._run_device(args)
+            op.setup_context(ctx, args, output)  # type: ignore[misc]
+            return output
 
-            @staticmethod
-            def backward(ctx, *grads):  # type: ignore[override]
-                return op._backward(ctx, *grads)
+        def backward(ctx, *grads):
+            return op._backward(ctx, *grads)
 
-        Function.__name__ = Function.__qualname__ = f"{self.name}_backward_node"
-        return Function
+        # Built with type() so the autograd node is named after the op: grad_fn=<jitops_geluBackward>.
+        return type(f"jitops_{self.name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
     def target(self, device_type: str, device_index: int) -> Target:
         if device_type == "cpu":
@@ -444,16 +453,33 @@ class Op:
                     contiguous &= value.is_contiguous()
                     dtype = dtype or value.dtype
         kwargs = {a.name: _jsonable(args[i]) for i, a in enumerate(self.args) if a.kind == "value"}
-        item: dict[str, Any] = {"op": self.name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
+        # jitops' own ops by short name; others qualified (jitops.find("mylib::scaled_add") finds them on replay).
+        name = self.name if self.namespace == "jitops" else self.qualname
+        item: dict[str, Any] = {"op": name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
                                 "kwargs": kwargs}
         if not contiguous:
             item["strides"] = [strides]
         return item
 
     def example_args(self, dtype: str, shapes: Sequence[Any], kwargs: Mapping[str, Any],
-                     strides: Sequence[Any] | None = None) -> tuple[Any, ...]:
-        """Meta-device arguments for one manifest call (no memory, no GPU)."""
+                     strides: Sequence[Any] | None = None, device: str = "meta") -> tuple[Any, ...]:
+        """Arguments for one manifest call that hold no memory and need no GPU.
+
+        device="meta" (default) gives meta tensors, which shape classes treat like GPU tensors (not is_cpu).
+        device="cpu" gives fake CPU tensors (is_cpu is True), so the shape class applies the rules a real CPU
+        call meets: prewarming for the `cpu` target must build the kernels a CPU call asks for.  (The first
+        fake tensor imports torch._dynamo: about 2 s.)"""
         torch_dtype = parse_dtype(dtype)
+        if device == "meta":
+            make = _meta
+        else:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            mode = FakeTensorMode()
+
+            def make(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+                with mode:
+                    return _empty(shape, stride, dtype, device)
         tensor_args = [a for a in self.args if a.kind != "value"]
         if len(shapes) != len(tensor_args):
             raise ValueError(f"jitops.{self.name}: a manifest call gives {len(shapes)} shapes, the op takes "
@@ -468,7 +494,7 @@ class Op:
             if a.kind == "value":
                 if a.name in kwargs:
                     value = kwargs[a.name]
-                    if str(self.schema.arguments[self.args.index(a)].type) == "ScalarType?" and value is not None:
+                    if a.dtype and isinstance(value, str):
                         value = parse_dtype(value)
                     values.append(value)
                 elif a.has_default:
@@ -479,14 +505,14 @@ class Op:
             shape, stride = next(shape_iter)
             if a.kind == "tensor_list":
                 stride = stride or [None] * len(shape)
-                values.append([_meta(s, st, torch_dtype) for s, st in zip(shape, stride)])
+                values.append([make(s, st, torch_dtype) for s, st in zip(shape, stride)])
             elif shape is None:
                 if a.kind != "optional_tensor":
                     raise ValueError(f"jitops.{self.name}: argument '{a.name}' is a required tensor; its shape "
                                      "cannot be null")
                 values.append(None)
             else:
-                values.append(_meta(shape, stride, torch_dtype))
+                values.append(make(shape, stride, torch_dtype))
         return tuple(values)
 
     def requests_for(self, args: tuple[Any, ...], target: Target) -> dict[str, BuildRequest]:
@@ -503,10 +529,14 @@ class Op:
         return f"<jitops op {self.qualname}>"
 
 
-def _meta(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+def _empty(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype, device: str) -> torch.Tensor:
     if stride is None:
-        return torch.empty(tuple(shape), dtype=dtype, device="meta")
-    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
+
+
+def _meta(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+    return _empty(shape, stride, dtype, "meta")
 
 
 def _jsonable(value: Any) -> Any:

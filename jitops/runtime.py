@@ -238,7 +238,8 @@ class Runtime:
             finally:
                 shutil.rmtree(build_dir, ignore_errors=True)
         if entry is None:
-            raise OSError(f"jitops: could not store {request.label()} in {disk.writable.path if disk.writable else '-'}")
+            where = disk.writable.path if disk.writable else "(no writable root)"
+            raise OSError(f"jitops: could not store {request.label()} in {where}")
         return "compiled"
 
     def find_entry(self, key: CacheKey, any_toolchain: bool) -> CacheEntry | None:

@@ -37,10 +37,13 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def _address(t: torch.Tensor) -> int:
-    """The start address, or for fake and meta tensors (no address) the storage offset in bytes: their storage
-    is taken as allocator-aligned (torch's caching allocator returns 512-byte aligned blocks)."""
-    if (type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter)) and not t.is_meta:  # is_meta: 0.06 us,
-        return t.data_ptr()                                                                   # .device.type: 0.3
+    """The start address, or for fake tensors (no address) the storage offset in bytes: their storage is
+    taken as allocator-aligned (torch's caching allocator returns 512-byte aligned blocks).  Meta tensors
+    report address 0 plus nothing for the offset, so they use the offset too."""
+    if type(t) is torch.Tensor and not t.is_meta:  # t.is_meta: 0.07 us; t.device.type would cost 0.3 us
+        return t.data_ptr()
+    if isinstance(t, torch.nn.Parameter) and not t.is_meta:
+        return t.data_ptr()
     return t.storage_offset() * t.element_size()
 
 
@@ -51,6 +54,19 @@ def byte_alignment(t: torch.Tensor, cap: int = 16) -> int:
     while alignment > 1 and address % alignment:
         alignment //= 2
     return alignment
+
+
+def pair_vector_width(a: torch.Tensor, b: torch.Tensor, max_bytes: int = 16) -> int:
+    """vector_width((a, b)) for the common two-operand case, in a third of the time (it runs every call)."""
+    itemsize = a.element_size()
+    if type(a) is torch.Tensor and type(b) is torch.Tensor and not a.is_meta and not b.is_meta:
+        address = a.data_ptr() | b.data_ptr()  # the common case without two calls of _address
+    else:
+        address = _address(a) | _address(b)
+    width = max_bytes // itemsize
+    while width > 1 and address % (width * itemsize):
+        width >>= 1
+    return width
 
 
 def vector_width(tensors: Iterable[torch.Tensor], row: int | None = None, max_bytes: int = 16) -> int:

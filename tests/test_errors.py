@@ -71,3 +71,37 @@ def test_compile_error_excerpt_for_gcc_style_logs():
                          log="main.cpp:2:5: error: 'x' was not declared", source="int a;\nx = 1;\nint b;\n",
                          source_name="main.cpp")
     assert "> 2 | x = 1;" in str(error)
+
+
+def test_optional_tensor_and_dtype_arguments_are_understood():
+    """Tensor? arguments get device checks, manifest shapes and gradient slots; ScalarType? arguments take dtype
+    names in manifests."""
+
+
+    calls = []
+
+    def run(k, x, w, dtype):
+        calls.append((w is not None, dtype))
+        return x.clone() if w is None else x * w
+
+    declared = jitops.op(
+        "jitops_test::scale(Tensor x, Tensor? w=None, ScalarType? dtype=None) -> Tensor",
+        shape_class=lambda x, w, dtype: x.dtype,
+        cpu=jitops.Impl(lambda cls, target: {}, run),
+        fake=lambda x, w, dtype: torch.empty_like(x),
+        setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[1]),
+        backward=lambda ctx, grad: (grad * ctx.saved_tensors[0], None),
+    ).op
+    assert [a.kind for a in declared.args] == ["tensor", "optional_tensor", "value"]
+    assert declared.args[2].dtype
+    with pytest.raises(ValueError, match="argument 'w' is on meta"):
+        declared(torch.randn(3), torch.randn(3, device="meta"))
+    x = torch.randn(3, requires_grad=True)
+    w = torch.full((3,), 2.0)
+    declared(x, w).sum().backward()
+    assert torch.equal(x.grad, w)
+    item = declared.manifest_item((torch.randn(2, 3), None, torch.bfloat16))
+    assert item["shapes"] == [[[2, 3], None]] and item["kwargs"] == {"dtype": "bf16"}
+    args = declared.example_args("fp32", [[2, 3], None], {"dtype": "bf16"})
+    assert args[1] is None and args[2] is torch.bfloat16
+

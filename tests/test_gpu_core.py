@@ -122,7 +122,8 @@ def test_offline_image_runs_prewarmed_cache_with_zero_compiles(tmp_path):
     image = tmp_path / "image"
     code = ("import jitops; from jitops.specs import Target; op = jitops.find('gelu');"
             "args = op.example_args('bf16', [[4096]], {'approximate': 'tanh'});"
-            "[jitops.runtime.prewarm(r, Target.parse('sm_90')) for r in op.requests_for(args, Target.parse('sm_90')).values()]")
+            "t = Target.parse('sm_90');"
+            "[jitops.runtime.prewarm(r, t) for r in op.requests_for(args, t).values()]")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, JITOPS_CACHE_DIR=str(image),
                                                                        PYTHONPATH=str(REPO)))
     env = dict(os.environ, JITOPS_CACHE_PATH=str(image), JITOPS_CACHE_DIR=str(tmp_path / "empty"),

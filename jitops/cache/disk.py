@@ -126,6 +126,13 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def _children(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except OSError:
+        return []
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -293,6 +300,64 @@ class DiskCache:
                 return
             log.warning("cache entry %s is corrupt (%s) and could not be moved aside (%s); ignoring it",
                         path.name, reason, exc)
+
+    # ---- maintenance (cache_tools prune, verify --fix) -----------------------------------------------------
+    def remove(self, path: Path, root: CacheRoot) -> bool:
+        """Delete an entry (or a quarantined one) of the writable root atomically: one rename into tmp/, so
+        readers see the whole entry or none of it, then the delete.  False if it was already gone."""
+        if not root.writable:
+            raise PermissionError(f"jitops: {root.path} is a read-only cache root; nothing in it is removed")
+        aside = root.base / "tmp" / f"{path.name}.removed.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        try:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(aside, ignore_errors=True)
+        return True
+
+    def quarantined(self) -> list[Path]:
+        """Entries of the writable root that were moved aside as corrupt (kept for inspection)."""
+        if self.writable is None:
+            return []
+        try:
+            return sorted(p for p in (self.writable.base / "quarantine").iterdir() if p.is_dir())
+        except OSError:
+            return []
+
+    def clean_stale(self, older_than: float) -> list[Path]:
+        """Remove what interrupted writers left in the writable root: temporary directories and lock files
+        not modified for `older_than` seconds.  A lock file is removed only while this process holds its lock
+        (a held lock is someone compiling).  A process that opened it just before may then compile alongside
+        one that creates a new lock file: both builds are the same and publish() keeps one.  Returns what was
+        removed."""
+        if self.writable is None:
+            return []
+        removed: list[Path] = []
+        cutoff = time.time() - older_than
+        for path in _children(self.writable.base / "tmp"):
+            with contextlib.suppress(OSError):
+                if path.lstat().st_mtime < cutoff:
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+                    removed.append(path)
+        for path in _children(self.writable.base / "locks"):
+            with contextlib.suppress(OSError):
+                if path.suffix != ".lock" or path.stat().st_mtime >= cutoff:
+                    continue
+                lock = filelock.FileLock(str(path))
+                try:
+                    lock.acquire(timeout=0)
+                except filelock.Timeout:
+                    continue
+                try:
+                    path.unlink()
+                    removed.append(path)
+                finally:
+                    lock.release()
+        return removed
 
     def _warn_store(self, exc: OSError) -> None:
         if not self._store_warned:

@@ -25,19 +25,27 @@ class AddClass(NamedTuple):
     vec: int  # elements per access: 16 bytes when both inputs are 16-byte aligned
 
 
+_CLASSES: dict[tuple[torch.dtype, int], AddClass] = {}
+
+
 def shape_class(a: torch.Tensor, b: torch.Tensor) -> AddClass:
     # Runs on every call: plain comparisons first, the helpers (which build the messages) only on failure.
-    if a.dtype != b.dtype:
+    dtype = a.dtype
+    if dtype is not b.dtype:
         shapes.check_same_dtype("add", ("a", a), ("b", b))
     if a.shape != b.shape:
         shapes.check_same_shape("add", ("a", a), ("b", b))
-    if a.dtype not in (CPU_DTYPES if a.is_cpu else CUDA_DTYPES):
+    if dtype not in (CPU_DTYPES if a.is_cpu else CUDA_DTYPES):
         shapes.check_dtype("add", "a", a, CPU_DTYPES if a.is_cpu else CUDA_DTYPES)
     if a.is_contiguous() and b.is_contiguous():
-        vec = shapes.vector_width((a, b))
+        vec = shapes.pair_vector_width(a, b)
     else:  # the contiguous copies are fresh allocations: 16-byte aligned
         vec = 16 // a.element_size()
-    return AddClass(a.dtype, vec)
+    key = (dtype, vec)
+    cls = _CLASSES.get(key)  # a NamedTuple costs 0.3 us to build, a lookup 0.1 us
+    if cls is None:
+        cls = _CLASSES[key] = AddClass(dtype, vec)
+    return cls
 
 
 # ---- CUDA -------------------------------------------------------------------------------------------------------
@@ -53,7 +61,7 @@ def run_cuda(k, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(a)
     n = a.numel()
     if n:
-        vectors = max(n // k.shape_class.vec, 1)
+        vectors = n // k.shape_class.vec or 1
         k.forward.launch(elementwise_grid(vectors, BLOCK, a.get_device()), BLOCK, a, b, out, n)
     return out
 

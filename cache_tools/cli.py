@@ -1,0 +1,433 @@
+"""The command line: `python -m cache_tools` / `jitops-cache`.  Parses flags, calls the functions of the other
+modules (which tests call directly too) and prints their results as tables or, with --json, as JSON.
+
+Exit codes: 0 done; 1 something failed (a compile, a corrupt entry, a manifest item that would miss, a write);
+2 bad input (flags, manifest, archive), with nothing in the cache changed; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from jitops import config, runtime
+from jitops.errors import ConfigError
+
+from . import archive, entries, explain, info, manifest, prewarm
+from .common import (UsageError, compact_shape_class, format_age, format_size, parse_age, parse_archs,
+                     parse_size, print_json, print_table)
+
+PROG = "jitops-cache"
+
+
+# ---- flags -------------------------------------------------------------------------------------------------------
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _shared(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The flags every subcommand takes, named the same everywhere.  They may come before or after the
+    subcommand; after wins."""
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--cache-dir", metavar="DIR", type=Path, default=default,
+                        help="the writable cache root (default: JITOPS_CACHE_DIR or the runtime's: "
+                             "~/.cache/jitops); read-only JITOPS_CACHE_PATH roots are read too")
+    parser.add_argument("--arch", action="append", metavar="ARCH", default=default,
+                        help="sm_80, sm_90a, ... or cpu; repeatable or comma-separated.  prewarm/verify/explain: "
+                             "build or look up for these (overrides the manifest's archs); list/prune/export/info: "
+                             "only these archs' entries (sm_90a selects sm_90 and sm_90a entries)")
+    parser.add_argument("--jobs", type=_jobs, metavar="N", default=default,
+                        help="parallel compiles or checksum threads (default: JITOPS_JOBS or the number of cores)")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                        help="print the result as JSON on stdout")
+
+
+def _imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                        help="import this Python module first, so the ops it declares with jitops.op can be named "
+                             "(e.g. mylib::scaled_add); repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Prewarm, inspect, verify, prune, ship and explain the jitops kernel cache.  "
+        "Manifest format and examples: docs/cache_tools.md.")
+    _shared(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        _shared(sub, suppress=True)
+        return sub
+
+    p = command("prewarm", "compile the kernels a manifest, a JITOPS_RECORD file or the built-in ops need "
+                           "(no GPU needed for NVRTC kernels)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--manifest", metavar="FILE", help="a manifest (JSON, or YAML with PyYAML)")
+    source.add_argument("--record", metavar="FILE", help="a JITOPS_RECORD file: replays every recorded miss")
+    source.add_argument("--all-builtin", action="store_true", help="every built-in op's common shape classes")
+    p.add_argument("--skip-unbuildable", action="store_true",
+                   help="report kernels this machine cannot build, but do not fail for them")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    _imports(p)
+
+    p = command("list", "a table of the cached entries")
+    p.add_argument("--op", action="append", metavar="NAME", help="only this op's entries (repeatable)")
+
+    p = command("verify", "check every entry's checksums; with --manifest, check that nothing it names would miss")
+    p.add_argument("--fix", action="store_true", help="remove corrupt entries from the writable root")
+    p.add_argument("--manifest", metavar="FILE", help="exit 1 if a call of this manifest would miss the cache")
+    p.add_argument("--record", metavar="FILE", help="the same for a JITOPS_RECORD file")
+    _imports(p)
+
+    p = command("prune", "remove entries, least recently used first (by the runtime's last-use stamp)")
+    p.add_argument("--max-size", metavar="SIZE", help="keep at most this much: 500M, 2G, 1.5GiB, 800MB")
+    p.add_argument("--older-than", metavar="AGE", help="remove entries unused for this long: 30d, 12h, 90m")
+    p.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+
+    p = command("export", "write the verified entries into one archive file (tar; .tar.gz; .tar.zst with zstandard)")
+    p.add_argument("output", metavar="FILE", help="the archive to write, e.g. kernels.tar.zst")
+    p.add_argument("--zstd", action="store_true", help="zstd-compress whatever the file name says")
+    p.add_argument("--level", type=int, default=10, help="zstd level (default 10)")
+
+    p = command("import", "check an archive completely, then add its entries to the writable root")
+    p.add_argument("archive", metavar="FILE", help="an archive written by `export`")
+
+    p = command("explain", "show the key of every kernel an op call needs and why it would miss")
+    p.add_argument("op", nargs="?", help="the op, e.g. gelu (or give --item)")
+    p.add_argument("--dtype", help="the call's dtype, e.g. bf16")
+    p.add_argument("--shape", action="append", metavar="SHAPE",
+                   help="one per tensor argument, in order: 4096x8192, 4096,8192, [] for a scalar, none for an "
+                        "absent optional tensor, or JSON ([[2,3],[4,5]] for a tensor list)")
+    p.add_argument("--stride", action="append", metavar="STRIDE",
+                   help="strides of a non-contiguous tensor argument, one per --shape (or none)")
+    p.add_argument("--kwarg", action="append", metavar="NAME=VALUE", help="another argument, e.g. approximate=tanh")
+    p.add_argument("--item", metavar="JSON", help="the call as a manifest item: a JITOPS_RECORD line or the item "
+                                                  "a CacheMissError prints")
+    _imports(p)
+
+    command("info", "cache roots, sizes and counts, compiler versions and settings")
+    return parser
+
+
+# ---- entry point -------------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with argparse's message on bad flags
+    try:
+        archs = parse_archs(args.arch)
+        if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
+            raise UsageError(f"--cache-dir {args.cache_dir} is a file; give a directory (it is created if absent)")
+        for module in getattr(args, "imports", ()):
+            _import(module)
+        scope = {"cache_dir": args.cache_dir} if args.cache_dir is not None else {}
+        with config.scope(**scope):
+            return COMMANDS[args.command](args, archs)
+    except (UsageError, ConfigError) as exc:
+        print(f"{PROG} {args.command}: error: {str(exc).removeprefix('jitops: ')}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a read-only or missing directory: say which file, no traceback
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or the module's own error: bad input either way
+        raise UsageError(f"--import {module}: {type(exc).__name__}: {exc} (is it on PYTHONPATH?)") from None
+
+
+def _writable() -> None:
+    if runtime.disk_cache().writable is None:
+        raise UsageError("no writable cache root: give --cache-dir DIR (JITOPS_CACHE_DIR is set but empty)")
+
+
+def _calls(args: argparse.Namespace) -> list[manifest.Call]:
+    if getattr(args, "manifest", None):
+        return manifest.load_manifest(args.manifest)
+    if getattr(args, "record", None):
+        return manifest.load_record(args.record)
+    return manifest.builtin_calls()
+
+
+# ---- prewarm -----------------------------------------------------------------------------------------------------
+def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
+    calls = _calls(args)
+    if args.all_builtin and not archs:
+        raise UsageError("--all-builtin needs --arch: e.g. --arch sm_80,sm_90a,cpu")
+    plan = manifest.plan(calls, archs, strict=not args.all_builtin)
+    _writable()
+    report = prewarm.prewarm(plan, args.jobs, progress=not args.no_progress)
+    ok = not report.count("failed") and (args.skip_unbuildable or not report.count("unbuildable"))
+    if args.json:
+        print_json(dict(report.as_dict(), ok=ok, cache_dir=str(runtime.disk_cache().writable.path)))
+        return 0 if ok else 1
+    rows = [[r["arch"], r["compiled"], r["cached"], r["failed"], r["unbuildable"], r["skipped"], f"{r['seconds']:.1f}"]
+            for r in report.by_arch()]
+    print(f"prewarm into {runtime.disk_cache().writable.path}")
+    print_table(rows, ["arch", "compiled", "already cached", "failed", "cannot build here", "skipped", "seconds"],
+                right=range(1, 7))
+    print(f"wall time {report.wall_seconds:.1f} s with {report.jobs} jobs (seconds: build time of each kernel, "
+          "added up)")
+    for result in report.results:
+        if result.outcome == "failed":
+            print(f"\nFAILED {result.job.label} [{result.job.arch}] (op {result.job.op}, {result.job.call.where}):")
+            print(_head(result.error or "", 30))
+        elif result.outcome == "unbuildable":
+            print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {result.job.op}): {result.error}")
+    _print_skipped(report.skipped)
+    if not ok:
+        print(f"\n{PROG} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
+              "here" + ("" if args.skip_unbuildable else " (--skip-unbuildable accepts those)"), file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _print_skipped(skipped: list[dict[str, str]], limit: int = 12) -> None:
+    for item in skipped[:limit]:
+        print(f"skipped {item['call']} on {item['arch']}: {item['reason']}")
+    if len(skipped) > limit:
+        print(f"... and {len(skipped) - limit} more skipped (--json lists them all)")
+
+
+def _head(text: str, lines: int) -> str:
+    split = text.splitlines()
+    shown = "\n".join("  " + line for line in split[:lines])
+    return shown + (f"\n  ... ({len(split) - lines} more lines; --json has the whole message)"
+                    if len(split) > lines else "")
+
+
+# ---- list, verify, prune -------------------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace, archs: list[str]) -> int:
+    result = entries.list_entries(archs, args.op or ())
+    if args.json:
+        print_json(result)
+        return 0
+    rows = result["entries"]
+    several = len(result["roots"]) > 1
+    print("cache roots: " + ", ".join(f"{r['path']} ({'writable' if r['writable'] else 'read-only'})"
+                                      for r in result["roots"]))
+    table = [[r["op"] or "-", r["kernel"], r["arch"], r["dtype"], compact_shape_class(r["shape_class"]),
+              format_size(r["size"]),
+              "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.2f}", format_age(r["last_used"])]
+             + ([("rw" if r["writable"] else "ro")] if several else []) for r in rows]
+    header = ["op", "kernel", "arch", "dtype", "shape class", "size", "compile s", "last used"]
+    print_table(table, header + (["root"] if several else []), right=(5, 6))
+    print(f"{len(rows)} entries, {format_size(sum(r['size'] for r in rows))}")
+    if result["unreadable"]:
+        print(f"{len(result['unreadable'])} unreadable entries (run `{PROG} verify`):")
+        for bad in result["unreadable"]:
+            print(f"  {bad['path']}: {bad['reason']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
+    coverage = None
+    if args.manifest or args.record:
+        coverage = manifest.plan(_calls(args), archs)  # bad input stops here, before anything is removed
+    if args.fix:
+        _writable()
+    report = entries.verify(archs, args.jobs, args.fix, coverage)
+    if args.json:
+        print_json(report.as_dict())
+        return 0 if report.ok else 1
+    where = ", ".join(r["path"] for r in entries.roots())
+    print(f"checked {report.checked} entries in {where}: {len(report.corrupt)} corrupt")
+    for item in report.corrupt:
+        state = "removed" if item.get("removed") else \
+            "kept: read-only root" if args.fix and not item["writable"] else f"run `{PROG} verify --fix`"
+        print(f"  CORRUPT {item['path']}: {item['reason']} [{state}]")
+    if coverage is not None:
+        source = args.manifest or args.record
+        total = report.covered + len(report.missing)
+        print(f"coverage of {source}: {report.covered} of {total} kernels cached"
+              + (", missing:" if report.missing else ""))
+        for miss in report.missing:
+            print(f"  MISSING {miss['label']} [{miss['arch']}] (op {miss['op']}, {miss['where']})")
+        if report.missing:
+            flag = "--manifest" if args.manifest else "--record"
+            arch_flags = "".join(f" --arch {a}" for a in archs)
+            print(f"prewarm them: {PROG} prewarm {flag} {source}{arch_flags}")
+    return 0 if report.ok else 1
+
+
+def cmd_prune(args: argparse.Namespace, archs: list[str]) -> int:
+    if args.max_size is None and args.older_than is None:
+        raise UsageError("say what to prune: --max-size SIZE (e.g. 2G) and/or --older-than AGE (e.g. 30d)")
+    max_size = parse_size(args.max_size) if args.max_size is not None else None
+    older_than = parse_age(args.older_than) if args.older_than is not None else None
+    _writable()
+    report = entries.prune(max_size, older_than, archs, args.dry_run)
+    if args.json:
+        print_json(report.as_dict())
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for item in report.removed:
+        what = f"{item.get('label') or item['kernel']} [{item.get('arch') or 'quarantined'}]"
+        print(f"{verb} {what}, {format_size(item['size'])}, last used {format_age(item.get('last_used'))}")
+    print(f"{verb} {len(report.removed)} entries ({format_size(report.freed)}); kept {report.kept} "
+          f"({format_size(report.kept_size)}) in {runtime.disk_cache().writable.path}")
+    if report.stale:
+        print(f"removed {len(report.stale)} stale temporary directories and unheld lock files")
+    return 0
+
+
+# ---- export, import ----------------------------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace, archs: list[str]) -> int:
+    report = archive.export(args.output, archs, args.zstd, args.jobs, args.level)
+    if args.json:
+        print_json(report.as_dict())
+        return 0
+    for bad in report.skipped_corrupt:
+        print(f"left out corrupt entry {bad['path']}: {bad['reason']}", file=sys.stderr)
+    print(f"wrote {report.path}: {len(report.entries)} entries, {format_size(report.size)} "
+          f"({'uncompressed' if report.compression == 'none' else report.compression})")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace, archs: list[str]) -> int:
+    _writable()
+    report = archive.import_archive(args.archive, args.jobs)
+    if args.json:
+        print_json(report.as_dict())
+        return 0 if report.ok else 1
+    root = runtime.disk_cache().writable.path
+    print(f"imported {len(report.imported)} entries into {root}; {len(report.present)} were already there")
+    for item in report.failed:
+        print(f"  FAILED {item['label']} [{item['arch']}]: {item['reason']}")
+    return 0 if report.ok else 1
+
+
+# ---- explain, info -----------------------------------------------------------------------------------------------
+def _explain_calls(args: argparse.Namespace) -> list[manifest.Call]:
+    if args.item:
+        if args.op or args.dtype or args.shape or args.kwarg or args.stride:
+            raise UsageError("give either --item or OP with --dtype/--shape/--kwarg, not both")
+        try:
+            item = json.loads(args.item)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--item is not JSON ({exc.msg}): paste a JITOPS_RECORD line or the item a "
+                             "CacheMissError printed") from None
+        return manifest.parse_item(item, (), "--item")
+    if not args.op:
+        raise UsageError("name the op (e.g. `explain gelu --dtype bf16 --shape 4096x8192 --arch sm_90a`) or "
+                         "give --item JSON")
+    if not args.dtype or not args.shape:
+        raise UsageError(f"describe the call: --dtype (e.g. bf16) and one --shape per tensor argument of "
+                         f"{args.op} (e.g. --shape 4096x8192)")
+    item: dict[str, Any] = {"op": args.op, "dtypes": [args.dtype], "shapes": [[_dims(s, "--shape") for s in args.shape]],
+                            "kwargs": dict(_kwarg(k) for k in args.kwarg or ())}
+    if args.stride:
+        item["strides"] = [[_dims(s, "--stride") for s in args.stride]]
+    return manifest.parse_item(item, (), "the call")
+
+
+def _dims(text: str, flag: str) -> Any:
+    text = text.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise UsageError(f"{flag} {text!r} is not valid JSON") from None
+    try:
+        return [int(d) for d in text.replace("x", ",").replace("X", ",").split(",") if d.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: use sizes like 4096x8192 or 4096,8192") from None
+
+
+def _kwarg(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise UsageError(f"--kwarg {text!r}: use NAME=VALUE, e.g. approximate=tanh")
+    try:
+        return name.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip(), value  # a bare string: approximate=tanh
+
+
+def cmd_explain(args: argparse.Namespace, archs: list[str]) -> int:
+    reports = explain.explain(_explain_calls(args), archs)
+    if args.json:
+        print_json(reports)
+        return 0
+    for report in reports:
+        call = report["call"]
+        print(f"{call['op']} {call['dtypes'][0]} shapes {json.dumps(call['shapes'][0])}"
+              + "".join(f" {k}={v}" for k, v in call["kwargs"].items()) + f" on {report['arch']}")
+        for reason in report["skipped"]:
+            print(f"  not built there: {reason}")
+        if "shape_class" in report:
+            print(f"  shape class: {report['shape_class']}")
+        for kernel in report["kernels"]:
+            _print_kernel(kernel)
+        print()
+    return 0
+
+
+def _print_kernel(kernel: dict[str, Any]) -> None:
+    print(f"  kernel {kernel['name']}: {kernel['label']}")
+    print(f"    key {kernel['entry_name']} ({kernel['backend']}, {kernel['arch']}, {kernel['dtype']})")
+    for half in ("request", "toolchain"):
+        for name, value in kernel["key"][half].items():
+            if name == "sources" and isinstance(value, dict):
+                value = ", ".join(f"{path} {digest[:12]}" for path, digest in value.items())
+            elif not isinstance(value, str):
+                value = json.dumps(value)
+            print(f"      {half}.{name}: {value}")
+    print(f"    {kernel['status'].upper()}: {kernel['verdict']}")
+    if kernel["entry"]:
+        print(f"      {kernel['entry']}")
+    for problem in kernel.get("corrupt", ()):
+        print(f"    corrupt entry with this key: {problem}")
+    nearest = kernel.get("nearest")
+    if nearest:
+        print(f"    nearest cached entry: {nearest['path']}")
+        for line in nearest["differences"] + nearest["toolchain_differences"]:
+            print(f"      differs: {line}")
+    if kernel.get("note"):
+        print(f"    {kernel['note']}")
+
+
+def cmd_info(args: argparse.Namespace, archs: list[str]) -> int:
+    result = info.info(archs)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"jitops {result['jitops']}, torch {result['torch']} (CUDA {result['torch_cuda'] or 'none'}), "
+          f"Python {result['python']}, {result['machine']}, GPU: {result['gpu'] or 'none'}")
+    print("\ncache roots (searched in this order):")
+    rows = []
+    for root in result["roots"]:
+        arch_counts = ", ".join(f"{a} {c['entries']}" for a, c in sorted(root["by_arch"].items()))
+        rows.append([root["path"], "writable" if root["writable"] else "read-only",
+                     root["entries"] if root["exists"] else "(absent)", format_size(root["size_on_disk"]),
+                     root["unreadable"], root.get("quarantined", "-"), arch_counts or "-"])
+    print_table(rows, ["path", "kind", "entries", "on disk", "unreadable", "quarantined", "by arch"],
+                right=(2, 3, 4, 5))
+    print("\ncompilers:")
+    for name, value in result["compilers"].items():
+        print(f"  {name:<13} {value}")
+    print("\nsettings:")
+    for setting in result["settings"]:
+        print(f"  {setting['variable']:<26} {setting['value']}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "prewarm": cmd_prewarm, "list": cmd_list, "verify": cmd_verify, "prune": cmd_prune, "export": cmd_export,
+    "import": cmd_import, "explain": cmd_explain, "info": cmd_info,
+}

@@ -1,0 +1,155 @@
+"""Pieces every subcommand shares: the bad-input error, arch/size/age parsing, and plain-text tables."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence, TextIO
+
+from jitops import Target
+
+
+class UsageError(Exception):
+    """Bad input (a flag, a manifest, an archive): the CLI prints the message and exits with code 2.
+    Raised before anything in the cache is changed."""
+
+
+# ---- archs ---------------------------------------------------------------------------------------------------------
+def parse_archs(values: Iterable[str] | None) -> list[str]:
+    """--arch values (repeatable, comma-separated) -> normalized arch names, in order, without duplicates.
+    'sm_90a' stays 'sm_90a' (kernels that need arch-specific instructions build for it; the others for sm_90)."""
+    archs: list[str] = []
+    for value in values or ():
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                Target.parse(part)
+            except ValueError as exc:
+                raise UsageError(str(exc).removeprefix("jitops: ")) from None
+            name = normalize_arch(part)
+            if name not in archs:
+                archs.append(name)
+    return archs
+
+
+def normalize_arch(arch: str) -> str:
+    """'90a', 'SM_90A', 'sm90a' -> 'sm_90a'; 'cpu' -> 'cpu'."""
+    target = Target.parse(arch)
+    if target.device_type == "cpu":
+        return "cpu"
+    return target.arch(specific=arch.strip().lower().endswith("a"))
+
+
+def entry_archs(archs: Sequence[str]) -> set[str]:
+    """The entry arch directories a set of --arch values selects: sm_90a selects both sm_90 and sm_90a entries
+    (an sm_90 device loads both kinds), sm_80 selects sm_80."""
+    selected = set()
+    for arch in archs:
+        target = Target.parse(arch)
+        selected.add(target.arch(False))
+        selected.add(target.arch(True))
+    return selected
+
+
+# ---- sizes and ages ------------------------------------------------------------------------------------------------
+_SIZE_UNITS = {"": 1, "b": 1,
+               "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40, "tib": 2**40,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """'500M' (MiB), '2G', '1.5GiB', '800MB' (10**6 bytes), '4096' (bytes) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise UsageError(f"{text!r} is not a size; use a number of bytes or one with a unit: 500M, 2G, 1.5GiB, "
+                         "800MB (K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB of 1000)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """'30d', '12h', '90m', '45s', '2w', '1d12h' -> seconds."""
+    compact = str(text).replace(" ", "").lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", compact)
+    if not compact or "".join(n + u for n, u in parts) != compact:
+        raise UsageError(f"{text!r} is not an age; use a number with a unit: 30d, 12h, 90m, 45s, 2w or 1d12h")
+    return sum(float(n) * _AGE_UNITS[u] for n, u in parts)
+
+
+def format_size(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - unreachable
+
+
+def format_age(stamp: float | None, now: float | None = None) -> str:
+    """How long ago `stamp` was: '12 s ago', '5 min ago', '3 h ago', '2 d ago'."""
+    if not stamp:
+        return "-"
+    seconds = max((now or time.time()) - stamp, 0)
+    for limit, unit, div in ((90, "s", 1), (90 * 60, "min", 60), (36 * 3600, "h", 3600)):
+        if seconds < limit:
+            return f"{seconds / div:.0f} {unit} ago"
+    return f"{seconds / 86400:.0f} d ago"
+
+
+def iso_time(stamp: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(stamp)) if stamp else None
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of the regular files under `path` (an entry: binaries, meta.json, logs, the stamp)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+# ---- output --------------------------------------------------------------------------------------------------------
+def print_table(rows: Sequence[Sequence[Any]], header: Sequence[str], out: TextIO | None = None,
+                right: Iterable[int] = ()) -> None:
+    """A plain aligned table; columns whose index is in `right` are right-aligned (numbers)."""
+    out = out or sys.stdout
+    right = set(right)
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    print(line(cells[0]).rstrip(), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in cells[1:]:
+        print(line(row).rstrip(), file=out)
+
+
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    json.dump(value, out or sys.stdout, indent=2, sort_keys=False, default=_json_default)
+    (out or sys.stdout).write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)  # Paths, dtypes: their text
+
+
+def compact_shape_class(text: str | None) -> str:
+    """'GeluClass(dtype=torch.bfloat16, vec=8, approximate='tanh', index='int')' ->
+    'dtype=bfloat16 vec=8 approximate=tanh index=int' (for tables; --json keeps the full text)."""
+    if not text:
+        return "-"
+    inner = re.sub(r"^\w+\((.*)\)$", r"\1", text)
+    return inner.replace("torch.", "").replace("'", "").replace(", ", " ")

@@ -1,0 +1,283 @@
+"""Manifests, JITOPS_RECORD files and the built-in ops' PREWARM items -> the kernels to build.
+
+A manifest item names one op, its dtypes and example calls (docs/cache_tools.md):
+    {"op": "gelu", "dtypes": ["bf16", "fp16"], "shapes": [[[4096, 8192]]], "kwargs": {"approximate": "tanh"}}
+Each entry of "shapes" is one call: the shapes of its tensor arguments in order (null for an absent optional
+tensor, a list of shapes for a Tensor[] argument).  "strides" (parallel to "shapes") replays non-contiguous
+calls; "archs" on an item overrides the manifest's.  JITOPS_RECORD lines are items with "archs".
+
+Everything is validated before anything is built: a bad item raises UsageError naming the file, the item and
+what to change.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import jitops
+from jitops import Target
+from jitops.shapes import parse_dtype
+from jitops.specs import BuildRequest
+
+from .common import UsageError, normalize_arch, parse_archs
+
+ITEM_KEYS = ("op", "dtypes", "shapes", "kwargs", "strides", "archs")
+MANIFEST_KEYS = ("archs", "ops")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One example call: one op, one dtype, one entry of "shapes"."""
+
+    op: str
+    dtype: str
+    shapes: list[Any]
+    kwargs: dict[str, Any]
+    strides: list[Any] | None
+    archs: tuple[str, ...]
+    where: str  # "m.json ops[2]" or "misses.jsonl:17", for messages
+
+    def item(self) -> dict[str, Any]:
+        """This call as a manifest item (what JITOPS_RECORD would write for it, less the archs)."""
+        item: dict[str, Any] = {"op": self.op, "dtypes": [self.dtype], "shapes": [self.shapes],
+                                "kwargs": self.kwargs}
+        if self.strides is not None:
+            item["strides"] = [self.strides]
+        return item
+
+    def describe(self) -> str:
+        text = f"{self.op} {self.dtype} {json.dumps(self.shapes)}"
+        if self.kwargs:
+            text += " " + " ".join(f"{k}={v}" for k, v in self.kwargs.items())
+        return text
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to build: a request for one target, and the call that asks for it."""
+
+    op: str
+    name: str             # the kernel's name in the op ("forward", "cpu", ...)
+    request: BuildRequest
+    target: Target
+    arch: str             # the exact compile target (sm_90 for a portable kernel asked for sm_90a)
+    shape_class: str
+    call: Call
+
+    @property
+    def label(self) -> str:
+        return self.request.label()
+
+
+@dataclass
+class Plan:
+    jobs: list[Job]
+    skipped: list[dict[str, str]]  # calls an op does not build on a target: {"where", "call", "arch", "reason"}
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+def load_manifest(path: str | Path) -> list[Call]:
+    """A JSON manifest, or YAML (.yaml/.yml) when PyYAML is installed."""
+    path = Path(path)
+    text = _read(path, "manifest")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"{path}: YAML manifests need PyYAML (pip install pyyaml, or jitops[yaml]); "
+                             "or write the manifest as JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+                             "(YAML manifests need a .yaml or .yml name)") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a manifest is an object with an \"ops\" list, e.g. "
+                         '{"archs": ["sm_90a"], "ops": [{"op": "gelu", "dtypes": ["bf16"], "shapes": [[[4096, 8192]]]}]}')
+    _check_keys(data, MANIFEST_KEYS, f"{path}")
+    if "ops" not in data:
+        raise UsageError(f"{path}: the manifest has no \"ops\" list")
+    if not isinstance(data["ops"], list):
+        raise UsageError(f"{path}: \"ops\" must be a list of items, got {type(data['ops']).__name__}")
+    archs = _archs(data.get("archs"), f"{path} \"archs\"")
+    calls: list[Call] = []
+    for index, item in enumerate(data["ops"]):
+        calls += parse_item(item, archs, f"{path} ops[{index}]")
+    return calls
+
+
+def load_record(path: str | Path) -> list[Call]:
+    """A JITOPS_RECORD file: one manifest item with "archs" per line."""
+    path = Path(path)
+    calls: list[Call] = []
+    for number, line in enumerate(_read(path, "record file").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where}: not a JSON object ({exc.msg}); a JITOPS_RECORD file has one JSON "
+                             "object per line: fix or delete that line") from None
+        calls += parse_item(item, (), where)
+    return calls
+
+
+def builtin_calls() -> list[Call]:
+    """Every built-in op's common shape classes (jitops.ops.PREWARM, which each op module extends)."""
+    from jitops.ops import PREWARM
+
+    calls: list[Call] = []
+    for index, item in enumerate(PREWARM):
+        calls += parse_item(item, (), f"jitops.ops.PREWARM[{index}]")
+    return calls
+
+
+def parse_item(item: Any, archs: Sequence[str], where: str) -> list[Call]:
+    """Validate one manifest item and expand it into calls (one per dtype and entry of "shapes")."""
+    if not isinstance(item, dict):
+        raise UsageError(f"{where}: an item is an object like "
+                         '{"op": "gelu", "dtypes": ["bf16"], "shapes": [[[4096, 8192]]]}, '
+                         f"got {type(item).__name__}")
+    _check_keys(item, ITEM_KEYS, where)
+    op = item.get("op")
+    if not isinstance(op, str) or not op:
+        raise UsageError(f"{where}: \"op\" must name an op, e.g. \"gelu\"")
+    try:
+        jitops.find(op)
+    except ValueError as exc:
+        hint = "; an op declared in your own code needs --import MODULE (the module that declares it)" \
+            if "::" in op and not op.startswith("jitops::") else ""
+        raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}{hint}") from None
+    where = f"{where} ({op})"
+    dtypes = item.get("dtypes")
+    if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
+        raise UsageError(f"{where}: \"dtypes\" must be a non-empty list of names such as [\"bf16\", \"fp32\"]")
+    for dtype in dtypes:
+        try:
+            parse_dtype(dtype)
+        except ValueError as exc:
+            raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}") from None
+    calls_shapes = item.get("shapes")
+    if not isinstance(calls_shapes, list) or not calls_shapes:
+        raise UsageError(f"{where}: \"shapes\" must be a non-empty list of calls, each a list of the tensor "
+                         "arguments' shapes: [[[4096, 8192]]] is one call with one tensor")
+    for number, shapes in enumerate(calls_shapes):
+        _check_call_shapes(shapes, f"{where} shapes[{number}]", "shape")
+    strides = item.get("strides")
+    if strides is not None:
+        if not isinstance(strides, list) or len(strides) != len(calls_shapes):
+            raise UsageError(f"{where}: \"strides\" must be a list with one entry per call in \"shapes\"")
+        for number, call_strides in enumerate(strides):
+            if call_strides is not None:
+                _check_call_shapes(call_strides, f"{where} strides[{number}]", "stride")
+    kwargs = item.get("kwargs", {})
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"{where}: \"kwargs\" must be an object of the op's other arguments, e.g. "
+                         '{"approximate": "tanh"}')
+    item_archs = _archs(item.get("archs"), f"{where} \"archs\"") or tuple(archs)
+    return [Call(op, dtype, shapes, dict(kwargs), strides[number] if strides else None, item_archs, where)
+            for dtype in dtypes for number, shapes in enumerate(calls_shapes)]
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} not found") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc}") from None
+
+
+def _check_keys(obj: dict[str, Any], allowed: Sequence[str], where: str) -> None:
+    unknown = [k for k in obj if k not in allowed and not str(k).startswith("_")]
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: "
+                         f"{', '.join(allowed)} (keys starting with _ are comments)")
+
+
+def _archs(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise UsageError(f"{where}: must be a list of archs such as [\"sm_90a\", \"cpu\"]")
+    try:
+        return tuple(parse_archs(value))
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+def _is_dims(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                           for d in value)
+
+
+def _check_call_shapes(shapes: Any, where: str, what: str) -> None:
+    if not isinstance(shapes, list):
+        raise UsageError(f"{where}: one call is a list of {what}s, one per tensor argument, e.g. "
+                         "[[4096, 8192], [8192]]")
+    for position, shape in enumerate(shapes):
+        ok = shape is None or _is_dims(shape) or (isinstance(shape, list) and all(_is_dims(s) for s in shape))
+        if not ok:
+            raise UsageError(f"{where}: tensor argument {position} has {what} {json.dumps(shape)}; use a list of "
+                             "non-negative integers, null for an absent optional tensor, or a list of those "
+                             "lists for a Tensor[] argument")
+
+
+# ---- planning --------------------------------------------------------------------------------------------------
+def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool = True) -> Plan:
+    """The kernels `calls` need on their archs (or on `arch_override`), deduplicated.
+
+    A call an op has no implementation for on a target (gemm on cpu) is skipped.  A call the op rejects
+    (fp16 on the CPU path) is an error when `strict` (a user's manifest: say it before building anything),
+    and skipped otherwise (--all-builtin: the common classes are written for the GPU)."""
+    jobs: dict[tuple[BuildRequest, str], Job] = {}
+    skipped: list[dict[str, str]] = []
+    errors: list[str] = []
+    for call in calls:
+        archs = list(arch_override) or list(call.archs)
+        if not archs:
+            raise UsageError(f"{call.where}: no arch to build for; give --arch (e.g. --arch sm_90a,cpu) or an "
+                             "\"archs\" list in the manifest")
+        op = jitops.find(call.op)
+        for arch in archs:
+            target = Target.parse(arch)
+            if target.device_type not in op.impls:
+                skipped.append({"where": call.where, "call": call.describe(), "arch": normalize_arch(arch),
+                                "reason": f"{op.name} has no {target.device_type} implementation"})
+                continue
+            try:
+                args = op.example_args(call.dtype, call.shapes, call.kwargs, call.strides,
+                                       device="cpu" if target.device_type == "cpu" else "meta")
+                requests = op.requests_for(args, target)
+                shape_class = str(op.shape_class(*args))
+            except Exception as exc:  # noqa: BLE001 - the op's own checks: TypeError, ValueError, KeyError...
+                reason = str(exc).removeprefix("jitops: ") or type(exc).__name__
+                if strict:
+                    errors.append(f"{call.where}: {call.describe()} on {normalize_arch(arch)}: {reason}")
+                else:
+                    skipped.append({"where": call.where, "call": call.describe(), "arch": normalize_arch(arch),
+                                    "reason": reason})
+                continue
+            for name, request in requests.items():
+                key = (request, request.arch(target))
+                if key not in jobs:
+                    jobs[key] = Job(op.name, name, request, target, request.arch(target), shape_class, call)
+    if errors:
+        shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise UsageError("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
+                         "\nFix the items, or give such an item its own \"archs\" list.")
+    return Plan(list(jobs.values()), skipped)

@@ -1,0 +1,104 @@
+"""The nvcc (CudaLibrary) and load_inline (CppExtension) backends end to end: compile, cache, load, call."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import jitops
+from jitops.backends import toolkit
+from jitops.runtime import runtime
+from jitops.specs import CppExtension, CudaLibrary, Source, Target
+
+LIBRARY_SOURCE = r"""
+#include <cuda_runtime.h>
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+__global__ void fill(float* out, float value, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = value * OFFSET;
+}
+
+EXPORT int answer(int x) { return x + OFFSET; }
+
+EXPORT int fill_on_stream(float* out, float value, long long n, void* stream) {
+  if (n > 0) fill<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(out, value, n);
+  return (int)cudaGetLastError();
+}
+"""
+LIBRARY = CudaLibrary("test_library", Source.inline("test_library", LIBRARY_SOURCE),
+                      functions={"answer": (("i32",), "i32"), "fill_on_stream": (("ptr", "f32", "i64", "ptr"), "i32")})
+
+needs_nvcc = pytest.mark.skipif(toolkit.nvcc_path() is None, reason="no nvcc on this machine")
+
+
+@needs_nvcc
+def test_nvcc_library_compiles_caches_and_calls_without_a_gpu(fresh_cache):
+    request = LIBRARY.bind("fp32", OFFSET=41)
+    library = runtime.get_kernel(request, Target.parse("sm_90"), None)
+    assert library.answer(1) == 42  # host code runs here; no device needed to load or call it
+    [entry] = fresh_cache.glob("v1/sm_90/fp32/test_library-*")
+    meta = jitops.runtime.find_entry(runtime.key_for(request, Target.parse("sm_90"))[0], False).meta
+    assert meta["toolchain"]["nvcc"].startswith("Build cuda_") and "-gencode=arch=compute_90,code=sm_90" in \
+        meta["command"]
+    runtime.clear_memory()
+    jitops.reset_stats()
+    assert runtime.get_kernel(request, Target.parse("sm_90"), None).answer(2) == 43
+    assert jitops.stats.disk_hits == 1 and jitops.stats.compiles == 0
+
+
+@needs_nvcc
+def test_nvcc_compile_error_carries_the_log(fresh_cache):
+    broken = CudaLibrary("broken_library", Source.inline("broken_library", "int f() { return nope; }\n"),
+                         functions={"f": ((), "i32")})
+    with pytest.raises(jitops.CompileError) as info:
+        runtime.prewarm(broken.bind(), Target.parse("sm_90"))
+    assert "nope" in info.value.log and "> 1 | int f() { return nope; }" in str(info.value)
+
+
+@pytest.mark.gpu
+@needs_nvcc
+def test_nvcc_library_launches_on_torchs_stream(fresh_cache):
+    library = runtime.get_kernel(LIBRARY.bind("fp32", OFFSET=2), Target("cuda", torch.cuda.get_device_capability()), 0)
+    out = torch.empty(1000, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        assert library.fill_on_stream(out, 1.5, out.numel(), jitops.launch.current_stream(0)) == 0
+    stream.synchronize()
+    assert torch.equal(out, torch.full_like(out, 3.0))
+
+
+CUDA_EXTENSION = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+__global__ void twice(const float* x, float* y, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.f * x[i];
+}
+torch::Tensor twice_op(torch::Tensor x) {
+  auto y = torch::empty_like(x);
+  long long n = x.numel();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  if (n) twice<<<(n + 255) / 256, 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+  return y;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice_op); }
+"""
+
+
+@pytest.mark.gpu
+def test_load_inline_cuda_extension_is_cached_and_imported_directly(fresh_cache):
+    spec = CppExtension("test_twice", Source.inline("test_twice", CUDA_EXTENSION, suffix=".cu"), functions=(),
+                        cuda=True)
+    target = Target("cuda", torch.cuda.get_device_capability())
+    module = runtime.get_kernel(spec.bind("fp32"), target, 0)
+    x = torch.randn(4097, device="cuda")
+    assert torch.equal(module.twice(x), 2 * x)
+    [entry] = fresh_cache.glob("v1/sm_*/fp32/test_twice-*")
+    assert any(p.suffix == ".so" for p in entry.iterdir())
+
+
+def test_cpu_extension_identity_names_torch_and_the_compiler():
+    from jitops.ops.add import ADD_CPU
+    key, can_compile = runtime.key_for(ADD_CPU.bind("fp32", SCALAR_T="float"), Target("cpu"))
+    assert can_compile and key.toolchain["torch"] == torch.__version__ and key.toolchain["cxx"]
+    assert key.request["machine"] and key.arch == "cpu"
