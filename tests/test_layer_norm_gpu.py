@@ -138,3 +138,13 @@ def test_layer_norm_wrong_device():
         jitops.layer_norm(x, [16], torch.ones(16))
     with pytest.raises(ValueError, match="argument 'bias' is on cpu but 'x' is on cuda:0"):
         jitops.layer_norm(x, [16], None, torch.ones(16))
+
+
+def test_backward_grid_comes_from_the_drivers_occupancy_calculator():
+    x, w, b = make((4096, 8192), [8192], torch.bfloat16)
+    _, stats = jitops.layer_norm_forward(x, [8192], w, b, 1e-5)
+    jitops.layer_norm_backward(x, x, stats, w, [8192], True, True, True)
+    cls = ln.backward_shape_class(x, x, stats, w, [8192], True, True, True)
+    kernels = jitops.layer_norm_backward.op._memo[(0, cls)]
+    blocks = kernels.backward.max_active_blocks(ln._threads(cls.tpr), 0)
+    assert 1 <= blocks <= 2048 // ln._threads(cls.tpr)

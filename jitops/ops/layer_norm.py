@@ -355,15 +355,17 @@ _OCCUPANCY: dict[tuple[int, int, int], int] = {}
 
 
 def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
+    """The backward's persistent grid is this times the SM count: one wave, every block summing many rows."""
     key = (id(kernel), threads, shared_mem)
     blocks = _OCCUPANCY.get(key)
     if blocks is None:
-        from cupy_backends.cuda.api import driver
+        try:
+            blocks = kernel.max_active_blocks(threads, shared_mem)
+        except Exception:  # noqa: BLE001 - a sizing hint: CuPy's binding of the same query (imports CuPy)
+            from cupy_backends.cuda.api import driver
 
-        if shared_mem > kernel._dynamic_smem_limit:
-            kernel._raise_smem_limit(shared_mem)
-        blocks = _OCCUPANCY[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            kernel.handle, threads, shared_mem))
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, shared_mem)
+        blocks = _OCCUPANCY[key] = max(1, blocks)
     return blocks
 
 
