@@ -1,8 +1,10 @@
 """JIT latency: cold compile, first call in a fresh process on a warm disk cache, and hot per-call overhead,
 for one gelu kernel done four ways in the same run on the same GPU: jitops (NVRTC), torch load_inline, a CuPy
-RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.add on 1-element tensors.
+RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.add on 1-element tensors, and
+(method layer_norm) the same three figures for jitops.layer_norm's forward + backward kernels.
 
     python benchmarks/bench_jit_latency.py
+    python benchmarks/bench_jit_latency.py --methods jitops,layer_norm     # without the other tools' cold runs
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
@@ -130,6 +132,30 @@ def child(method: str, cache: str) -> dict:
         y = call(x)
         torch.cuda.synchronize()
         result["first_ms"] = (time.perf_counter() - started) * 1e3
+    elif method == "layer_norm":
+        # jitops only: layer_norm forward + backward through autograd (3 kernels: forward, backward, reduce).
+        os.environ["JITOPS_CACHE_DIR"] = cache
+        import jitops
+
+        F = torch.nn.functional
+        h = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        started = time.perf_counter()
+        out = jitops.layer_norm(h, [1024], w, b)
+        out.sum().backward()
+        torch.cuda.synchronize()
+        result["first_ms"] = (time.perf_counter() - started) * 1e3
+        result["stats"] = jitops.stats.as_dict()
+        expected = F.layer_norm(h.detach().float(), [1024], w.detach().float(), b.detach().float())
+        result["max_error"] = (out.detach().float() - expected).abs().max().item()
+        th = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
+        tw = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+        # "torch_gelu_hot_us" holds the torch op of this row: F.layer_norm
+        result["hot_us"], result["torch_gelu_hot_us"] = hot_pair(lambda: jitops.layer_norm(th, [128], tw, tb),
+                                                                 lambda: F.layer_norm(th, [128], tw, tb))
+        return result
     else:
         raise SystemExit(f"unknown method {method}")
     expected = torch.nn.functional.gelu(x.float(), approximate="tanh")
@@ -186,10 +212,17 @@ def run_child(method: str, cache: str) -> dict:
 def main() -> None:
     from harness import Bench, device_description
 
-    bench = Bench("jit_latency")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    every = "jitops,jitops-preloaded,cupy,triton,load_inline,layer_norm"
+    parser.add_argument("--methods", default=os.environ.get("JITOPS_LATENCY_METHODS", every),
+                        help="comma-separated subset of jitops, jitops-preloaded, cupy, triton, load_inline, "
+                             "layer_norm (default: $JITOPS_LATENCY_METHODS or all)")
+    methods = parser.parse_args().methods.split(",")
+    bench = Bench("jit_latency" if "load_inline" in methods else "jit_latency_" + "_".join(methods))
     repeats = int(os.environ.get("JITOPS_LATENCY_REPEATS", "3"))
     rows = {}
-    methods = os.environ.get("JITOPS_LATENCY_METHODS", "jitops,jitops-preloaded,cupy,triton,load_inline").split(",")
     for method in methods:
         cold, warm = [], []
         for _ in range(1 if method == "load_inline" else repeats):  # load_inline cold is ~40 s
@@ -214,13 +247,19 @@ def main() -> None:
                 rows[method][key] = statistics.median(r[key] for r in warm)
         print(method, json.dumps(rows[method]), flush=True)
     bench.note(device=device_description(), results=rows)
-    j = rows["jitops"]
     print("\n| method | cold first call (ms) | warm first call, fresh process (ms) | hot call (us) | "
-          "hot / torch gelu |")
+          "hot / torch op (gelu; layer_norm for its row) |")
     print("| --- | --- | --- | --- | --- |")
     for method, r in rows.items():
         print(f"| {method} | {r['cold_first_ms']:.1f} | {r['warm_first_ms']:.2f} | {r['hot_us']:.2f} | "
               f"{r['hot_us'] / r['torch_gelu_hot_us']:.2f} |")
+    if "layer_norm" in rows:
+        print("\nlayer_norm row: forward + backward through autograd, (4096, 1024) bf16 (3 kernels); hot call: "
+              "jitops.layer_norm vs F.layer_norm on (1, 128) bf16, no grad")
+    if "jitops" not in rows:
+        bench.finish()
+        return
+    j = rows["jitops"]
     print(f"\njitops warm, second kernel in the same process: {j['warm_second_kernel_ms']:.2f} ms (goal <= 5 ms)")
     if "jitops-preloaded" in rows:
         p = rows["jitops-preloaded"]

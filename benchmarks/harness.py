@@ -10,7 +10,11 @@ prints one table and writes JSON for plots (notebooks/04_performance.ipynb reads
 
 Timing: CUDA events around each call, after warm-up (which also absorbs JIT compiles), median of many
 repetitions.  Inputs over 64 MB make the 50 MB L2 irrelevant; smaller cases rotate over enough copies of
-their inputs to spill it (see `rotate`).
+their inputs to spill it (see `rotate`).  Calls shorter than the host's launch overhead would time the host, not
+the kernel: `compare(timing="auto")` captures such calls (ours and the baseline alike) in a CUDA graph, many to a
+graph, and times the replays (`time_cuda_graph`).  The per-call host overhead is its own benchmark
+(bench_jit_latency.py).  `Bench(name, roofline=copy_bandwidth())` adds a column with each rate as a share of the
+device copy bandwidth measured in the same run.
 """
 from __future__ import annotations
 
@@ -52,6 +56,39 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100, min_m
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def time_cuda_graph(fn: Callable[[], Any], *, calls: int | None = None, reps: int = 30,
+                    target_ms: float = 2.0) -> float:
+    """Median milliseconds per call of fn, from replays of a CUDA graph holding `calls` calls (by default enough
+    to last about target_ms).  Launch overhead and host work disappear: this is the device time per call,
+    including the gaps between dependent kernels that a graph keeps."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as torch.cuda.graphs asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    if calls is None:
+        estimate = time_cuda(fn, warmup=2, reps=20, min_ms=5.0)
+        calls = max(1, min(2000, int(target_ms / max(estimate, 1e-4))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / calls
+    del graph
+    return ms
 
 
 def rotate(make: Callable[[], Sequence[Any]], bytes_per_set: int,
@@ -104,41 +141,69 @@ class Row:
 
 
 class Bench:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, roofline: float | None = None, min_ms: float = 200.0, reps: int = 100) -> None:
         self.name = name
+        self.min_ms, self.reps = min_ms, reps  # event timing: at least `reps` calls and `min_ms` in all
         self.rows: list[Row] = []
         self.notes: dict[str, Any] = {}
         self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.roofline = roofline  # TB/s of a device copy in this run: rates get a "% of copy" column
+        if roofline:
+            self.notes["copy TB/s (read + write)"] = round(roofline, 3)
 
     def compare(self, *, op: str, shape: Any, dtype: str, ours: Callable[[], Any], baseline: Callable[[], Any],
                 baseline_name: str, bytes_moved: float | None = None, flops: float | None = None,
-                check: Callable[[], None] | None = None, **extra: Any) -> Row:
+                check: Callable[[], None] | None = None, timing: str = "events", graph_below_ms: float = 0.05,
+                **extra: Any) -> Row:
+        """Time ours and the baseline the same way.  timing: "events" (CUDA events around each call), "graph"
+        (replays of a CUDA graph of many calls) or "auto" (graph when either call takes under graph_below_ms
+        with events, where the host's launch cost would be what is timed)."""
         if check is not None:
             check()
-        ours_ms = time_cuda(ours)
-        base_ms = time_cuda(baseline)
+        if timing == "auto":
+            # Event timing of a short call measures the host when the host is slow (seen: a call of 4 us timed
+            # at 60-160 us, ours and torch's alike), so the byte count decides first: under graph_below_ms at
+            # 3 TB/s is a short call.
+            short = bytes_moved is not None and bytes_moved < graph_below_ms * 1e-3 * 3e12
+            if not short:
+                short = min(time_cuda(ours, warmup=3, reps=10, min_ms=2.0),
+                            time_cuda(baseline, warmup=3, reps=10, min_ms=2.0)) < graph_below_ms
+            timing = "graph" if short else "events"
+        if timing == "graph":
+            ours_ms, base_ms = time_cuda_graph(ours), time_cuda_graph(baseline)
+            extra["timing"] = "graph"
+        else:
+            ours_ms = time_cuda(ours, min_ms=self.min_ms, reps=self.reps)
+            base_ms = time_cuda(baseline, min_ms=self.min_ms, reps=self.reps)
         if flops is not None:
             metric, scale = "TFLOP/s", flops / 1e12
         else:
             metric, scale = "TB/s", (bytes_moved or 0) / 1e12
         row = Row(op, str(shape), dtype, ours_ms, base_ms, baseline_name, metric,
                   scale / (ours_ms * 1e-3), scale / (base_ms * 1e-3), base_ms / ours_ms, extra)
+        if self.roofline and metric == "TB/s":
+            extra["ours_of_copy"] = row.ours_rate / self.roofline
         self.rows.append(row)
         print(f"  {op:22s} {str(shape):28s} {dtype:5s} ours {ours_ms * 1e3:9.1f} us  "
-              f"{baseline_name} {base_ms * 1e3:9.1f} us  x{row.speedup:.2f}", flush=True)
+              f"{baseline_name} {base_ms * 1e3:9.1f} us  x{row.speedup:.2f}  {row.ours_rate:.2f} {metric}"
+              + (f" ({extra['ours_of_copy']:.0%} of copy)" if "ours_of_copy" in extra else ""), flush=True)
         return row
 
     def note(self, **values: Any) -> None:
         self.notes.update(values)
 
     def table(self) -> str:
+        copy = bool(self.roofline)
         header = (f"| op | shape | dtype | ours (us) | baseline (us) | ours {self.rows[0].metric if self.rows else ''} "
-                  f"| baseline rate | baseline | ours/baseline speed |")
-        lines = [header, "|" + " --- |" * 9]
+                  f"| baseline rate | baseline | ours/baseline speed |" + (" ours % of copy |" if copy else ""))
+        lines = [header, "|" + " --- |" * (10 if copy else 9)]
         for r in self.rows:
-            lines.append(f"| {r.op} | {r.shape} | {r.dtype} | {r.ours_ms * 1e3:.1f} | {r.baseline_ms * 1e3:.1f} | "
-                         f"{r.ours_rate:.2f} {r.metric} | {r.baseline_rate:.2f} {r.metric} | {r.baseline} | "
-                         f"{r.speedup:.2f} |")
+            share = r.extra.get("ours_of_copy")
+            graph = " (graph)" if r.extra.get("timing") == "graph" else ""
+            lines.append(f"| {r.op} | {r.shape} | {r.dtype} | {r.ours_ms * 1e3:.1f}{graph} | "
+                         f"{r.baseline_ms * 1e3:.1f}{graph} | {r.ours_rate:.2f} {r.metric} | "
+                         f"{r.baseline_rate:.2f} {r.metric} | {r.baseline} | {r.speedup:.2f} |"
+                         + (f" {share:.0%} |" if share is not None else (" - |" if copy else "")))
         return "\n".join(lines)
 
     def finish(self) -> Path:

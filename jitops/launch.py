@@ -233,6 +233,21 @@ class CudaFunction:
                 self.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem))
         self._dynamic_smem_limit = shared_mem
 
+    def max_active_blocks(self, block: int, shared_mem: int = 0) -> int:
+        """Blocks of `block` threads and `shared_mem` bytes of dynamic shared memory that one multiprocessor holds
+        at once (the driver's occupancy calculator): a persistent grid is this times the SM count."""
+        if shared_mem > self._dynamic_smem_limit:
+            self._raise_smem_limit(shared_mem)
+        lib = self._driver.lib
+        occupancy = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        occupancy.restype = ctypes.c_int
+        count = ctypes.c_int()
+        with torch.cuda.device(self.device_index):
+            self._driver.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                               occupancy(ctypes.byref(count), self.handle, block, shared_mem))
+        return count.value
+
     def attribute(self, name: str) -> int:
         """A function attribute, e.g. attribute('NUM_REGS') or attribute('LOCAL_SIZE_BYTES')."""
         value = ctypes.c_int()

@@ -13,6 +13,8 @@ import pytest
 _SESSION_ROOT = Path(os.environ.get("JITOPS_TEST_CACHE") or tempfile.mkdtemp(prefix="jitops-test-cache-"))
 os.environ["JITOPS_CACHE_DIR"] = str(_SESSION_ROOT)
 os.environ.pop("JITOPS_CACHE_PATH", None)
+if os.environ.get("JITOPS_TEST_CACHE_PATH"):  # read-only roots of prebuilt kernels (a GPU session carries them)
+    os.environ["JITOPS_CACHE_PATH"] = os.environ["JITOPS_TEST_CACHE_PATH"]
 os.environ.pop("JITOPS_OFFLINE", None)
 os.environ.pop("JITOPS_RECORD", None)
 sys.path.insert(0, str(Path(__file__).parent))

@@ -5,9 +5,11 @@ lines) naming its common shape classes; `python -m jitops` and `cache_tools prew
 """
 from . import add as _add_module
 from . import gelu as _gelu_module
+from . import layer_norm as _layer_norm_module
 from .add import add
 from .gelu import gelu, gelu_backward
+from .layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 
-PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM]
+PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_layer_norm_module.PREWARM]
 
-__all__ = ["add", "gelu", "gelu_backward", "PREWARM"]
+__all__ = ["add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward", "PREWARM"]

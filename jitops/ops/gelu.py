@@ -4,9 +4,10 @@
     gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))               approximate="tanh"
 
 Memory-bound: one read and one write per element forward, two reads and one write backward.  The shape class
-is (dtype, vector width from the alignment, approximation, index width).  Non-contiguous inputs are copied
-to contiguous ones first; outputs are contiguous.  CUDA: fp32, fp16, bf16, fp64 (NVRTC), arithmetic in
-fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
+is (dtype, vector width from the alignment, approximation, index width).  Each thread issues 2 to 4 16-byte
+loads before it computes (kernels/gelu.cu): at 2^28 elements both directions run at the device's copy
+bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32,
+fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
-from ..launch import elementwise_grid
+from ..launch import sm_count
 from ..op import Impl, op
 from ..specs import CppExtension, CudaKernel, Source, Target
 
@@ -23,8 +24,17 @@ CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64)
 APPROXIMATIONS = {"none": 0, "tanh": 1}
 BLOCK = 256
-# 32-bit indices while every offset plus one grid stride of vectors stays below 2**31.
-INT32_LIMIT = 2**31 - 2**26
+# 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
+INT32_LIMIT = 2**30
+# Tuning (benchmarks/bench_gelu.py --sweep, lent H100 2026-11-22, 2^28 elements: every variant below within 5%
+# of the 3.0 TB/s copy except where noted): 16-byte vectors each thread loads before computing - forward 4 (bf16
+# erf 358 us where 1 and 2 took 372), backward 2 (bf16 erf 525 us; 4 took 535: 97 registers, 2 blocks an SM;
+# 8 took 671) - the grid cap in blocks per SM (0: one block per tile; capping at 8 or 16 a SM cost 5-10%), and
+# tanh through the SFU's tanh.approx for 16-bit types (no measurable gain, so off: the accurate tanhf).
+UNROLL_FORWARD = 4
+UNROLL_BACKWARD = 2
+BLOCKS_PER_SM = 0
+FAST_TANH_16BIT = False
 
 
 class GeluClass(NamedTuple):
@@ -60,25 +70,40 @@ def _class_for(op_name: str, tensors: list[tuple[str, torch.Tensor]], approximat
     return GeluClass(first.dtype, vec, approximate, index)
 
 
+# The kernels' template defaults are the tuned values (UNROLL 4 forward, 2 backward, FAST 0); other values of
+# the constants above (tuning sweeps) name them explicitly.
 GELU_FORWARD = CudaKernel("gelu_forward", Source.file("gelu.cu"),
                           "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr i64")
 GELU_BACKWARD = CudaKernel("gelu_backward", Source.file("gelu.cu"),
                            "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr ptr i64")
+_EXPLICIT = {
+    GELU_FORWARD: (4, CudaKernel("gelu_forward", Source.file("gelu.cu"),
+                                 "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr i64")),
+    GELU_BACKWARD: (2, CudaKernel("gelu_backward", Source.file("gelu.cu"),
+                                  "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>",
+                                  "ptr ptr ptr i64")),
+}
 GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gelu_forward", "gelu_backward"))
 
 
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
-    return kernel.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
-                       APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
+    fast = int(FAST_TANH_16BIT and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
+    unroll = UNROLL_BACKWARD if kernel is GELU_BACKWARD else UNROLL_FORWARD
+    params = dict(T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec, APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
+    default_unroll, explicit = _EXPLICIT[kernel]
+    if unroll != default_unroll or fast:
+        return explicit.bind(shapes.dtype_name(cls.dtype), **params, UNROLL=unroll, FAST=fast)
+    return kernel.bind(shapes.dtype_name(cls.dtype), **params)
 
 
 def _cpu_kernels(cls: GeluClass, target: Target):
     return {"cpu": GELU_CPU.bind(shapes.dtype_name(cls.dtype), SCALAR_T=shapes.CPU_TYPES[cls.dtype])}
 
 
-def _launch(kernel, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
-    vectors = max(n // cls.vec, 1)
-    kernel.launch(elementwise_grid(vectors, BLOCK, device_index), BLOCK, *tensors, n)
+def _launch(kernel, unroll: int, cls: GeluClass, n: int, device_index: int, *tensors: torch.Tensor) -> None:
+    tiles = -(-max(n // cls.vec, 1) // (BLOCK * unroll))
+    grid = min(tiles, sm_count(device_index) * BLOCKS_PER_SM) if BLOCKS_PER_SM else tiles
+    kernel.launch(grid, BLOCK, *tensors, n)
 
 
 # ---- jitops::gelu_backward: dx = dy * gelu'(x) -----------------------------------------------------------------
@@ -94,7 +119,7 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) 
     grad, x = grad.contiguous(), x.contiguous()
     dx = torch.empty_like(x)
     if x.numel():
-        _launch(k.backward, k.shape_class, x.numel(), x.get_device(), grad, x, dx)
+        _launch(k.backward, UNROLL_BACKWARD, k.shape_class, x.numel(), x.get_device(), grad, x, dx)
     return dx
 
 
@@ -128,7 +153,7 @@ def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _launch(k.forward, k.shape_class, x.numel(), x.get_device(), x, y)
+        _launch(k.forward, UNROLL_FORWARD, k.shape_class, x.numel(), x.get_device(), x, y)
     return y
 
 

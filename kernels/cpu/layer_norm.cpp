@@ -1,0 +1,105 @@
+// jitops.layer_norm on the CPU, forward and backward, over `rows` contiguous rows of `n` elements.
+// SCALAR_T comes from the shape class (float or double); every sum is taken in double.  stats holds the mean
+// of every row, then its rstd (2 x rows, SCALAR_T).
+// dweight/dbias: each column is summed over the rows in row order by one task, whatever the thread count,
+// so the result is deterministic.
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace {
+const SCALAR_T* data_or_null(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<SCALAR_T>() : nullptr;
+}
+SCALAR_T* mutable_data_or_null(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<SCALAR_T>() : nullptr;
+}
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
+constexpr int64_t kColumnGrain = 256;
+}  // namespace
+
+void layer_norm_forward(at::Tensor x, std::optional<at::Tensor> weight, std::optional<at::Tensor> bias,
+                        at::Tensor y, at::Tensor stats, int64_t rows, int64_t n, double eps) {
+  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
+  const SCALAR_T* pw = data_or_null(weight);
+  const SCALAR_T* pb = data_or_null(bias);
+  SCALAR_T* py = y.data_ptr<SCALAR_T>();
+  SCALAR_T* mean_out = stats.data_ptr<SCALAR_T>();
+  SCALAR_T* rstd_out = mean_out + rows;
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const SCALAR_T* xr = px + r * n;
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += xr[i];
+      const double mean = sum / n;
+      double m2 = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = xr[i] - mean;
+        m2 += d * d;
+      }
+      const double rstd = 1.0 / std::sqrt(m2 / n + eps);
+      mean_out[r] = static_cast<SCALAR_T>(mean);
+      rstd_out[r] = static_cast<SCALAR_T>(rstd);
+      SCALAR_T* yr = py + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        double v = (xr[i] - mean) * rstd;
+        if (pw) v *= pw[i];
+        if (pb) v += pb[i];
+        yr[i] = static_cast<SCALAR_T>(v);
+      }
+    }
+  });
+}
+
+void layer_norm_backward(at::Tensor dy, at::Tensor x, at::Tensor stats, std::optional<at::Tensor> weight,
+                         std::optional<at::Tensor> dx, std::optional<at::Tensor> dweight,
+                         std::optional<at::Tensor> dbias, int64_t rows, int64_t n) {
+  const SCALAR_T* pg = dy.data_ptr<SCALAR_T>();
+  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
+  const SCALAR_T* mean = stats.data_ptr<SCALAR_T>();
+  const SCALAR_T* rstd = mean + rows;
+  const SCALAR_T* pw = data_or_null(weight);
+  SCALAR_T* pdx = mutable_data_or_null(dx);
+  SCALAR_T* pdw = mutable_data_or_null(dweight);
+  SCALAR_T* pdb = mutable_data_or_null(dbias);
+  if (pdx) {
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const SCALAR_T* xr = px + r * n;
+        const SCALAR_T* gr = pg + r * n;
+        const double m = mean[r], s = rstd[r];
+        double sum_g = 0, sum_gx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double g = pw ? double(gr[i]) * pw[i] : double(gr[i]);
+          sum_g += g;
+          sum_gx += g * ((xr[i] - m) * s);
+        }
+        const double mean_g = sum_g / n, mean_gx = sum_gx / n;
+        SCALAR_T* dr = pdx + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          const double g = pw ? double(gr[i]) * pw[i] : double(gr[i]);
+          dr[i] = static_cast<SCALAR_T>((g - mean_g - (xr[i] - m) * s * mean_gx) * s);
+        }
+      }
+    });
+  }
+  if (pdw || pdb) {
+    at::parallel_for(0, n, kColumnGrain, [&](int64_t begin, int64_t end) {
+      std::vector<double> sw(end - begin, 0.0), sb(end - begin, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const SCALAR_T* xr = px + r * n;
+        const SCALAR_T* gr = pg + r * n;
+        const double m = mean[r], s = rstd[r];
+        for (int64_t i = begin; i < end; ++i) {
+          sw[i - begin] += double(gr[i]) * ((xr[i] - m) * s);
+          sb[i - begin] += gr[i];
+        }
+      }
+      for (int64_t i = begin; i < end; ++i) {
+        if (pdw) pdw[i] = static_cast<SCALAR_T>(sw[i - begin]);
+        if (pdb) pdb[i] = static_cast<SCALAR_T>(sb[i - begin]);
+      }
+    });
+  }
+}
