@@ -84,7 +84,7 @@ def _parse_arguments(schema: torch._C.FunctionSchema) -> list[_Arg]:
         text = str(a.type)
         if text == "Tensor":
             kind = "tensor"
-        elif text == "Tensor?":
+        elif text in ("Tensor?", "Optional[Tensor]"):  # torch prints a parsed Tensor? as Optional[Tensor]
             kind = "optional_tensor"
         elif text in ("List[Tensor]", "Tensor[]"):
             kind = "tensor_list"
