@@ -4,10 +4,12 @@ Each op module also defines PREWARM: manifest items (the format of cache_tools m
 lines) naming its common shape classes; `python -m jitops` and `cache_tools prewarm --all-builtin` use them.
 """
 from . import add as _add_module
+from . import conv2d as _conv2d_module
 from . import gelu as _gelu_module
 from .add import add
+from .conv2d import conv2d, conv2d_input_grad, conv2d_weight_grad
 from .gelu import gelu, gelu_backward
 
-PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM]
+PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_conv2d_module.PREWARM]
 
-__all__ = ["add", "gelu", "gelu_backward", "PREWARM"]
+__all__ = ["add", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gelu", "gelu_backward", "PREWARM"]

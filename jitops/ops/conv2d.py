@@ -1,0 +1,551 @@
+"""jitops.conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1): 2-D convolution (cross-correlation,
+groups=1), forward and backward, with a channels_last output.
+
+Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-contiguous), so:
+- `x` may be channels_last or contiguous NCHW (any strides, in fact).  A channels_last x is used in place; any
+  other layout is converted ONCE per call into an NHWC copy (one read and one write of x: for a memory-bound
+  1x1 conv that copy costs about as much as the conv itself, so keep activations channels_last).
+- `weight` [K, C, R, S] is copied to KRSC each call unless it is already channels_last (small: the weights).
+- The output is allocated with torch.empty(..., memory_format=torch.channels_last) and the kernel writes its
+  NHWC memory directly: it IS channels_last in memory (strides (P*Q*K, 1, Q*K, K)), not merely tagged.  The
+  gradients follow the same rule: grad_x and grad_weight are channels_last [N, C, H, W] / [K, C, R, S].
+
+Kernels (CUDA, fp16 and bf16, Hopper sm_90a only): CUTLASS 3 implicit GEMM with TMA im2col loads and wgmma, in
+kernels/conv/ (conv_sm90.cuh: a persistent two-consumer-warpgroup kernel around CUTLASS's conv collectives;
+conv2d_sm90.cu: one configuration per translation unit).  Three operators, each compiled on first use per
+shape class:
+- fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
+- dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
+- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums)
+Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
+im2col descriptors on the host), so one compiled kernel serves a whole shape class; the class still names
+them, together with the dtype, the channel alignment and the tile configuration picked for the GEMM shape.
+
+Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
+phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
+over those rows dgrad is a unit-stride dgrad with that sub-filter (dilation dil/gcd(s, dil), its own
+padding).  Each phase writes every s-th pixel of dx through a strided output view; rows that no tap reaches
+are zero.  `dgrad_phases` is pure and tested against torch on the CPU.
+
+Channels that are not a multiple of 8 (TMA needs 16-byte aligned strides): C and K are zero-padded to the next
+multiple of 8 in copies of x, w (and dy), and the output is computed at the padded width and copied into the
+channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels
+(the 7x7 stem conv with C=3 does 8/3 of its work).  Aligned channels take none of this.
+
+CPU: ATen (torch.nn.functional.conv2d and torch.nn.grad), fp32/fp64/fp16/bf16, with the same channels_last
+output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and torch.compile.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .. import shapes
+from ..launch import current_stream, sm_count
+from ..op import Impl, op
+from ..specs import CudaLibrary, Source, Target
+
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+CHANNELS_LAST = torch.channels_last
+ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
+TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
+HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
+
+# Tile configurations (TILE_M x TILE_N of the implicit GEMM) and a per-tile efficiency guess used to choose
+# among them: wider N tiles reuse each A tile more.  ("override" lets benchmarks force one: see TILE_OVERRIDE.)
+TILES = {"128x64": (128, 64), "128x128": (128, 128), "128x256": (128, 256)}
+TILE_EFFICIENCY = {64: 0.70, 128: 0.90, 256: 1.0}
+WGRAD_TILE = "128x128"
+TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
+
+
+class ConvClass(NamedTuple):
+    """What a compiled conv kernel is chosen by.  Only dtype, op and tile change the compiled code; the
+    geometry rides along so that one class is one kind of layer (and the memo key says so)."""
+
+    dtype: torch.dtype
+    kernel: tuple[int, int]     # R, S
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    aligned: bool               # C and K multiples of 8: no channel padding
+    tile: str                   # key of TILES ("" on the CPU)
+
+
+# ---- arguments ---------------------------------------------------------------------------------------------
+def _pair(op_name: str, name: str, value) -> tuple[int, int]:
+    if type(value) is int:
+        pair = (value, value)
+    else:
+        try:
+            pair = tuple(int(v) for v in value)
+        except TypeError:
+            raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
+                            f"got {value!r}") from None
+        if len(pair) == 1:
+            pair = (pair[0], pair[0])
+        elif len(pair) != 2:
+            raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _geometry(op_name: str, stride, padding, dilation):
+    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
+                                 _pair(op_name, "dilation", dilation))
+    if stride[0] < 1 or stride[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
+    if padding[0] < 0 or padding[1] < 0:
+        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
+    if dilation[0] < 1 or dilation[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
+    return stride, padding, dilation
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _check_rank(op_name: str, name: str, t: torch.Tensor, what: str) -> None:
+    if t.dim() != 4:
+        raise ValueError(f"jitops.{op_name}: argument '{name}' must be 4-D {what}, got shape {tuple(t.shape)}")
+
+
+def _check_dtype(op_name: str, pairs) -> None:
+    first_name, first = pairs[0]
+    allowed = CPU_DTYPES if first.is_cpu else CUDA_DTYPES
+    if first.dtype not in allowed:
+        shapes.check_dtype(op_name, first_name, first, allowed)
+    for name, t in pairs[1:]:
+        if t is not None and t.dtype != first.dtype:
+            shapes.check_same_dtype(op_name, (first_name, first), (name, t))
+
+
+def round_up(n: int, multiple: int = ALIGN) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+# ---- tiles and split-K ---------------------------------------------------------------------------------------
+def pick_tile(op_name: str, m: int, n: int) -> str:
+    """The tile of an M x N implicit GEMM: fewest waves of tiles over the GPU's SMs, weighted by how well each
+    tile width keeps the tensor cores fed."""
+    forced = TILE_OVERRIDE.get(op_name)
+    if forced:
+        return forced
+    best, best_cost = "128x128", math.inf
+    for name, (tm, tn) in TILES.items():
+        tiles = -(-m // tm) * -(-n // tn)
+        cost = -(-tiles // HOPPER_SMS) * tm * tn / TILE_EFFICIENCY[tn]
+        if cost < best_cost - 1e-9:
+            best, best_cost = name, cost
+    return best
+
+
+def wgrad_splits(k: int, crs: int, npq: int, sms: int, tile: str = WGRAD_TILE) -> int:
+    """How many slices of GEMM-K (N*P*Q) wgrad reduces separately: enough work tiles for two waves, each split
+    keeping at least 16 k-tiles of 64 so the pipeline stays long.  Normalised so every split owns k-tiles."""
+    tm, tn = TILES[tile]
+    k_tiles = -(-npq // TILE_K)
+    tiles = -(-k // tm) * -(-crs // tn)
+    splits = max(1, min(-(-2 * sms // tiles), k_tiles // 16))
+    per_split = -(-k_tiles // splits)
+    return -(-k_tiles // per_split)
+
+
+# ---- strided dgrad as unit-stride phases (pure; tested on the CPU) --------------------------------------------
+class Phase1D(NamedTuple):
+    start: int                  # first dx row of this phase; it writes rows start, start + stride, ...
+    count: int                  # rows written
+    taps: tuple[int, ...]       # filter taps (ascending) of the unit-stride sub-filter
+    lower: int                  # its padding before ...
+    upper: int                  # ... and after (so that its output extent is exactly dy's)
+    dilation: int               # its dilation (in dy rows)
+
+
+def dgrad_phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int,
+                    dilation: int) -> tuple[list[Phase1D], bool]:
+    """Phases of one spatial dimension and whether they write every dx row (if not, dx must be zeroed first).
+
+    dx[h] = sum over taps r, outputs o with h = o*stride - padding + r*dilation of dy[o] * w[r].  For
+    h = a + stride*i the taps are those with (a + padding - r*dilation) % stride == 0, spaced stride/g apart
+    (g = gcd(stride, dilation)), and o = i + e0 - j*(dilation/g) for the j-th tap: a unit-stride dgrad with
+    lower padding e0, dilation dilation/g.  Rows that no tap reaches are left out (and are zero)."""
+    phases = []
+    written = 0
+    sub_dilation = dilation // math.gcd(stride, dilation)
+    for a in range(stride):
+        rows = len(range(a, size, stride))
+        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
+        if rows == 0 or not taps:
+            continue
+        e0 = (a + padding - taps[0] * dilation) // stride
+        span = (len(taps) - 1) * sub_dilation
+        first = max(0, -e0)                               # rows before this read only dy[< 0]
+        end = min(rows, out_size - e0 + span)             # rows from here read only dy[>= out_size]
+        if end <= first:
+            continue
+        lower = e0 + first
+        upper = out_size - end - e0 + span
+        phases.append(Phase1D(a + stride * first, end - first, taps, lower, upper,
+                              sub_dilation if len(taps) > 1 else 1))
+        written += end - first
+    return phases, written == size
+
+
+def dgrad_phases(input_hw: tuple[int, int], output_hw: tuple[int, int], kernel: tuple[int, int],
+                 stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]):
+    """2-D phases (row phase, column phase) and whether together they write all of dx."""
+    rows, rows_full = dgrad_phases_1d(input_hw[0], output_hw[0], kernel[0], stride[0], padding[0], dilation[0])
+    cols, cols_full = dgrad_phases_1d(input_hw[1], output_hw[1], kernel[1], stride[1], padding[1], dilation[1])
+    return [(r, c) for r in rows for c in cols], rows_full and cols_full
+
+
+# ---- kernels -----------------------------------------------------------------------------------------------
+_ARGS = ("ptr", "ptr", "ptr", "ptr", *["i32"] * 15, "i64", "i64", "i64", "i32", "i32", "i32", "ptr")
+_FUNCTIONS = {"jitops_conv2d": (_ARGS, "i32"), "jitops_conv2d_info": (("i32",), "i32")}
+CONV_SPECS = {name: CudaLibrary(f"conv2d_{name}", Source.file("conv/conv2d_sm90.cu"), functions=_FUNCTIONS,
+                                arch_specific=True)
+              for name in ("fprop", "dgrad", "wgrad")}
+_OPERATOR = {"fprop": 0, "dgrad": 1, "wgrad": 2}
+_ELEMENT = {torch.float16: "cutlass::half_t", torch.bfloat16: "cutlass::bfloat16_t"}
+_STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)",
+           2: "the kernel launch failed", 3: "raising the kernel's shared-memory limit failed"}
+
+
+def _request(name: str, cls: ConvClass, target: Target):
+    if target.capability is None or target.capability[0] != 9:
+        raise RuntimeError(f"jitops.conv2d: the CUDA kernels are built for Hopper (sm_90a, wgmma and TMA "
+                           f"im2col); this device is {target.arch()}.  Use torch.nn.functional.conv2d there.")
+    tm, tn = TILES[cls.tile]
+    return {name: CONV_SPECS[name].bind(shapes.dtype_name(cls.dtype), CONV_OP=_OPERATOR[name],
+                                        ELEMENT=_ELEMENT[cls.dtype], TILE_M=tm, TILE_N=tn, CLUSTER_M=1,
+                                        CLUSTER_N=1)}
+
+
+def _no_kernels(cls: ConvClass, target: Target):
+    return {}  # the CPU path is ATen
+
+
+def _call(library, op_name: str, *args) -> None:
+    status = library.jitops_conv2d(*args)
+    if status:
+        raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
+                           f"(n, h, w, c, k, r, s, pads, strides, dilations) = {args[4:19]}")
+
+
+# ---- layout helpers --------------------------------------------------------------------------------------------
+def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as an NHWC tensor [N, H, W, channels], channel-contiguous and 16-byte
+    aligned; channels beyond C are zero.  A channels_last, aligned t with channels == C is returned as a view."""
+    n, c, h, w = t.shape
+    view = t.permute(0, 2, 3, 1)
+    if channels == c and view.is_contiguous() and t.data_ptr() % 16 == 0:
+        return view
+    out = torch.empty((n, h, w, channels), dtype=t.dtype, device=t.device)
+    out[..., :c].copy_(view)
+    if channels > c:
+        out[..., c:].zero_()
+    return out
+
+
+def _channels_last_like(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=CHANNELS_LAST)
+
+
+def _launch_args(t: torch.Tensor):
+    index = t.get_device()
+    return index, sm_count(index), current_stream(index)
+
+
+# ---- jitops::conv2d_input_grad: dx from dy and w ----------------------------------------------------------------
+def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_name: str, size, stride, padding,
+                dilation, which: str) -> ConvClass:
+    _check_rank(op_name, "grad", grad, "[N, K, P, Q]")
+    _check_rank(op_name, other_name, other, "")
+    _check_dtype(op_name, [("grad", grad), (other_name, other)])
+    stride, padding, dilation = _geometry(op_name, stride, padding, dilation)
+    size = tuple(int(s) for s in size)
+    if len(size) != 4:
+        raise ValueError(f"jitops.{op_name}: argument '{which}_size' must have 4 entries, got {size}")
+    if which == "input":
+        n, c, h, w = size
+        k, _, r, s = other.shape
+    else:
+        k, c, r, s = size
+        n, _, h, w = other.shape
+    expected = (n, k, output_size(h, r, stride[0], padding[0], dilation[0]),
+                output_size(w, s, stride[1], padding[1], dilation[1]))
+    if tuple(grad.shape) != expected:
+        raise ValueError(f"jitops.{op_name}: argument 'grad' has shape {tuple(grad.shape)}, expected {expected} "
+                         "(the conv2d output's shape)")
+    aligned = c % ALIGN == 0 and k % ALIGN == 0
+    tile = ""
+    if not grad.is_cpu:
+        if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
+            tile = pick_tile("dgrad", n * -(-h // stride[0]) * -(-w // stride[1]), round_up(c))
+        else:
+            tile = TILE_OVERRIDE["wgrad"] or WGRAD_TILE
+    return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile)
+
+
+def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) -> ConvClass:
+    return _grad_class("conv2d_input_grad", grad, weight, "weight", input_size, stride, padding, dilation, "input")
+
+
+def input_grad_cuda_kernels(cls: ConvClass, target: Target):
+    return _request("dgrad", cls, target)
+
+
+def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    n, c, h, w = (int(v) for v in input_size)
+    k, _, r, s = weight.shape
+    dx = _channels_last_like((n, c, h, w), grad)
+    if dx.numel() == 0:
+        return dx
+    if k == 0 or grad.numel() == 0:
+        return dx.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    dy = _nhwc(grad, k8)
+    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC with C and K padded.
+    w_krsc = weight.permute(0, 2, 3, 1)
+    if (c8, k8) != (c, k) or not w_krsc.is_contiguous():
+        padded = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        padded[:k, :, :, :c].copy_(w_krsc)
+        w_krsc = padded
+    out = dx.permute(0, 2, 3, 1) if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)
+    stride, padding, dilation = cls.stride, cls.padding, cls.dilation
+    p, q = grad.shape[2], grad.shape[3]
+    phases, full = dgrad_phases((h, w), (p, q), (r, s), stride, padding, dilation)
+    if not full:
+        out.zero_()
+    device, sms, stream = _launch_args(grad)
+    for rows, cols in phases:
+        sub = w_krsc
+        if len(rows.taps) != r or len(cols.taps) != s:
+            sub = w_krsc[:, list(rows.taps)][:, :, list(cols.taps)].contiguous()
+        view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+        sn, sh, sw, _ = view.stride()
+        _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, n, rows.count, cols.count, c8, k8,
+              len(rows.taps), len(cols.taps), rows.lower, rows.upper, cols.lower, cols.upper, 1, 1,
+              rows.dilation, cols.dilation, sn, sh, sw, 1, device, sms, stream)
+    if c8 != c:
+        dx.permute(0, 2, 3, 1).copy_(out[..., :c])
+    return dx
+
+
+def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dx = torch.nn.grad.conv2d_input([int(v) for v in input_size], weight, grad, stride=cls.stride,
+                                    padding=cls.padding, dilation=cls.dilation)
+    return dx.contiguous(memory_format=CHANNELS_LAST)
+
+
+def _input_grad_fake(grad, weight, input_size, stride, padding, dilation):
+    return _channels_last_like(tuple(input_size), grad)
+
+
+conv2d_input_grad = op(
+    "jitops::conv2d_input_grad(Tensor grad, Tensor weight, SymInt[4] input_size, int[2] stride=1, "
+    "int[2] padding=0, int[2] dilation=1) -> Tensor",
+    shape_class=input_grad_shape_class,
+    cuda=Impl(input_grad_cuda_kernels, run_input_grad_cuda),
+    cpu=Impl(_no_kernels, run_input_grad_cpu),
+    fake=_input_grad_fake,
+    doc="Gradient of jitops.conv2d with respect to x (channels_last [N, C, H, W]).",
+)
+
+
+# ---- jitops::conv2d_weight_grad: dw from dy and x ---------------------------------------------------------------
+def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> ConvClass:
+    return _grad_class("conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
+
+
+def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
+    return _request("wgrad", cls, target)
+
+
+def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    k, c, r, s = (int(v) for v in weight_size)
+    n, _, h, w = x.shape
+    p, q = grad.shape[2], grad.shape[3]
+    dw = _channels_last_like((k, c, r, s), grad)
+    if dw.numel() == 0:
+        return dw
+    if grad.numel() == 0:
+        return dw.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    device, sms, stream = _launch_args(grad)
+    splits = wgrad_splits(k8, c8 * r * s, n * p * q, sms, cls.tile)
+    partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
+    _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
+          cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
+          cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
+    total = partial[0] if splits == 1 else partial.sum(0)
+    dw.permute(0, 2, 3, 1).copy_(total[:k, :, :, :c])
+    return dw
+
+
+def run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dw = torch.nn.grad.conv2d_weight(x, [int(v) for v in weight_size], grad, stride=cls.stride,
+                                     padding=cls.padding, dilation=cls.dilation)
+    return dw.contiguous(memory_format=CHANNELS_LAST)
+
+
+def _weight_grad_fake(grad, x, weight_size, stride, padding, dilation):
+    return _channels_last_like(tuple(weight_size), grad)
+
+
+conv2d_weight_grad = op(
+    "jitops::conv2d_weight_grad(Tensor grad, Tensor x, SymInt[4] weight_size, int[2] stride=1, "
+    "int[2] padding=0, int[2] dilation=1) -> Tensor",
+    shape_class=weight_grad_shape_class,
+    cuda=Impl(weight_grad_cuda_kernels, run_weight_grad_cuda),
+    cpu=Impl(_no_kernels, run_weight_grad_cpu),
+    fake=_weight_grad_fake,
+    doc="Gradient of jitops.conv2d with respect to weight (channels_last [K, C, R, S]).",
+)
+
+
+# ---- jitops::conv2d ----------------------------------------------------------------------------------------------
+def shape_class(x, weight, bias, stride, padding, dilation) -> ConvClass:
+    # Runs on every call: plain comparisons first, message-building helpers only on failure.
+    if x.dim() != 4:
+        _check_rank("conv2d", "x", x, "[N, C, H, W] (add a batch dimension to a single image)")
+    if weight.dim() != 4:
+        _check_rank("conv2d", "weight", weight, "[K, C, R, S]")
+    _check_dtype("conv2d", [("x", x), ("weight", weight), ("bias", bias)])
+    stride, padding, dilation = _geometry("conv2d", stride, padding, dilation)
+    n, c, h, w = x.shape
+    k, wc, r, s = weight.shape
+    if wc != c:
+        raise ValueError(f"jitops.conv2d: argument 'weight' has {wc} input channels (shape {tuple(weight.shape)}) "
+                         f"but 'x' has {c} channels (shape {tuple(x.shape)}); groups are not supported")
+    if bias is not None and tuple(bias.shape) != (k,):
+        raise ValueError(f"jitops.conv2d: argument 'bias' has shape {tuple(bias.shape)}, expected ({k},) "
+                         "(one value per output channel)")
+    p = output_size(h, r, stride[0], padding[0], dilation[0])
+    q = output_size(w, s, stride[1], padding[1], dilation[1])
+    if p < 1 or q < 1 or r < 1 or s < 1:
+        raise ValueError(f"jitops.conv2d: argument 'x' of spatial size {h}x{w} is smaller than the dilated "
+                         f"{r}x{s} kernel with padding {padding} and dilation {dilation} (output {p}x{q})")
+    tile = "" if x.is_cpu else pick_tile("fprop", n * p * q, round_up(k))
+    return ConvClass(x.dtype, (r, s), stride, padding, dilation, c % ALIGN == 0 and k % ALIGN == 0, tile)
+
+
+def cuda_kernels(cls: ConvClass, target: Target):
+    return _request("fprop", cls, target)
+
+
+def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    n, c, h, w = x.shape
+    k, _, r, s = weight.shape
+    p = output_size(h, r, cls.stride[0], cls.padding[0], cls.dilation[0])
+    q = output_size(w, s, cls.stride[1], cls.padding[1], cls.dilation[1])
+    y = _channels_last_like((n, k, p, q), x)
+    if y.numel() == 0:
+        return y
+    if c == 0:
+        return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    w_krsc = _nhwc(weight, c8) if k8 == k else None
+    if w_krsc is None:
+        w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        w_krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    if bias is not None and (k8 != k or not bias.is_contiguous() or bias.data_ptr() % 16):
+        padded = torch.zeros(k8, dtype=bias.dtype, device=bias.device)
+        padded[:k].copy_(bias)
+        bias = padded
+    out = y.permute(0, 2, 3, 1) if k8 == k else torch.empty((n, p, q, k8), dtype=x.dtype, device=x.device)
+    _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, out, bias, n, h, w, c8, k8, r, s,
+          cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
+          cls.dilation[0], cls.dilation[1], 0, 0, 0, 1, *_launch_args(x))
+    if k8 != k:
+        y.permute(0, 2, 3, 1).copy_(out[..., :k])
+    return y
+
+
+def run_cpu(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    y = torch.nn.functional.conv2d(x, weight, bias, stride=cls.stride, padding=cls.padding, dilation=cls.dilation)
+    return y.contiguous(memory_format=CHANNELS_LAST)
+
+
+def fake(x, weight, bias, stride, padding, dilation):
+    stride, padding, dilation = _geometry("conv2d", stride, padding, dilation)
+    n, _, h, w = x.shape
+    k, _, r, s = weight.shape
+    return _channels_last_like((n, k, output_size(h, r, stride[0], padding[0], dilation[0]),
+                                output_size(w, s, stride[1], padding[1], dilation[1])), x)
+
+
+# ---- autograd: dgrad for x, wgrad for weight, a reduction for bias; each only when needed ----------------------
+def setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, stride, padding, dilation = inputs
+    ctx.geometry = (stride, padding, dilation)
+    ctx.input_size = tuple(x.shape)
+    ctx.weight_size = tuple(weight.shape)
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ctx.save_for_backward(x if need_w else None, weight if need_x else None)
+
+
+def backward(ctx, grad: torch.Tensor):
+    x, weight = ctx.saved_tensors
+    stride, padding, dilation = ctx.geometry
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = conv2d_input_grad(grad, weight, ctx.input_size, stride, padding, dilation)
+    if ctx.needs_input_grad[1]:
+        dw = conv2d_weight_grad(grad, x, ctx.weight_size, stride, padding, dilation)
+    if ctx.needs_input_grad[2]:
+        db = grad.sum(dim=(0, 2, 3))
+    return dx, dw, db
+
+
+# ---- ResNet-50 at batch 32 (torchvision v1.5: stride in the 3x3): the shape classes the benchmarks and the
+# deployment prewarm use.  (in channels, out channels, input size, kernel, stride, padding)
+RESNET50 = [
+    (3, 64, 224, 7, 2, 3),                                                    # stem (C=3: channel-padded)
+    (64, 64, 56, 1, 1, 0), (64, 64, 56, 3, 1, 1), (64, 256, 56, 1, 1, 0), (256, 64, 56, 1, 1, 0),    # layer1
+    (256, 128, 56, 1, 1, 0), (128, 128, 56, 3, 2, 1), (256, 512, 56, 1, 2, 0),                        # layer2 in
+    (128, 128, 28, 3, 1, 1), (128, 512, 28, 1, 1, 0), (512, 128, 28, 1, 1, 0),                        # layer2
+    (512, 256, 28, 1, 1, 0), (256, 256, 28, 3, 2, 1), (512, 1024, 28, 1, 2, 0),                       # layer3 in
+    (256, 256, 14, 3, 1, 1), (256, 1024, 14, 1, 1, 0), (1024, 256, 14, 1, 1, 0),                      # layer3
+    (1024, 512, 14, 1, 1, 0), (512, 512, 14, 3, 2, 1), (1024, 2048, 14, 1, 2, 0),                     # layer4 in
+    (512, 512, 7, 3, 1, 1), (512, 2048, 7, 1, 1, 0), (2048, 512, 7, 1, 1, 0),                         # layer4
+]
+
+
+def _prewarm_items(batch: int = 32) -> list[dict]:
+    items = []
+    for c, k, size, kernel, stride, padding in RESNET50:
+        out = output_size(size, kernel, stride, padding, 1)
+        kwargs = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1]}
+        x, wt, y = [batch, c, size, size], [k, c, kernel, kernel], [batch, k, out, out]
+        items.append({"op": "conv2d", "dtypes": ["fp16", "bf16"], "shapes": [[x, wt, None]], "kwargs": kwargs})
+        items.append({"op": "conv2d_input_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, wt]],
+                      "kwargs": {"input_size": x, **kwargs}})
+        items.append({"op": "conv2d_weight_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, x]],
+                      "kwargs": {"weight_size": wt, **kwargs}})
+    return items
+
+
+# Manifest items for `python -m jitops` / `cache_tools prewarm --all-builtin`: ResNet-50's conv layers.
+PREWARM = _prewarm_items()
+
+conv2d = op(
+    "jitops::conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+    "int[2] dilation=1) -> Tensor",
+    shape_class=shape_class,
+    cuda=Impl(cuda_kernels, run_cuda),
+    cpu=Impl(_no_kernels, run_cpu),
+    fake=fake,
+    setup_context=setup_context,
+    backward=backward,
+    doc=__doc__,
+)
