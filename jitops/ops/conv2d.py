@@ -10,7 +10,7 @@ Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-co
   NHWC memory directly: it IS channels_last in memory (strides (P*Q*K, 1, Q*K, K)), not merely tagged.  The
   gradients follow the same rule: grad_x and grad_weight are channels_last [N, C, H, W] / [K, C, R, S].
 
-Kernels (CUDA, fp16 and bf16, Hopper sm_90a only): CUTLASS 3 implicit GEMM with TMA im2col loads and wgmma, in
+Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): CUTLASS 3 implicit GEMM with TMA im2col loads and wgmma, in
 kernels/conv/ (conv_sm90.cuh: a persistent two-consumer-warpgroup kernel around CUTLASS's conv collectives;
 conv2d_sm90.cu: one configuration per translation unit).  Three operators, each compiled on first use per
 shape class:
@@ -32,8 +32,9 @@ multiple of 8 in copies of x, w (and dy), and the output is computed at the padd
 channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels
 (the 7x7 stem conv with C=3 does 8/3 of its work).  Aligned channels take none of this.
 
-CPU: ATen (torch.nn.functional.conv2d and torch.nn.grad), fp32/fp64/fp16/bf16, with the same channels_last
-output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and torch.compile.
+CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
+channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
+torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
 """
 from __future__ import annotations
 
@@ -127,6 +128,34 @@ def round_up(n: int, multiple: int = ALIGN) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
+# Shape classes run on every call; validating and picking a tile costs ~10 us of Python, so each distinct
+# combination of argument shapes, dtypes, device kind and geometry is classified once.  Errors are not cached.
+_CLASS_CACHE: dict = {}
+
+
+def _hashable(value):
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype)
+    return tuple(value) if type(value) is list else value
+
+
+def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> ConvClass:
+    """compute(op_name, a, b, *rest), memoised on the shapes, dtypes and device kind of the tensors and the
+    values of everything else."""
+    try:
+        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
+               TILE_OVERRIDE.get(op_name))
+        cls = _CLASS_CACHE.get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
+        return compute(op_name, a, b, *rest)
+    if cls is None:
+        cls = compute(op_name, a, b, *rest)
+        if len(_CLASS_CACHE) > 4096:
+            _CLASS_CACHE.clear()
+        _CLASS_CACHE[key] = cls
+    return cls
+
+
 # ---- tiles and split-K ---------------------------------------------------------------------------------------
 def pick_tile(op_name: str, m: int, n: int) -> str:
     """The tile of an M x N implicit GEMM: fewest waves of tiles over the GPU's SMs, weighted by how well each
@@ -216,8 +245,7 @@ _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)"
 
 def _request(name: str, cls: ConvClass, target: Target):
     if target.capability is None or target.capability[0] != 9:
-        raise RuntimeError(f"jitops.conv2d: the CUDA kernels are built for Hopper (sm_90a, wgmma and TMA "
-                           f"im2col); this device is {target.arch()}.  Use torch.nn.functional.conv2d there.")
+        return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
     tm, tn = TILES[cls.tile]
     return {name: CONV_SPECS[name].bind(shapes.dtype_name(cls.dtype), CONV_OP=_OPERATOR[name],
                                         ELEMENT=_ELEMENT[cls.dtype], TILE_M=tm, TILE_N=tn, CLUSTER_M=1,
@@ -291,7 +319,8 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
 
 
 def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) -> ConvClass:
-    return _grad_class("conv2d_input_grad", grad, weight, "weight", input_size, stride, padding, dilation, "input")
+    return _cached(_grad_class, "conv2d_input_grad", grad, weight, "weight", input_size, stride, padding, dilation,
+                   "input")
 
 
 def input_grad_cuda_kernels(cls: ConvClass, target: Target):
@@ -299,6 +328,8 @@ def input_grad_cuda_kernels(cls: ConvClass, target: Target):
 
 
 def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "dgrad"):  # not a Hopper GPU
+        return run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation)
     cls = kern.shape_class
     n, c, h, w = (int(v) for v in input_size)
     k, _, r, s = weight.shape
@@ -360,7 +391,7 @@ conv2d_input_grad = op(
 
 # ---- jitops::conv2d_weight_grad: dw from dy and x ---------------------------------------------------------------
 def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> ConvClass:
-    return _grad_class("conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
+    return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
 
 
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
@@ -368,6 +399,8 @@ def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
 
 
 def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "wgrad"):  # not a Hopper GPU
+        return run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation)
     cls = kern.shape_class
     k, c, r, s = (int(v) for v in weight_size)
     n, _, h, w = x.shape
@@ -413,7 +446,10 @@ conv2d_weight_grad = op(
 
 # ---- jitops::conv2d ----------------------------------------------------------------------------------------------
 def shape_class(x, weight, bias, stride, padding, dilation) -> ConvClass:
-    # Runs on every call: plain comparisons first, message-building helpers only on failure.
+    return _cached(_conv_class, "conv2d", x, weight, bias, stride, padding, dilation)
+
+
+def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClass:
     if x.dim() != 4:
         _check_rank("conv2d", "x", x, "[N, C, H, W] (add a batch dimension to a single image)")
     if weight.dim() != 4:
@@ -442,6 +478,8 @@ def cuda_kernels(cls: ConvClass, target: Target):
 
 
 def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "fprop"):  # not a Hopper GPU
+        return run_cpu(kern, x, weight, bias, stride, padding, dilation)
     cls = kern.shape_class
     n, c, h, w = x.shape
     k, _, r, s = weight.shape
