@@ -76,7 +76,10 @@ def relative_error(got, want):
     return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
-def time_graphed(calls, replays: int = 20) -> float:
+REPLAYS = {"graph": 20}
+
+
+def time_graphed(calls, replays: int | None = None) -> float:
     """GPU milliseconds per call: the calls (one per rotating input set) captured once into a CUDA graph and
     replayed, so host overhead (Python, ctypes, TMA descriptor encoding; torch's dispatcher and cuDNN's plan
     lookup) is excluded for both sides."""
@@ -93,7 +96,7 @@ def time_graphed(calls, replays: int = 20) -> float:
     graph.replay()
     torch.cuda.synchronize()
     times = []
-    for _ in range(replays):
+    for _ in range(replays or REPLAYS["graph"]):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
@@ -187,13 +190,19 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time every tile configuration too")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     args = parser.parse_args()
     if args.prewarm:
         prewarm(args.prewarm, args.jobs)
         return 0
 
+    import functools
+
     import harness
 
+    if args.quick:
+        REPLAYS["graph"] = 10
+        harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
     bench = harness.Bench("conv2d_sweep" if args.sweep else "conv2d")
     layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
