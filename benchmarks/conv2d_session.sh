@@ -25,11 +25,11 @@ for step in "$@"; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     tests)
-      timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv2d_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_conv2d_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
         2>&1 | tee "$OUT/gpu-tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
-      timeout 420 python3 benchmarks/bench_conv2d.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+      timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_conv2d.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     sweep)
       timeout 420 python3 benchmarks/bench_conv2d.py --sweep --no-eager ${BENCH_ARGS:-} 2>&1 | tee "$OUT/sweep.log"
