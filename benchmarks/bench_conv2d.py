@@ -35,15 +35,22 @@ BATCH = 32
 REFERENCE = (256, 256, 56, 3, 1, 1)
 
 
+def variants() -> list[tuple[str, str, int | None]]:
+    """(operator, tile, forced splits) of every compiled configuration: the tiles of each operator, and the
+    split-K variant of fprop and dgrad (forced to 2 and 4 slices in a sweep)."""
+    out = [(name, tile, 1 if name != "wgrad" else None)
+           for name in ("fprop", "dgrad", "wgrad") for tile in conv_module.OPERATOR_TILES[name]]
+    return out + [(name, conv_module.SPLIT_TILE, s) for name in ("fprop", "dgrad") for s in (2, 4)]
+
+
 def all_requests(target: Target) -> dict[str, object]:
-    """Every tile configuration of every operator, both dtypes: what the benchmark sweep and the GPU tests use."""
+    """Every compiled configuration, fp16 first, then bf16: what the sweep and the GPU tests use."""
     requests = {}
     for dtype in (torch.float16, torch.bfloat16):
-        for name in ("fprop", "dgrad", "wgrad"):
-            for tile in conv_module.TILES:
-                cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile)
-                for request in conv_module._request(name, cls, target).values():
-                    requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
+        for name, tile, splits in variants():
+            cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile, splits or 1)
+            for request in conv_module._request(name, cls, target).values():
+                requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
     return requests
 
 
@@ -54,7 +61,10 @@ def prewarm(arch: str, jobs: int) -> None:
 
     def build(request):
         started = time.perf_counter()
-        outcome = jitops.runtime.prewarm(request, target)
+        try:
+            outcome = jitops.runtime.prewarm(request, target)
+        except Exception as exc:  # report it and build the rest
+            outcome = f"FAILED ({type(exc).__name__}: {str(exc)[:2000]})"
         return request.label(), outcome, time.perf_counter() - started
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -107,7 +117,7 @@ def time_graphed(calls, replays: int | None = None) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in times) / len(calls)
 
 
-def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, tiles=None, eager=True):
+def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True):
     from torch.ops import aten
 
     out = conv_module.output_size(size, kernel, stride, padding, 1)
@@ -141,15 +151,17 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, tile
     shape = f"{label} {c}->{k} {size}x{size} k{kernel}s{stride}"
     for name, (ours, base) in ops.items():
         base_ms = None
-        for tile in (tiles or [None]):
-            conv_module.TILE_OVERRIDE[name] = tile
+        configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
+        for tile, splits in configs:
+            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
                 error = relative_error(ours(sets[0]), base(sets[0]))
-                chosen = classes[name](sets[0]).tile
+                cls = classes[name](sets[0])
+                chosen = f"{cls.tile}/{cls.splits}"
                 if base_ms is None:
                     base_ms = time_graphed([lambda s=s: base(s) for s in sets])
                 ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {tile}"), shape, "fp16", ours_ms,
+                row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
                                   base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
                                   base_ms / ours_ms, dict(rel_error=error, layer=label, operator=name,
                                                           tile=chosen, timing="graph"))
@@ -163,7 +175,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, tile
             except Exception as exc:  # a configuration that fails is reported, the sweep goes on
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
             finally:
-                conv_module.TILE_OVERRIDE[name] = None
+                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
 
 
 def cold_compile_seconds() -> dict[str, float]:
@@ -177,7 +189,8 @@ def cold_compile_seconds() -> dict[str, float]:
         for meta in root.glob("v1/sm_90a/*/conv2d_*/meta.json"):
             data = json.loads(meta.read_text())
             params = dict(data.get("request", {}).get("params", []) or [])
-            name = f"{data['request']['kernel']} {data['request']['dtype']} {params.get('TILE_M')}x{params.get('TILE_N')}"
+            name = (f"{data['request']['kernel']} {data['request']['dtype']} "
+                    f"{params.get('TILE_M')}x{params.get('TILE_N')}")
             if "compile_seconds" in data:
                 seconds[name] = round(float(data["compile_seconds"]), 1)
     return seconds
@@ -212,8 +225,7 @@ def main() -> int:
     for label, c, k, size, kernel, stride, padding in layers:
         bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager)
         if args.sweep:
-            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, list(conv_module.TILES),
-                        eager=False)
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=True, eager=False)
     for timing in ("graph", "eager"):
         totals = {}
         for row in bench.rows:

@@ -26,8 +26,10 @@ def main(name: str) -> int:
         yf = F.conv2d(xf, wf, None, stride, padding)
         grad = torch.randn_like(yf).half()
         dxf, dwf = torch.autograd.grad(yf, (xf, wf), grad.float())
-        for tile in conv_module.TILES:
-            conv_module.TILE_OVERRIDE[name] = tile
+        configs = [(t, 1 if name != "wgrad" else None) for t in conv_module.OPERATOR_TILES[name]]
+        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else []
+        for tile, splits in configs:
+            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             started = time.perf_counter()
             if name == "fprop":
                 got, want = jitops.conv2d(x, wt, None, stride, padding), yf
@@ -38,7 +40,8 @@ def main(name: str) -> int:
             torch.cuda.synchronize()
             error = float((got.double() - want.double()).norm() / want.double().norm())
             worst = max(worst, error if error == error else float("inf"))
-            print(f"{name} {tile:8s} x{(n, c, h, w)} w{(k, c, r, s)} s{stride} p{padding}: rel err {error:.2e} "
+            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+            print(f"{name} {tile:8s}/{splits} x{(n, c, h, w)} w{(k, c, r, s)} s{stride} p{padding}: rel err {error:.2e} "
                   f"({(time.perf_counter() - started) * 1e3:.1f} ms, strides {got.stride()})", flush=True)
     print(f"{name}: worst relative error {worst:.2e}", flush=True)
     return 0 if worst < 5e-3 else 1

@@ -180,6 +180,8 @@ def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten():
     assert conv_module.cuda_kernels(cls, Target.parse("sm_80")) == {}
     [request] = conv_module.cuda_kernels(cls, Target.parse("sm_90a")).values()
     assert dict(request.params)["TILE_N"] == "128" and request.arch(Target.parse("sm_90")) == "sm_90a"
+    [split] = conv_module.cuda_kernels(cls._replace(splits=3), Target.parse("sm_90a")).values()
+    assert dict(split.params)["SPLIT_K"] == "1" and split.kernel == "conv2d_fprop_splitk"
     x, w, b, *geometry = make_args(CASES[1], torch.float32, "cpu")
     kern = SimpleNamespace(shape_class=conv_module.shape_class(x, w, b, *geometry))  # no library: sm_80
     y = conv_module.run_cuda(kern, x, w, b, *geometry)
@@ -240,10 +242,24 @@ def test_unit_stride_dgrad_is_one_phase_with_the_whole_filter():
 
 
 # ---- the CUDA run functions against a CPU stand-in for the CUTLASS library --------------------------------------
+def k_tile_masks(channels: int, r: int, s: int, splits: int):
+    """Which (channel, r, s) entries of the filter each split's k-tiles cover: CUTLASS's GEMM-K mode of fprop
+    (C, S, R) and dgrad (K, S, R) is channel-tile fastest, then s, then r."""
+    c_tiles = -(-channels // 64)
+    k_tiles = c_tiles * r * s
+    per_split = -(-k_tiles // splits)
+    masks = torch.zeros(splits, channels, r, s)
+    for index in range(k_tiles):
+        ct, rest = index % c_tiles, index // c_tiles
+        masks[index // per_split, ct * 64:(ct + 1) * 64, rest // s, rest % s] = 1
+    return masks
+
+
 class FakeConvLibrary:
     """The C ABI of kernels/conv/conv2d_sm90.cu, computed with ATen on CPU tensors.  It checks what the kernel
     requires (channel counts multiple of 8, 16-byte aligned, channel-contiguous operands, the dy extent CUTLASS
-    derives) and writes through the output view it is given, as TMA stores would."""
+    derives, unit-stride dgrad) and writes through the output view it is given, as TMA stores would; split-K
+    calls write one partial sum per slice of GEMM-K, as the kernel does."""
 
     def __init__(self, op: int) -> None:
         self.op = op
@@ -259,38 +275,53 @@ class FakeConvLibrary:
         assert a.is_contiguous() and b.is_contiguous()
         p = (h + ph + ph_hi - (r - 1) * dh - 1) // sh + 1
         q = (w + pw + pw_hi - (s - 1) * dw - 1) // sw + 1
-        weight = (b if self.op != 2 else d[0]).permute(0, 3, 1, 2)
+        split = self.op == 2 or d.dim() == 5
+        if split:
+            assert d.is_contiguous() and d.dtype == torch.float32 and d.shape[0] == splits and bias is None
+        else:
+            assert splits == 1
 
-        def conv(xin):
+        def conv(xin, weight):
             return F.conv2d(F.pad(xin, (pw, pw_hi, ph, ph_hi)), weight.to(xin.dtype), stride=(sh, sw),
                             dilation=(dh, dw))
 
         if self.op == 0:
-            assert tuple(a.shape) == (n, h, w, c) and tuple(d.shape) == (n, p, q, k)
-            y = conv(a.permute(0, 3, 1, 2).double())
-            if bias is not None:
-                y = y + bias.double().view(1, k, 1, 1)
-            d.copy_(y.permute(0, 2, 3, 1))
+            assert tuple(a.shape) == (n, h, w, c) and tuple(d.shape[-4:]) == (n, p, q, k)
+            x, weight = a.permute(0, 3, 1, 2).double(), b.permute(0, 3, 1, 2).double()   # [k, c, r, s]
+            if split:
+                masks = k_tile_masks(c, r, s, splits).double()
+                for index in range(splits):
+                    d[index].copy_(conv(x, weight * masks[index]).permute(0, 2, 3, 1))
+            else:
+                y = conv(x, weight)
+                if bias is not None:
+                    y = y + bias.double().view(1, k, 1, 1)
+                d.copy_(y.permute(0, 2, 3, 1))
         elif self.op == 1:
             assert (sh, sw) == (1, 1), "CUTLASS's sm90 dgrad is unit-stride only"
             assert tuple(a.shape) == (n, p, q, k), f"dy {tuple(a.shape)} != derived {(n, p, q, k)}"
-            assert d.stride()[:3] == (d_sn, d_sh, d_sw) and tuple(d.shape) == (n, h, w, c)
-            xin = torch.zeros(n, c, h, w, dtype=torch.float64, requires_grad=True)
-            (grad,) = torch.autograd.grad(conv(xin), xin, a.permute(0, 3, 1, 2).double())
-            d.copy_(grad.permute(0, 2, 3, 1))
+            assert tuple(d.shape[-4:]) == (n, h, w, c)
+            if not split:
+                assert d.stride()[:3] == (d_sn, d_sh, d_sw)
+            weight = b.permute(0, 3, 1, 2).double()                                       # [k, c, r, s]
+            masks = k_tile_masks(k, r, s, splits).double() if split else None
+            for index in range(splits if split else 1):
+                part = weight if not split else weight * masks[index].unsqueeze(1)        # mask over k
+                xin = torch.zeros(n, c, h, w, dtype=torch.float64, requires_grad=True)
+                (grad,) = torch.autograd.grad(conv(xin, part), xin, a.permute(0, 3, 1, 2).double())
+                (d[index] if split else d).copy_(grad.permute(0, 2, 3, 1))
         else:
             assert tuple(a.shape) == (n, p, q, k) and tuple(b.shape) == (n, h, w, c)
-            assert d.shape == (splits, k, r, s, c) and d.dtype == torch.float32
+            assert d.shape == (splits, k, r, s, c)
             x = F.pad(b.permute(0, 3, 1, 2).double(), (pw, pw_hi, ph, ph_hi))
             cols = F.unfold(x, (r, s), dilation=(dh, dw), stride=(sh, sw))           # [n, c*r*s, p*q]
             cols = cols.view(n, c, r, s, p * q).permute(0, 4, 1, 2, 3).reshape(n * p * q, c, r, s)
             dy = a.reshape(n * p * q, k).double()
             k_tiles = -(-n * p * q // 64)                                           # GEMM-K tiles of 64
             rows_per_split = -(-k_tiles // splits) * 64
-            for split in range(splits):
-                rows = slice(split * rows_per_split, (split + 1) * rows_per_split)
-                part = torch.einsum("mk,mcrs->krsc", dy[rows], cols[rows])
-                d[split].copy_(part)
+            for split_index in range(splits):
+                rows = slice(split_index * rows_per_split, (split_index + 1) * rows_per_split)
+                d[split_index].copy_(torch.einsum("mk,mcrs->krsc", dy[rows], cols[rows]))
         return 0
 
 
@@ -298,20 +329,25 @@ class FakeConvLibrary:
 def cuda_path_on_cpu(monkeypatch):
     monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
 
-    def kernels(fn, args, op_name, tile="128x128"):
-        cls = fn.op.shape_class(*args)._replace(tile=tile)
-        return SimpleNamespace(shape_class=cls, **{op_name: FakeConvLibrary(conv_module._OPERATOR[op_name])})
+    def kernels(fn, args, op_name, tile=None, splits=None):
+        """Kernels as the CUDA path gets them: the class planned for fp16 CUDA tensors of these shapes (meta
+        tensors), a CPU stand-in for the library."""
+        meta = [a.to(device="meta", dtype=torch.float16) if isinstance(a, torch.Tensor) else a for a in args]
+        cls = fn.op.shape_class(*meta)
+        cls = cls._replace(tile=tile or cls.tile, splits=splits or cls.splits)
+        return SimpleNamespace(shape_class=cls, **{op_name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])})
     return kernels
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
-def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, cuda_path_on_cpu):
+@pytest.mark.parametrize("splits", [1, 3], ids=["no-split", "split3"])
+def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on_cpu):
     dtype = torch.float32
     x, w, b, *geometry = make_args(case, dtype, "cpu", channels_last=layout == "channels_last")
     if layout == "strided":
-        x = x[:, :, :, :].transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
-    kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop")
+        x = x.transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
+    kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop", splits=splits)
     y = conv_module.run_cuda(kern, x, w, b, *geometry)
     assert y.stride() == channels_last_strides(y.shape)
     torch.testing.assert_close(y, reference(x, w, b, *geometry), rtol=1e-4, atol=1e-4)
@@ -320,41 +356,52 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, cuda_path_on_cpu):
     dx_want = torch.nn.grad.conv2d_input(x.shape, w, grad, *geometry)
     dw_want = torch.nn.grad.conv2d_weight(x, w.shape, grad, *geometry)
     args = (grad, w, list(x.shape), *geometry)
-    kern = cuda_path_on_cpu(jitops.conv2d_input_grad, args, "dgrad")
+    kern = cuda_path_on_cpu(jitops.conv2d_input_grad, args, "dgrad", splits=splits)
     dx = conv_module.run_input_grad_cuda(kern, *args)
     assert dx.stride() == channels_last_strides(x.shape)
     torch.testing.assert_close(dx, dx_want, rtol=1e-4, atol=1e-4)
     assert all(call["stride"] == (1, 1) for call in kern.dgrad.calls)
 
     args = (grad, x, list(w.shape), *geometry)
-    kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad")
+    kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad", splits=splits)
     dw = conv_module.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
 
 
-def test_wgrad_split_k_sums_partial_slices(cuda_path_on_cpu, monkeypatch):
-    monkeypatch.setattr(conv_module, "wgrad_splits", lambda *a, **k: 3)
-    x, w, b, *geometry = make_args(((4, 8, 16, 16), (8, 3, 3), 1, 1, 1), torch.float32, "cpu")
-    grad = torch.randn(4, 8, 16, 16)
-    args = (grad, x, list(w.shape), *geometry)
-    kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad")
-    dw = conv_module.run_weight_grad_cuda(kern, *args)
-    assert kern.wgrad.calls[0]["splits"] == 3
-    torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, grad, *geometry), rtol=1e-4, atol=1e-4)
+def test_plans_give_every_split_work_and_follow_the_gemm_shape():
+    for k_tiles in (1, 2, 7, 25, 1568):
+        for splits in (1, 2, 3, 8, 98, 300):
+            n = conv_module.normalize_splits(k_tiles, splits)
+            per_split = -(-k_tiles // n)
+            assert 1 <= n <= splits and (n - 1) * per_split < k_tiles
+    # layer1 1x1 64->64 at 56x56, batch 32: narrow N -> a 64-wide tile, no split (one k-tile)
+    assert conv_module.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64", 1)
+    # layer4 3x3 512->512 at 7x7: 13 x 4 output tiles of 128x128, 72 k-tiles -> split K
+    tile, splits = conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72)
+    assert tile == conv_module.SPLIT_TILE and splits > 1
+    # wgrad of a 64-output-channel layer: the 64-row tile; and always enough work tiles for the GPU
+    tile, splits = conv_module.plan_gemm("wgrad", 64, 64 * 9, 1568)
+    assert tile == "64x256" and splits * 3 >= 132
+    for name in ("fprop", "dgrad", "wgrad"):
+        conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = "128x256", 1
+        try:
+            assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
+        finally:
+            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
 
 
-def test_wgrad_splits_give_every_split_work():
-    for k, crs, npq in [(64, 64, 32 * 56 * 56), (512, 4608, 32 * 49), (2048, 512, 32 * 49), (8, 8 * 49, 16)]:
-        splits = conv_module.wgrad_splits(k, crs, npq, 132)
-        k_tiles = -(-npq // 64)
-        per_split = -(-k_tiles // splits)
-        assert splits >= 1 and (splits - 1) * per_split < k_tiles
-
-
-def test_tile_choice_follows_the_gemm_shape():
-    assert conv_module.pick_tile("fprop", 32 * 56 * 56, 64) == "128x64"
-    assert conv_module.pick_tile("fprop", 32 * 56 * 56, 256) in ("128x128", "128x256")
+def test_overrides_reach_the_shape_class():
+    x = torch.empty(32, 256, 56, 56, device="meta", dtype=torch.float16)
+    w = torch.empty(256, 256, 3, 3, device="meta", dtype=torch.float16)
+    seen = set()
+    for tile in conv_module.OPERATOR_TILES["fprop"]:
+        conv_module.TILE_OVERRIDE["fprop"] = tile
+        try:
+            seen.add(conv_module.shape_class(x, w, None, 1, 1, 1).tile)
+        finally:
+            conv_module.TILE_OVERRIDE["fprop"] = None
+    assert seen == set(conv_module.OPERATOR_TILES["fprop"])
 
 
 # ---- one real nvcc build of a representative sm_90a configuration ----------------------------------------------

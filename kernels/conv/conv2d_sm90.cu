@@ -2,8 +2,10 @@
 //
 // Defines from the shape class (jitops/ops/conv2d.py):
 //   CONV_OP        0 fprop (y = x * w), 1 dgrad (dx from dy and w, unit stride), 2 wgrad (dw from dy and x)
+//   SPLIT_K        1: fp32 partial sums over slices of GEMM-K (always for wgrad)
 //   ELEMENT        cutlass::half_t or cutlass::bfloat16_t
-//   TILE_M, TILE_N tile of the implicit GEMM (TILE_K is 64: one 128-byte swizzle row of fp16/bf16)
+//   TILE_M, TILE_N tile of the implicit GEMM (TILE_K is 64: one 128-byte swizzle row of fp16/bf16); TILE_M 64
+//                  splits the tile between the two consumer warpgroups by columns
 //   CLUSTER_M, CLUSTER_N  thread block cluster (TMA multicast of the operand the cluster shares)
 //
 // Tensors are NHWC (activations, gradients) and KRSC (filters), channel-contiguous, 16-byte aligned, channel
@@ -24,19 +26,28 @@ using TileShape = cute::conditional_t<kOp == Operator::kWgrad,
     Shape<Int<TILE_M>, Shape<Int<TILE_N>>, Shape<_64>>, Shape<Int<TILE_M>, Int<TILE_N>, Shape<_64>>>;
 using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 
+// SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
+// GEMM-K, packed [split][M][N] (M = N*P*Q or N*H*W linear, N = channels), and the caller reduces them.
+#ifndef SPLIT_K
+#define SPLIT_K 0
+#endif
+constexpr bool kSplitK = kOp == Operator::kWgrad || SPLIT_K;
+
 // Outputs: fprop y (NHWC, + per-channel bias), dgrad dx (NHWC, any strides: a phase of a strided dgrad writes
-// every stride-th pixel), wgrad fp32 partial sums [splits][K][R][S][C].
-using ElementD = cute::conditional_t<kOp == Operator::kWgrad, float, Element>;
+// every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N].
+using ElementD = cute::conditional_t<kSplitK, float, Element>;
 using StrideWgradD = Stride<int64_t, Stride<_1, int64_t, int64_t>, int64_t>;  // (K, (C,S,R), split)
-using LayoutD = cute::conditional_t<kOp == Operator::kWgrad, StrideWgradD, cutlass::layout::TensorNHWC>;
-using FusionOp = cute::conditional_t<kOp == Operator::kFprop,
+using StridePartialD = Stride<int64_t, _1, int64_t>;                           // (M, N, split), N contiguous
+using LayoutD = cute::conditional_t<kOp == Operator::kWgrad, StrideWgradD,
+                cute::conditional_t<kSplitK, StridePartialD, cutlass::layout::TensorNHWC>>;
+using FusionOp = cute::conditional_t<kOp == Operator::kFprop && !kSplitK,
     cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, Element, ElementD, float>,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>;
 
-
-// fprop/dgrad store through TMA (im2col store of NHWC tiles).  wgrad writes straight from registers: the TMA
-// epilogue cannot describe its hierarchical (C,S,R) N mode, and its output is small next to its inputs.
-using EpilogueSchedule = cute::conditional_t<kOp == Operator::kWgrad,
+// Outputs in dtype store through TMA (an im2col store of NHWC tiles).  Partial sums are written straight from
+// registers: the TMA epilogue cannot describe wgrad's hierarchical (C,S,R) N mode, and the partials are small
+// next to the operands.
+using EpilogueSchedule = cute::conditional_t<kSplitK,
     cutlass::epilogue::NoSmemWarpSpecialized, cutlass::epilogue::TmaWarpSpecializedCooperative>;
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -47,8 +58,7 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 using MainloopTypes = jitops::conv::Mainloop<kOp, Element, TileShape, ClusterShape,
                                              int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
-using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue,
-                                                   kOp == Operator::kWgrad>;
+using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue, kSplitK>;
 using ProblemShape = typename Kernel::ProblemShape;
 
 }  // namespace jitops_conv2d_tu
@@ -58,6 +68,7 @@ using namespace jitops_conv2d_tu;
 //   fprop: a = x [n,h,w,c], b = w [k,r,s,c], d = y [n,p,q,k], bias [k] or null
 //   dgrad: a = dy [n,p,q,k], b = w, d = dx [n,h,w,c] with element strides (d_sn, d_sh, d_sw, 1)
 //   wgrad: a = dy, b = x, d = fp32 partials [splits][k][r][s][c]
+//   SPLIT_K fprop/dgrad: d = fp32 partials [splits][n*p*q][k] / [splits][n*h*w][c]
 // (n, h, w, c) always describe x/dx, (k, r, s) the filter; padding is (lower, upper) per dimension.
 EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias,
                          int n, int h, int w, int c, int k, int r, int s,
@@ -70,7 +81,7 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
   Extent act{n, h, w, c};
   Extent flt{k, r, s, c};
   Strides act_stride{int64_t(h) * w * c, int64_t(w) * c, c, 1};
-  if (kOp == Operator::kDgrad) {
+  if (kOp == Operator::kDgrad && !kSplitK) {
     act_stride = Strides{d_sn, d_sh, d_sw, 1};
   }
   Strides flt_stride{int64_t(r) * s * c, int64_t(s) * c, c, 1};
@@ -86,6 +97,11 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
       get<1, 1>(sd) = problem.stride_C[2];
       get<1, 2>(sd) = problem.stride_C[1];
       get<2>(sd) = int64_t(k) * r * s * c;
+    } else if constexpr (kSplitK) {  // packed [split][M][N]
+      int64_t m = int64_t(problem.shape_C[0]) * problem.shape_C[1] * problem.shape_C[2];
+      int64_t channels = problem.shape_C[3];
+      get<0>(sd) = channels;
+      get<2>(sd) = m * channels;
     } else {
       get<0, 0>(sd) = problem.stride_C[2];
       get<0, 1>(sd) = problem.stride_C[1];
@@ -114,7 +130,7 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
 }
 
 // Introspection for tests and benchmarks: 0 tile M, 1 tile N, 2 pipeline stages, 3 shared memory bytes,
-// 4 threads per block, 5 operator.
+// 4 threads per block, 5 operator, 6 split-K.
 EXPORT int jitops_conv2d_info(int what) {
   switch (what) {
     case 0: return TILE_M;
@@ -123,6 +139,7 @@ EXPORT int jitops_conv2d_info(int what) {
     case 3: return Kernel::SharedStorageSize;
     case 4: return int(Kernel::MaxThreadsPerBlock);
     case 5: return CONV_OP;
+    case 6: return kSplitK ? 1 : 0;
     default: return -1;
   }
 }

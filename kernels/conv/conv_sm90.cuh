@@ -9,9 +9,10 @@
 // 128xN tile, a static persistent tile scheduler), reduced to what conv needs and made aware of conv problem
 // shapes (im2col-linearized M/K modes; hierarchical N for wgrad).
 //
-// Split-K (wgrad): the GEMM-K of wgrad is N*P*Q, often 10^5, while M x N (K x C*R*S) can be a single tile.  The
-// kernel takes `splits`: work tile (m, n, l) reduces k-tiles [l*kps, (l+1)*kps) and writes its partial sum to
-// slice l of an fp32 output [splits, K, R, S, C]; the caller sums the slices (deterministic, no atomics).
+// Split-K: the GEMM-K of wgrad is N*P*Q, often 10^5, while M x N (K x C*R*S) can be a single tile; fprop and
+// dgrad of the 7x7 and 14x14 layers have few output tiles and long K.  The kernel takes `splits`: work tile
+// (m, n, l) reduces k-tiles [l*kps, (l+1)*kps) and writes its partial sum to slice l of an fp32 output
+// [splits][M][N]; the caller sums the slices (deterministic, no atomics).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,8 +55,14 @@ struct Mainloop {
   static constexpr GMMA::Major MajorA = Op == Operator::kWgrad ? GMMA::Major::MN : GMMA::Major::K;
   static constexpr GMMA::Major MajorB = Op == Operator::kFprop ? GMMA::Major::K : GMMA::Major::MN;
 
+  // Two consumer warpgroups: a 128-row tile is split by rows (64 each); a 64-row tile (wgrad of layers with
+  // 64 output channels, where 128 rows would be half empty) by columns.
+  static constexpr bool SplitColumns = size<0>(TileShape{}) == 64;
+  using AtomLayout = cute::conditional_t<SplitColumns, Layout<Shape<_1, _2, _1>>, Layout<Shape<_2, _1, _1>>>;
+  using AtomTile = Shape<Int<size<0>(TileShape{}) / (SplitColumns ? 1 : 2)>,
+                         Int<size<1>(TileShape{}) / (SplitColumns ? 2 : 1)>, decltype(get<2>(TileShape{}))>;
   using TiledMma = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShape, MajorA, MajorB>(), Layout<Shape<_2, _1, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float, AtomTile, MajorA, MajorB>(), AtomLayout{}));
 
   // fprop/dgrad: A (activation or output gradient) through TMA im2col, B (filter) tiled; wgrad the reverse.
   using TiledCopyTiled = decltype(cutlass::gemm::collective::detail::sm90_cluster_shape_to_tma_atom(
@@ -114,7 +121,6 @@ class ConvKernelCooperative {
 
   static constexpr uint32_t NumMMAThreads = size(TiledMma{});
   static_assert(NumMMAThreads == 256, "two consumer warpgroups");
-  static_assert(size<0>(TileShape{}) >= 128, "each consumer warpgroup takes 64 rows of the tile");
   static constexpr uint32_t NumLoadWarpGroups = 1;
   static constexpr uint32_t NumMmaWarpGroups = NumMMAThreads / cutlass::NumThreadsPerWarpGroup;
   static constexpr uint32_t MaxThreadsPerBlock = NumMMAThreads + NumLoadWarpGroups * cutlass::NumThreadsPerWarpGroup;
@@ -174,14 +180,14 @@ class ConvKernelCooperative {
     }
   }
 
-  // The epilogue sees the un-linearized (transformed) shape, as in CUTLASS's conv kernel; for split-K its L
-  // mode is the split count.
+  // Without split-K the epilogue sees the un-linearized (transformed) shape, as in CUTLASS's conv kernel, and
+  // writes the NHWC output through a TMA im2col store (any output strides).  With split-K it writes packed fp32
+  // partial sums [split][M][N] and sees the linearized shape with L = splits.
   static auto epilogue_shape(Arguments const& args) {
-    auto transformed = cutlass::conv::detail::get_transformed_problem_shape_MNKL(args.problem_shape);
     if constexpr (SplitK) {
-      return make_shape(get<0>(transformed), get<1>(transformed), get<2>(transformed), args.splits);
+      return problem_shape_mnkl(args);
     } else {
-      return transformed;
+      return cutlass::conv::detail::get_transformed_problem_shape_MNKL(args.problem_shape);
     }
   }
 
