@@ -119,7 +119,7 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   [&](auto& thread) {
-    if constexpr (kOp == Operator::kFprop) {
+    if constexpr (kOp == Operator::kFprop && !kSplitK) {  // split-K adds the bias in the reduction
       thread.bias_ptr = static_cast<Element const*>(bias);
     }
   }(args.epilogue.thread);
