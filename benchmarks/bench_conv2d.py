@@ -196,6 +196,32 @@ def cold_compile_seconds() -> dict[str, float]:
     return seconds
 
 
+def report(path: str) -> str:
+    """Markdown tables (GPU time and eager time per layer and operator, totals) from a results JSON."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    lines = [f"{data['device']['name']}, driver {data['device']['driver']}, torch {data['device']['torch']}, "
+             f"{data['date']}: `{data['command']}`", ""]
+    lines += ["| layer | operator | plan (tile/splits) | ours us (graph) | cuDNN us (graph) | cuDNN/ours | "
+              "ours TFLOP/s | ours us (eager) | cuDNN us (eager) | cuDNN/ours (eager) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    eager = {(r["extra"]["layer"], r["extra"]["operator"]): r for r in rows if r["extra"].get("timing") == "eager"}
+    for r in rows:
+        extra = r["extra"]
+        if extra.get("timing") != "graph" or not r["op"].endswith("gpu"):
+            continue
+        e = eager.get((extra["layer"], extra["operator"]))
+        tail = (f"{e['ours_ms'] * 1e3:.1f} | {e['baseline_ms'] * 1e3:.1f} | {e['speedup']:.2f}" if e else "- | - | -")
+        lines.append(f"| {r['shape']} | {extra['operator']} | {extra['tile']} | {r['ours_ms'] * 1e3:.1f} | "
+                     f"{r['baseline_ms'] * 1e3:.1f} | {r['speedup']:.2f} | {r['ours_rate']:.0f} | {tail} |")
+    lines.append("")
+    for key, value in data["notes"].items():
+        lines.append(f"- {key}: {value}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prewarm", metavar="ARCH", help="build every configuration for ARCH and exit (no GPU)")
@@ -204,7 +230,11 @@ def main() -> int:
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
+    parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return 0
     if args.prewarm:
         prewarm(args.prewarm, args.jobs)
         return 0

@@ -88,22 +88,25 @@ def test_resnet_sized_layers_and_split_k_wgrad(dtype):
             assert relative_error(got, want) < TOLERANCE[dtype], f"{case} {name}"
 
 
-def test_every_tile_configuration_is_correct():
+def test_every_tile_and_split_configuration_is_correct():
     case = ((4, 64, 20, 20), (192, 3, 3), 1, 1, 1)
     x, w, b, *geometry = make_args(case, torch.float16, "cuda", channels_last=True)
     y_ref, _ = fp32_reference(x, w, b, *geometry)
     grad = torch.randn_like(y_ref).half()
     _, (dx_ref, dw_ref, _) = fp32_reference(x, w, b, *geometry, grad=grad)
-    for tile in conv_module.TILES:
-        for name in conv_module.TILE_OVERRIDE:
-            conv_module.TILE_OVERRIDE[name] = tile
-        try:
-            assert relative_error(jitops.conv2d(x, w, b, *geometry), y_ref) < 4e-3, tile
-            assert relative_error(jitops.conv2d_input_grad(grad, w, x.shape, *geometry), dx_ref) < 4e-3, tile
-            assert relative_error(jitops.conv2d_weight_grad(grad, x, w.shape, *geometry), dw_ref) < 4e-3, tile
-        finally:
-            for name in conv_module.TILE_OVERRIDE:
-                conv_module.TILE_OVERRIDE[name] = None
+    calls = {"fprop": (lambda: jitops.conv2d(x, w, b, *geometry), y_ref),
+             "dgrad": (lambda: jitops.conv2d_input_grad(grad, w, x.shape, *geometry), dx_ref),
+             "wgrad": (lambda: jitops.conv2d_weight_grad(grad, x, w.shape, *geometry), dw_ref)}
+    for name, (call, want) in calls.items():
+        configs = [(t, None) for t in conv_module.OPERATOR_TILES[name]]
+        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5)]
+        for tile, splits in configs:
+            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+            try:
+                error = relative_error(call(), want)
+                assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
+            finally:
+                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])
@@ -115,9 +118,10 @@ def test_opcheck_on_cuda(case):
     torch.library.opcheck(torch.ops.jitops.conv2d_weight_grad.default, (grad, x, list(w.shape), *geometry))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(backend):
-    x, w, b, *geometry = make_args(CASES[1], torch.bfloat16, "cuda", channels_last=True)
+def test_torch_compile_fullgraph(backend, dtype):
+    x, w, b, *geometry = make_args(CASES[1], dtype, "cuda", channels_last=True)
     for t in (x, w, b):
         t.requires_grad_(True)
     check_compile(lambda x, w, b: F.relu(jitops.conv2d(x, w, b, *geometry)), (x, w, b), "conv2d", backend=backend)

@@ -84,6 +84,7 @@ class ConvClass(NamedTuple):
     aligned: bool               # C and K multiples of 8: no channel padding
     tile: str                   # key of TILES ("" on the CPU)
     splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
+    im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -293,6 +294,33 @@ def _call(library, op_name: str, *args) -> None:
 
 
 # ---- layout helpers --------------------------------------------------------------------------------------------
+# Few input channels: each 64-deep k-step of the implicit GEMM covers one filter tap's channels, so C=3 (padded
+# to 8) uses 8/64 of every step: the 7x7 stem would do 8x its work.  Up to this many (padded) channels, fprop and
+# wgrad materialise the im2col matrix [N, P, Q, R*S*C] (C fastest, padded to a multiple of 8) and run it as a 1x1
+# conv: 147 -> 152 columns in 3 k-steps for the stem instead of 49.
+IM2COL_MAX_CHANNELS = 16
+
+
+def _uses_im2col(c: int, r: int, s: int) -> bool:
+    return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1
+
+
+def _im2col(x: torch.Tensor, r: int, s: int, stride, padding, dilation, p: int, q: int) -> torch.Tensor:
+    """x [N, C, H, W] -> [N, P, Q, round_up(R*S*C)] (order r, s, c; extra columns zero): two copy kernels."""
+    n, c, h, w = x.shape
+    padded = torch.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c), dtype=x.dtype, device=x.device)
+    padded[:, padding[0]:padding[0] + h, padding[1]:padding[1] + w].copy_(x.permute(0, 2, 3, 1))
+    hp, wp = padded.shape[1], padded.shape[2]
+    windows = padded.as_strided((n, p, q, r, s, c), (hp * wp * c, stride[0] * wp * c, stride[1] * c,
+                                                     dilation[0] * wp * c, dilation[1] * c, 1))
+    columns = round_up(r * s * c)
+    out = torch.empty((n, p, q, columns), dtype=x.dtype, device=x.device)
+    out[..., :r * s * c].view(n, p, q, r, s, c).copy_(windows)
+    if columns > r * s * c:
+        out[..., r * s * c:].zero_()
+    return out
+
+
 def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
     """t [N, C, H, W] (any strides) as an NHWC tensor [N, H, W, channels], channel-contiguous and 16-byte
     aligned; channels beyond C are zero.  A channels_last, aligned t with channels == C is returned as a view."""
@@ -345,6 +373,9 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
                                  _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
     else:
         p, q = expected[2], expected[3]
+        if _uses_im2col(c, r, s):
+            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K))
+            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
         tile, splits = plan_gemm("wgrad", round_up(k), round_up(c) * r * s, _ceil(n * p * q, TILE_K))
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
@@ -460,6 +491,15 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
     c8, k8 = round_up(c), round_up(k)
     device, sms, stream = _launch_args(grad)
     splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
+    if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
+        columns = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
+        width = columns.shape[-1]
+        partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
+              0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        total = partial[0] if splits == 1 else partial.sum(0)
+        dw.permute(0, 2, 3, 1).copy_(total[:k, 0, 0, :r * s * c].view(k, r, s, c))
+        return dw
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
@@ -519,6 +559,9 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     aligned = c % ALIGN == 0 and k % ALIGN == 0
     if x.is_cpu:
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, "")
+    if _uses_im2col(c, r, s):
+        tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c * r * s), TILE_K))
+        return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
     tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
     return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
@@ -541,6 +584,11 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     if c == 0:
         return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
     c8, k8 = round_up(c), round_up(k)
+    if cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
+        x = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
+        weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
+        c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
+        cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
     w_krsc = _nhwc(weight, c8) if k8 == k else None
     if w_krsc is None:
         w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
