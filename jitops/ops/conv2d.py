@@ -38,6 +38,8 @@ torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from typing import NamedTuple
 
@@ -55,18 +57,19 @@ ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignmen
 TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
 HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
 
-# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator.  fprop/dgrad also have a split-K
-# variant (fp32 partial sums of slices of GEMM-K, reduced afterwards) for layers with few output tiles and a
-# long K (the 14x14 and 7x7 stages); wgrad always splits (its GEMM-K is N*P*Q).  A 64-row tile serves wgrad of
-# layers with 64 output channels.  The plan (tile, splits) comes from a small cost model, see plan_gemm.
+# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a small cost model
+# (plan_gemm) and rules from measurements on the lent H100 (docs/benchmarks_conv2d.md).  wgrad always splits
+# GEMM-K (N*P*Q) into fp32 partial sums.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and
+# used only when forced with SPLIT_OVERRIDE: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer:
+# 32 us split 2 x 128x128, 27 us unsplit 128x64).
 TILES = {"64x256": (64, 256), "128x64": (128, 64), "128x128": (128, 128), "128x256": (128, 256)}
 OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256"), "dgrad": ("128x64", "128x128", "128x256"),
                   "wgrad": ("64x256", "128x128", "128x256")}
-SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad
-# Relative throughput of one work tile's k-step per tile shape (what a CTA sustains, from the sweep in
-# docs/benchmarks_conv2d.md), used by the cost model.
+SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
+# Relative throughput of one work tile's k-step per tile shape, used by the cost model.
 TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0}
-# Benchmarks force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the plan's choice.
+# Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
+# plan's choice.
 TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
 SPLIT_OVERRIDE: dict[str, int | None] = {"fprop": None, "dgrad": None, "wgrad": None}
 _OPERATOR = {"conv2d": "fprop", "conv2d_input_grad": "dgrad", "conv2d_weight_grad": "wgrad"}
@@ -184,31 +187,45 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
     return _ceil(k_tiles, _ceil(k_tiles, splits))
 
 
-def plan_gemm(operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int = 2) -> tuple[str, int]:
+def plan_gemm(operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int = 2,
+              im2col: bool = False) -> tuple[str, int]:
     """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps.
 
-    Time ~ waves of work tiles over the SMs x k-steps per work tile x the tile's cost per k-step, plus, when
-    splitting, the fp32 partial sums' round trip through memory.  wgrad always writes partials (splits >= 1)."""
+    Time ~ waves of work tiles over the SMs x k-steps per work tile x the tile's cost per k-step, plus for wgrad
+    the fp32 partial sums' round trip through memory.  Two wgrad rules come from measurements rather than the
+    model: no split below 48 k-steps (the 7x7 1x1 layers: 20 us unsplit, 25 us split in two), and layers with
+    at most 64 output channels take 128x128 tiles and enough splits for two waves (layer1's 3x3: 80 us, where
+    the model's 64x256 tile took 96 us)."""
     forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
+    if operator == "wgrad" and not forced_tile and not forced_splits:
+        if k_tiles < 48:
+            return _plan_best([(t, 1) for t in OPERATOR_TILES["wgrad"]], operator, m, n, k_tiles,
+                              reduce_bytes_per_mn)
+        if m <= 64 and not im2col:
+            tiles = _ceil(m, 128) * _ceil(n, 128)
+            return "128x128", normalize_splits(k_tiles, max(1, min(_ceil(2 * HOPPER_SMS, tiles), k_tiles // 16)))
     if operator == "wgrad":
         candidates = [(t, s) for t in OPERATOR_TILES["wgrad"] for s in range(1, 257)]
     else:
-        candidates = [(t, 1) for t in OPERATOR_TILES[operator]] + [(SPLIT_TILE, s) for s in range(2, 9)]
-    best, best_cost = (SPLIT_TILE if operator == "wgrad" else "128x128", 1), math.inf
+        candidates = [(t, 1) for t in OPERATOR_TILES[operator]]
+        if forced_splits and forced_splits > 1:
+            candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
+    candidates = [(t, s) for t, s in candidates
+                  if (not forced_tile or t == forced_tile) and (not forced_splits or s == forced_splits)
+                  and (s == 1 or _ceil(k_tiles, s) >= 4)] or [(forced_tile or "128x128", forced_splits or 1)]
+    return _plan_best(candidates, operator, m, n, k_tiles, reduce_bytes_per_mn)
+
+
+def _plan_best(candidates, operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int):
+    best, best_cost = candidates[0], math.inf
     for tile, splits in candidates:
-        if forced_tile and tile != forced_tile or forced_splits and splits != forced_splits:
-            continue
-        if splits > 1 and _ceil(k_tiles, splits) < 4:  # too short a k-loop to fill the pipeline
-            continue
         tm, tn = TILES[tile]
         work = _ceil(m, tm) * _ceil(n, tn) * splits
         cost = _ceil(work, HOPPER_SMS) * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY[tile]) / (128 * 128)
-        if splits > 1 or operator == "wgrad":
+        if operator == "wgrad":
             cost += (8 * splits + reduce_bytes_per_mn) * m * n / _BYTES_PER_US / _UNIT_US
         if cost < best_cost - 1e-9:
             best, best_cost = (tile, splits), cost
-    if forced_tile and best[0] != forced_tile:  # forced a tile that has no candidate (e.g. split with 128x64)
-        best = (forced_tile, forced_splits or 1)
     return best[0], normalize_splits(k_tiles, best[1])
 
 
@@ -252,12 +269,13 @@ def dgrad_phases_1d(size: int, out_size: int, kernel: int, stride: int, padding:
     return phases, written == size
 
 
+@functools.lru_cache(maxsize=1024)
 def dgrad_phases(input_hw: tuple[int, int], output_hw: tuple[int, int], kernel: tuple[int, int],
                  stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]):
     """2-D phases (row phase, column phase) and whether together they write all of dx."""
     rows, rows_full = dgrad_phases_1d(input_hw[0], output_hw[0], kernel[0], stride[0], padding[0], dilation[0])
     cols, cols_full = dgrad_phases_1d(input_hw[1], output_hw[1], kernel[1], stride[1], padding[1], dilation[1])
-    return [(r, c) for r in rows for c in cols], rows_full and cols_full
+    return tuple((r, c) for r in rows for c in cols), rows_full and cols_full
 
 
 # ---- kernels -----------------------------------------------------------------------------------------------
@@ -286,9 +304,30 @@ def _no_kernels(cls: ConvClass, target: Target):
     return {}  # the CPU path is ATen
 
 
-def _call(library, op_name: str, *args) -> None:
-    status = library.jitops_conv2d(*args)
+def _raw_entry(library):
+    """The library's jitops_conv2d as a bare ctypes function: called with data pointers it skips HostFunction's
+    per-argument conversion loop (27 arguments; ~3 us a call)."""
+    fn = _RAW_ENTRIES.get(library.path)
+    if fn is None:
+        fn = ctypes.CDLL(library.path, mode=ctypes.RTLD_LOCAL).jitops_conv2d  # the same handle: already loaded
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 15 + [ctypes.c_longlong] * 3 + \
+            [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _RAW_ENTRIES[library.path] = fn
+    return fn
+
+
+_RAW_ENTRIES: dict[str, object] = {}
+
+
+def _call(library, op_name: str, a, b, d, bias, *args) -> None:
+    if hasattr(library, "path"):  # a loaded kernel library (the CPU tests pass a stand-in that takes tensors)
+        status = _raw_entry(library)(a.data_ptr(), b.data_ptr(), d.data_ptr(),
+                                     None if bias is None else bias.data_ptr(), *args)
+    else:
+        status = library.jitops_conv2d(a, b, d, bias, *args)
     if status:
+        args = (a, b, d, bias, *args)
         raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
                            f"(n, h, w, c, k, r, s, pads, strides, dilations) = {args[4:19]}")
 
@@ -374,7 +413,7 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
     else:
         p, q = expected[2], expected[3]
         if _uses_im2col(c, r, s):
-            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K))
+            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K), im2col=True)
             return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
         tile, splits = plan_gemm("wgrad", round_up(k), round_up(c) * r * s, _ceil(n * p * q, TILE_K))
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
@@ -411,7 +450,7 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
     out = dx.permute(0, 2, 3, 1) if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)
     stride, padding, dilation = cls.stride, cls.padding, cls.dilation
     p, q = grad.shape[2], grad.shape[3]
-    phases, full = dgrad_phases((h, w), (p, q), (r, s), stride, padding, dilation)
+    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), stride, padding, dilation)
     if not full:
         out.zero_()
     device, sms, stream = _launch_args(grad)
@@ -421,7 +460,10 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
         sub = w_krsc
         if len(rows.taps) != r or len(cols.taps) != s:
             sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
-        view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+        if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
+            view = out
+        else:
+            view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
         problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
                    cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
         if cls.splits > 1:
