@@ -41,8 +41,9 @@ def main(name: str) -> int:
             error = float((got.double() - want.double()).norm() / want.double().norm())
             worst = max(worst, error if error == error else float("inf"))
             conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-            print(f"{name} {tile:8s}/{splits} x{(n, c, h, w)} w{(k, c, r, s)} s{stride} p{padding}: rel err {error:.2e} "
-                  f"({(time.perf_counter() - started) * 1e3:.1f} ms, strides {got.stride()})", flush=True)
+            print(f"{name} {tile:8s}/{splits} x{(n, c, h, w)} w{(k, c, r, s)} s{stride} p{padding}: "
+                  f"rel err {error:.2e} ({(time.perf_counter() - started) * 1e3:.1f} ms, strides {got.stride()})",
+                  flush=True)
     print(f"{name}: worst relative error {worst:.2e}", flush=True)
     return 0 if worst < 5e-3 else 1
 

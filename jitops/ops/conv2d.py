@@ -10,16 +10,16 @@ Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-co
   NHWC memory directly: it IS channels_last in memory (strides (P*Q*K, 1, Q*K, K)), not merely tagged.  The
   gradients follow the same rule: grad_x and grad_weight are channels_last [N, C, H, W] / [K, C, R, S].
 
-Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): CUTLASS 3 implicit GEMM with TMA im2col loads and wgmma, in
-kernels/conv/ (conv_sm90.cuh: a persistent two-consumer-warpgroup kernel around CUTLASS's conv collectives;
-conv2d_sm90.cu: one configuration per translation unit).  Three operators, each compiled on first use per
-shape class:
+Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): CUTLASS 3
+implicit GEMM with TMA im2col loads and wgmma in kernels/conv/ (conv_sm90.cuh: a persistent kernel with two
+consumer warpgroups around CUTLASS's conv collectives; conv2d_sm90.cu: one configuration per translation unit).
+Three operators, each compiled on first use per shape class:
 - fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums)
 Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
-im2col descriptors on the host), so one compiled kernel serves a whole shape class; the class still names
-them, together with the dtype, the channel alignment and the tile configuration picked for the GEMM shape.
+im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
+with the dtype, the channel alignment and the plan (tile, split count, im2col) picked for the GEMM shape.
 
 Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
 phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
@@ -29,8 +29,9 @@ are zero.  `dgrad_phases` is pure and tested against torch on the CPU.
 
 Channels that are not a multiple of 8 (TMA needs 16-byte aligned strides): C and K are zero-padded to the next
 multiple of 8 in copies of x, w (and dy), and the output is computed at the padded width and copied into the
-channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels
-(the 7x7 stem conv with C=3 does 8/3 of its work).  Aligned channels take none of this.
+channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels.
+Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
+run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead (see IM2COL_MAX_CHANNELS).
 
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
