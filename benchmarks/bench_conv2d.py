@@ -4,11 +4,16 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py                 # every ResNet-50 layer, fprop/dgrad/wgrad, table + JSON
     python benchmarks/bench_conv2d.py --sweep         # also every tile configuration per layer (picks heuristics)
     python benchmarks/bench_conv2d.py --prewarm sm_90a [--jobs 2]   # build every configuration, no GPU needed
+    python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
+
+Timing needs prebuilt kernels (JITOPS_CACHE_PATH; benchmarks/conv2d_session.sh sets it up) or
+JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
 
 cuDNN's dgrad and wgrad are torch.ops.aten.convolution_backward with output_mask (True, False, False) and
 (False, True, False): the calls autograd makes, without autograd's overhead.  FLOPs are 2*N*P*Q*K*C*R*S for
 each of the three (the stem's padded channels are not counted).  Inputs rotate so that L2 (50 MB) does not
-hold them between calls.
+hold them between calls.  Two timings per layer and operator: GPU time (the calls captured in a CUDA graph and
+replayed, both sides; no host overhead) and eager (the harness's events around plain calls).
 """
 from __future__ import annotations
 
@@ -256,6 +261,13 @@ def main() -> int:
         return 0
     if args.prewarm:
         prewarm(args.prewarm, args.jobs)
+        return 0
+
+    if not (os.environ.get("JITOPS_CACHE_PATH") or os.environ.get("JITOPS_CONV2D_COMPILE_HERE")):
+        # benchmarks/gpu_session.sh runs every benchmark: without prebuilt kernels this one would spend ~15
+        # minutes of the GPU lease in nvcc.
+        print("bench_conv2d: skipped: no prebuilt kernels (JITOPS_CACHE_PATH); build them with --prewarm sm_90a "
+              "on any machine with nvcc (benchmarks/conv2d_session.sh), or set JITOPS_CONV2D_COMPILE_HERE=1")
         return 0
 
     import functools
