@@ -19,8 +19,8 @@ from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
 install_handler()
 
-from .ops import (add, gelu, gelu_backward, layer_norm, layer_norm_backward,  # noqa: E402 - registers the
-                  layer_norm_forward)                                     # built-in ops
+from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # noqa: E402 - registers the
+                  gelu_backward, layer_norm, layer_norm_backward, layer_norm_forward)  # built-in ops
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,7 @@ def cuda_type(dtype) -> str:
 
 __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "conv2d", "conv2d_input_grad", "conv2d_weight_grad",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",

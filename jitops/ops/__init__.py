@@ -4,12 +4,16 @@ Each op module also defines PREWARM: manifest items (the format of cache_tools m
 lines) naming its common shape classes; `python -m jitops` and `cache_tools prewarm --all-builtin` use them.
 """
 from . import add as _add_module
+from . import conv2d as _conv2d_module
 from . import gelu as _gelu_module
 from . import layer_norm as _layer_norm_module
 from .add import add
+from .conv2d import conv2d, conv2d_input_grad, conv2d_weight_grad
 from .gelu import gelu, gelu_backward
 from .layer_norm import layer_norm, layer_norm_backward, layer_norm_forward
 
-PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_layer_norm_module.PREWARM]
+PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_layer_norm_module.PREWARM,
+                       *_conv2d_module.PREWARM]
 
-__all__ = ["add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward", "PREWARM"]
+__all__ = ["add", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gelu", "gelu_backward", "layer_norm",
+           "layer_norm_forward", "layer_norm_backward", "PREWARM"]

@@ -1,0 +1,308 @@
+"""jitops.conv2d against cuDNN (torch conv2d, channels_last) on ResNet-50's conv layers at batch 32, fp16:
+fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
+
+    python benchmarks/bench_conv2d.py                 # every ResNet-50 layer, fprop/dgrad/wgrad, table + JSON
+    python benchmarks/bench_conv2d.py --sweep         # also every tile configuration per layer (picks heuristics)
+    python benchmarks/bench_conv2d.py --prewarm sm_90a [--jobs 2]   # build every configuration, no GPU needed
+    python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
+
+Timing needs prebuilt kernels (JITOPS_CACHE_PATH; benchmarks/conv2d_session.sh sets it up) or
+JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
+
+cuDNN's dgrad and wgrad are torch.ops.aten.convolution_backward with output_mask (True, False, False) and
+(False, True, False): the calls autograd makes, without autograd's overhead.  FLOPs are 2*N*P*Q*K*C*R*S for
+each of the three (the stem's padded channels are not counted).  Inputs rotate so that L2 (50 MB) does not
+hold them between calls.  Two timings per layer and operator: GPU time (the calls captured in a CUDA graph and
+replayed, both sides; no host overhead) and eager (the harness's events around plain calls).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jitops  # noqa: E402
+from jitops.specs import Target  # noqa: E402
+
+conv_module = importlib.import_module("jitops.ops.conv2d")
+BATCH = 32
+# The issue's baseline shape (not a ResNet-50 layer): 3x3, C=K=256, 56x56.
+REFERENCE = (256, 256, 56, 3, 1, 1)
+
+
+def variants() -> list[tuple[str, str, int | None]]:
+    """(operator, tile, forced splits) of every compiled configuration: the tiles of each operator, and the
+    split-K variant of fprop and dgrad (forced to 2 and 4 slices in a sweep)."""
+    out = [(name, tile, 1 if name != "wgrad" else None)
+           for name in ("fprop", "dgrad", "wgrad") for tile in conv_module.OPERATOR_TILES[name]]
+    return out + [(name, conv_module.SPLIT_TILE, s) for name in ("fprop", "dgrad") for s in (2, 4)]
+
+
+def all_requests(target: Target) -> dict[str, object]:
+    """Every compiled configuration, fp16 first, then bf16: what the sweep and the GPU tests use."""
+    requests = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for name, tile, splits in variants():
+            cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile, splits or 1)
+            for request in conv_module._request(name, cls, target).values():
+                requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
+    return requests
+
+
+def prewarm(arch: str, jobs: int) -> None:
+    target = Target.parse(arch)
+    requests = list(all_requests(target).values())
+    print(f"prewarming {len(requests)} conv2d configurations for {arch} into {jitops.config.cache_dir}", flush=True)
+
+    def build(request):
+        started = time.perf_counter()
+        try:
+            outcome = jitops.runtime.prewarm(request, target)
+        except Exception as exc:  # report it and build the rest
+            outcome = f"FAILED ({type(exc).__name__}: {str(exc)[:2000]})"
+        return request.label(), outcome, time.perf_counter() - started
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for label, outcome, seconds in pool.map(build, requests):
+            print(f"  {label}: {outcome} in {seconds:.0f} s", flush=True)
+
+
+# ---- timing -----------------------------------------------------------------------------------------------------
+def layer_tensors(c, k, size, kernel, stride, padding, dtype=torch.float16):
+    out = conv_module.output_size(size, kernel, stride, padding, 1)
+    x = torch.randn(BATCH, c, size, size, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(k, c, kernel, kernel, device="cuda", dtype=dtype) / (c * kernel * kernel) ** 0.5)
+    w = w.contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(BATCH, k, out, out, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    return x, w, dy
+
+
+def relative_error(got, want):
+    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+
+
+REPLAYS = {"graph": 20}
+
+
+def time_graphed(calls, replays: int | None = None) -> float:
+    """GPU milliseconds per call: the calls (one per rotating input set) captured once into a CUDA graph and
+    replayed, so host overhead (Python, ctypes, TMA descriptor encoding; torch's dispatcher and cuDNN's plan
+    lookup) is excluded for both sides."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:  # warm-up outside the capture: cuDNN autotuning, kernel loading, allocator
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays or REPLAYS["graph"]):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    del graph
+    return statistics.median(s.elapsed_time(e) for s, e in times) / len(calls)
+
+
+def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True):
+    from torch.ops import aten
+
+    out = conv_module.output_size(size, kernel, stride, padding, 1)
+    geometry = ((stride, stride), (padding, padding), (1, 1))
+    flops = 2.0 * BATCH * out * out * k * c * kernel * kernel
+    x, w, dy = layer_tensors(c, k, size, kernel, stride, padding)
+    set_bytes = (x.numel() + w.numel() + dy.numel()) * 2
+    count = max(1, min(16, (3 * 50 * 2**20) // set_bytes + 1))
+    sets = [(x, w, dy)] + [layer_tensors(c, k, size, kernel, stride, padding) for _ in range(count - 1)]
+    rotation = {"i": 0}
+
+    def next_set():
+        rotation["i"] = (rotation["i"] + 1) % len(sets)
+        return sets[rotation["i"]]
+
+    def backward(mask, s):
+        return aten.convolution_backward(s[2], s[0], s[1], None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                         [0, 0], 1, mask)
+
+    ops = {
+        "fprop": (lambda s: jitops.conv2d(s[0], s[1], None, *geometry),
+                  lambda s: torch.nn.functional.conv2d(s[0], s[1], None, stride, padding)),
+        "dgrad": (lambda s: jitops.conv2d_input_grad(s[2], s[1], s[0].shape, *geometry),
+                  lambda s: backward([True, False, False], s)[0]),
+        "wgrad": (lambda s: jitops.conv2d_weight_grad(s[2], s[0], s[1].shape, *geometry),
+                  lambda s: backward([False, True, False], s)[1]),
+    }
+    classes = {"fprop": lambda s: jitops.find("conv2d").shape_class(s[0], s[1], None, *geometry),
+               "dgrad": lambda s: jitops.find("conv2d_input_grad").shape_class(s[2], s[1], s[0].shape, *geometry),
+               "wgrad": lambda s: jitops.find("conv2d_weight_grad").shape_class(s[2], s[0], s[1].shape, *geometry)}
+    shape = f"{label} {c}->{k} {size}x{size} k{kernel}s{stride}"
+    for name, (ours, base) in ops.items():
+        base_ms = None
+        configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
+        for tile, splits in configs:
+            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+            try:
+                error = relative_error(ours(sets[0]), base(sets[0]))
+                cls = classes[name](sets[0])
+                chosen = f"{cls.tile}/{cls.splits}"
+                if base_ms is None:
+                    base_ms = time_graphed([lambda s=s: base(s) for s in sets])
+                ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
+                row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
+                                  base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
+                                  base_ms / ours_ms, dict(rel_error=error, layer=label, operator=name,
+                                                          tile=chosen, timing="graph"))
+                bench.rows.append(row)
+                print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
+                      f"x{row.speedup:.2f}  {row.ours_rate:6.1f} TFLOP/s  err {error:.1e}", flush=True)
+                if tile is None and eager:
+                    bench.compare(op=f"{name} eager", shape=shape, dtype="fp16", ours=lambda: ours(next_set()),
+                                  baseline=lambda: base(next_set()), baseline_name="cuDNN", flops=flops,
+                                  rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
+            except Exception as exc:  # a configuration that fails is reported, the sweep goes on
+                print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+def host_overhead_us(calls: int = 2000) -> dict[str, float]:
+    """Wall microseconds per eager call on a tiny layer (GPU work negligible): Python, ctypes, CUTLASS's host
+    side (TMA descriptors) and the launch for ours; the dispatcher and cuDNN's plan cache for torch."""
+    x = torch.randn(1, 64, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    result = {}
+    for name, fn in (("jitops.conv2d", lambda: jitops.conv2d(x, w, None, 1, 1)),
+                     ("torch conv2d (cuDNN)", lambda: torch.nn.functional.conv2d(x, w, None, 1, 1))):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        result[name] = round((time.perf_counter() - started) / calls * 1e6, 1)
+    return result
+
+
+def cold_compile_seconds() -> dict[str, float]:
+    """nvcc seconds per configuration, from the entries' meta.json (compile_seconds) of the caches in use."""
+    import json
+
+    seconds = {}
+    roots = [Path(p) for p in os.environ.get("JITOPS_CACHE_PATH", "").split(os.pathsep) if p]
+    roots.append(Path(jitops.config.cache_dir))
+    for root in roots:
+        for meta in root.glob("v1/sm_90a/*/conv2d_*/meta.json"):
+            data = json.loads(meta.read_text())
+            params = dict(data.get("request", {}).get("params", []) or [])
+            name = (f"{data['request']['kernel']} {data['request']['dtype']} "
+                    f"{params.get('TILE_M')}x{params.get('TILE_N')}")
+            if "compile_seconds" in data:
+                seconds[name] = round(float(data["compile_seconds"]), 1)
+    return seconds
+
+
+def report(path: str) -> str:
+    """Markdown tables (GPU time and eager time per layer and operator, totals) from a results JSON."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    lines = [f"{data['device']['name']}, driver {data['device']['driver']}, torch {data['device']['torch']}, "
+             f"{data['date']}: `{data['command']}`", ""]
+    lines += ["| layer | operator | plan (tile/splits) | ours us (graph) | cuDNN us (graph) | cuDNN/ours | "
+              "ours TFLOP/s | ours us (eager) | cuDNN us (eager) | cuDNN/ours (eager) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    eager = {(r["extra"]["layer"], r["extra"]["operator"]): r for r in rows if r["extra"].get("timing") == "eager"}
+    for r in rows:
+        extra = r["extra"]
+        if extra.get("timing") != "graph" or not r["op"].endswith("gpu"):
+            continue
+        e = eager.get((extra["layer"], extra["operator"]))
+        tail = (f"{e['ours_ms'] * 1e3:.1f} | {e['baseline_ms'] * 1e3:.1f} | {e['speedup']:.2f}" if e else "- | - | -")
+        lines.append(f"| {r['shape']} | {extra['operator']} | {extra['tile']} | {r['ours_ms'] * 1e3:.1f} | "
+                     f"{r['baseline_ms'] * 1e3:.1f} | {r['speedup']:.2f} | {r['ours_rate']:.0f} | {tail} |")
+    lines.append("")
+    for key, value in data["notes"].items():
+        lines.append(f"- {key}: {value}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prewarm", metavar="ARCH", help="build every configuration for ARCH and exit (no GPU)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--sweep", action="store_true", help="time every tile configuration too")
+    parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
+    parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
+    parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return 0
+    if args.prewarm:
+        prewarm(args.prewarm, args.jobs)
+        return 0
+
+    if not (os.environ.get("JITOPS_CACHE_PATH") or os.environ.get("JITOPS_CONV2D_COMPILE_HERE")):
+        # benchmarks/gpu_session.sh runs every benchmark: without prebuilt kernels this one would spend ~15
+        # minutes of the GPU lease in nvcc.
+        print("bench_conv2d: skipped: no prebuilt kernels (JITOPS_CACHE_PATH); build them with --prewarm sm_90a "
+              "on any machine with nvcc (benchmarks/conv2d_session.sh), or set JITOPS_CONV2D_COMPILE_HERE=1")
+        return 0
+
+    import functools
+
+    import harness
+
+    if args.quick:
+        REPLAYS["graph"] = 10
+        harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
+    torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
+    bench = harness.Bench("conv2d_sweep" if args.sweep else "conv2d")
+    layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
+    if args.layers:
+        wanted = set(args.layers.split(","))
+        layers = [layer for layer in layers if layer[0] in wanted or layer[0].removeprefix("L") in wanted]
+    for label, c, k, size, kernel, stride, padding in layers:
+        bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager)
+        if args.sweep:
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=True, eager=False)
+    for timing in ("graph", "eager"):
+        totals = {}
+        for row in bench.rows:
+            extra = row.extra
+            if extra.get("timing") == timing and row.op.endswith(("gpu", "eager")) and \
+                    extra.get("layer", "").startswith("L"):
+                ours, base = totals.get(extra["operator"], (0.0, 0.0))
+                totals[extra["operator"]] = (ours + row.ours_ms, base + row.baseline_ms)
+        for name, (ours, base) in totals.items():
+            bench.note(**{f"ResNet-50 {name} total ({timing})": f"ours {ours:.3f} ms, cuDNN {base:.3f} ms, "
+                                                                 f"cuDNN time / ours {base / ours:.3f}"})
+    bench.note(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
+               cudnn_benchmark=True, batch=BATCH)
+    bench.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,739 @@
+"""jitops.conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1): 2-D convolution (cross-correlation,
+groups=1), forward and backward, with a channels_last output.
+
+Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-contiguous), so:
+- `x` may be channels_last or contiguous NCHW (any strides, in fact).  A channels_last x is used in place; any
+  other layout is converted ONCE per call into an NHWC copy (one read and one write of x: for a memory-bound
+  1x1 conv that copy costs about as much as the conv itself, so keep activations channels_last).
+- `weight` [K, C, R, S] is copied to KRSC each call unless it is already channels_last (small: the weights).
+- The output is allocated with torch.empty(..., memory_format=torch.channels_last) and the kernel writes its
+  NHWC memory directly: it IS channels_last in memory (strides (P*Q*K, 1, Q*K, K)), not merely tagged.  The
+  gradients follow the same rule: grad_x and grad_weight are channels_last [N, C, H, W] / [K, C, R, S].
+
+Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): CUTLASS 3
+implicit GEMM with TMA im2col loads and wgmma in kernels/conv/ (conv_sm90.cuh: a persistent kernel with two
+consumer warpgroups around CUTLASS's conv collectives; conv2d_sm90.cu: one configuration per translation unit).
+Three operators, each compiled on first use per shape class:
+- fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
+- dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
+- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums)
+Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
+im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
+with the dtype, the channel alignment and the plan (tile, split count, im2col) picked for the GEMM shape.
+
+Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
+phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
+over those rows dgrad is a unit-stride dgrad with that sub-filter (dilation dil/gcd(s, dil), its own
+padding).  Each phase writes every s-th pixel of dx through a strided output view; rows that no tap reaches
+are zero.  `dgrad_phases` is pure and tested against torch on the CPU.
+
+Channels that are not a multiple of 8 (TMA needs 16-byte aligned strides): C and K are zero-padded to the next
+multiple of 8 in copies of x, w (and dy), and the output is computed at the padded width and copied into the
+channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels.
+Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
+run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead (see IM2COL_MAX_CHANNELS).
+
+CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
+channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
+torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from .. import shapes
+from ..launch import current_stream, sm_count
+from ..op import Impl, op
+from ..specs import CudaLibrary, Source, Target
+
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+CHANNELS_LAST = torch.channels_last
+ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
+TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
+HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
+
+# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a small cost model
+# (plan_gemm) and rules from measurements on the lent H100 (docs/benchmarks_conv2d.md).  wgrad always splits
+# GEMM-K (N*P*Q) into fp32 partial sums.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and
+# used only when forced with SPLIT_OVERRIDE: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer:
+# 32 us split 2 x 128x128, 27 us unsplit 128x64).
+TILES = {"64x256": (64, 256), "128x64": (128, 64), "128x128": (128, 128), "128x256": (128, 256)}
+OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256"), "dgrad": ("128x64", "128x128", "128x256"),
+                  "wgrad": ("64x256", "128x128", "128x256")}
+SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
+# Relative throughput of one work tile's k-step per tile shape, used by the cost model.
+TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0}
+# Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
+# plan's choice.
+TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
+SPLIT_OVERRIDE: dict[str, int | None] = {"fprop": None, "dgrad": None, "wgrad": None}
+_OPERATOR = {"conv2d": "fprop", "conv2d_input_grad": "dgrad", "conv2d_weight_grad": "wgrad"}
+
+
+class ConvClass(NamedTuple):
+    """What a compiled conv kernel is chosen by.  Only dtype, operator, tile and whether it splits K change the
+    compiled code; the geometry rides along so that one class is one kind of layer (and the memo key says so)."""
+
+    dtype: torch.dtype
+    kernel: tuple[int, int]     # R, S
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    aligned: bool               # C and K multiples of 8: no channel padding
+    tile: str                   # key of TILES ("" on the CPU)
+    splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
+    im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
+
+
+# ---- arguments ---------------------------------------------------------------------------------------------
+def _pair(op_name: str, name: str, value) -> tuple[int, int]:
+    if type(value) is int:
+        pair = (value, value)
+    else:
+        try:
+            pair = tuple(int(v) for v in value)
+        except TypeError:
+            raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
+                            f"got {value!r}") from None
+        if len(pair) == 1:
+            pair = (pair[0], pair[0])
+        elif len(pair) != 2:
+            raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _geometry(op_name: str, stride, padding, dilation):
+    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
+                                 _pair(op_name, "dilation", dilation))
+    if stride[0] < 1 or stride[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
+    if padding[0] < 0 or padding[1] < 0:
+        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
+    if dilation[0] < 1 or dilation[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
+    return stride, padding, dilation
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _check_rank(op_name: str, name: str, t: torch.Tensor, what: str) -> None:
+    if t.dim() != 4:
+        raise ValueError(f"jitops.{op_name}: argument '{name}' must be 4-D {what}, got shape {tuple(t.shape)}")
+
+
+def _check_dtype(op_name: str, pairs) -> None:
+    first_name, first = pairs[0]
+    allowed = CPU_DTYPES if first.is_cpu else CUDA_DTYPES
+    if first.dtype not in allowed:
+        shapes.check_dtype(op_name, first_name, first, allowed)
+    for name, t in pairs[1:]:
+        if t is not None and t.dtype != first.dtype:
+            shapes.check_same_dtype(op_name, (first_name, first), (name, t))
+
+
+def round_up(n: int, multiple: int = ALIGN) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+# Shape classes run on every call; validating and picking a tile costs ~10 us of Python, so each distinct
+# combination of argument shapes, dtypes, device kind and geometry is classified once.  Errors are not cached.
+_CLASS_CACHE: dict = {}
+
+
+def _hashable(value):
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype)
+    return tuple(value) if type(value) is list else value
+
+
+def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> ConvClass:
+    """compute(op_name, a, b, *rest), memoised on the shapes, dtypes and device kind of the tensors and the
+    values of everything else."""
+    try:
+        operator = _OPERATOR[op_name]
+        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
+               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator])
+        cls = _CLASS_CACHE.get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
+        return compute(op_name, a, b, *rest)
+    if cls is None:
+        cls = compute(op_name, a, b, *rest)
+        if len(_CLASS_CACHE) > 4096:
+            _CLASS_CACHE.clear()
+        _CLASS_CACHE[key] = cls
+    return cls
+
+
+# ---- tiles and split-K ---------------------------------------------------------------------------------------
+# Cost unit: one 64-deep k-step of a 128x128 tile on one SM (about 0.43 us at 650 TFLOP/s over 132 SMs).
+_UNIT_US = 2 * 128 * 128 * 64 / (650e12 / HOPPER_SMS) * 1e6
+_BYTES_PER_US = 3.0e6            # device memory, read + write
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def normalize_splits(k_tiles: int, splits: int) -> int:
+    """The split count the kernel runs: every split owns at least one k-tile (its slice is written)."""
+    splits = max(1, min(splits, k_tiles))
+    return _ceil(k_tiles, _ceil(k_tiles, splits))
+
+
+def plan_gemm(operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int = 2,
+              im2col: bool = False) -> tuple[str, int]:
+    """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps.
+
+    Time ~ waves of work tiles over the SMs x k-steps per work tile x the tile's cost per k-step, plus for wgrad
+    the fp32 partial sums' round trip through memory.  Two wgrad rules come from measurements rather than the
+    model: no split below 48 k-steps (the 7x7 1x1 layers: 20 us unsplit, 25 us split in two), and layers with
+    at most 64 output channels take 128x128 tiles and enough splits for two waves (layer1's 3x3: 80 us, where
+    the model's 64x256 tile took 96 us)."""
+    forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
+    if operator == "wgrad" and not forced_tile and not forced_splits:
+        if k_tiles < 48:
+            return _plan_best([(t, 1) for t in OPERATOR_TILES["wgrad"]], operator, m, n, k_tiles,
+                              reduce_bytes_per_mn)
+        if m <= 64 and not im2col:
+            tiles = _ceil(m, 128) * _ceil(n, 128)
+            return "128x128", normalize_splits(k_tiles, max(1, min(_ceil(2 * HOPPER_SMS, tiles), k_tiles // 16)))
+    if operator == "wgrad":
+        candidates = [(t, s) for t in OPERATOR_TILES["wgrad"] for s in range(1, 257)]
+    else:
+        candidates = [(t, 1) for t in OPERATOR_TILES[operator]]
+        if forced_splits and forced_splits > 1:
+            candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
+    candidates = [(t, s) for t, s in candidates
+                  if (not forced_tile or t == forced_tile) and (not forced_splits or s == forced_splits)
+                  and (s == 1 or _ceil(k_tiles, s) >= 4)] or [(forced_tile or "128x128", forced_splits or 1)]
+    return _plan_best(candidates, operator, m, n, k_tiles, reduce_bytes_per_mn)
+
+
+def _plan_best(candidates, operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int):
+    best, best_cost = candidates[0], math.inf
+    for tile, splits in candidates:
+        tm, tn = TILES[tile]
+        work = _ceil(m, tm) * _ceil(n, tn) * splits
+        cost = _ceil(work, HOPPER_SMS) * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY[tile]) / (128 * 128)
+        if operator == "wgrad":
+            cost += (8 * splits + reduce_bytes_per_mn) * m * n / _BYTES_PER_US / _UNIT_US
+        if cost < best_cost - 1e-9:
+            best, best_cost = (tile, splits), cost
+    return best[0], normalize_splits(k_tiles, best[1])
+
+
+# ---- strided dgrad as unit-stride phases (pure; tested on the CPU) --------------------------------------------
+class Phase1D(NamedTuple):
+    start: int                  # first dx row of this phase; it writes rows start, start + stride, ...
+    count: int                  # rows written
+    taps: tuple[int, ...]       # filter taps (ascending) of the unit-stride sub-filter
+    lower: int                  # its padding before ...
+    upper: int                  # ... and after (so that its output extent is exactly dy's)
+    dilation: int               # its dilation (in dy rows)
+
+
+def dgrad_phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int,
+                    dilation: int) -> tuple[list[Phase1D], bool]:
+    """Phases of one spatial dimension and whether they write every dx row (if not, dx must be zeroed first).
+
+    dx[h] = sum over taps r, outputs o with h = o*stride - padding + r*dilation of dy[o] * w[r].  For
+    h = a + stride*i the taps are those with (a + padding - r*dilation) % stride == 0, spaced stride/g apart
+    (g = gcd(stride, dilation)), and o = i + e0 - j*(dilation/g) for the j-th tap: a unit-stride dgrad with
+    lower padding e0, dilation dilation/g.  Rows that no tap reaches are left out (and are zero)."""
+    phases = []
+    written = 0
+    sub_dilation = dilation // math.gcd(stride, dilation)
+    for a in range(stride):
+        rows = len(range(a, size, stride))
+        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
+        if rows == 0 or not taps:
+            continue
+        e0 = (a + padding - taps[0] * dilation) // stride
+        span = (len(taps) - 1) * sub_dilation
+        first = max(0, -e0)                               # rows before this read only dy[< 0]
+        end = min(rows, out_size - e0 + span)             # rows from here read only dy[>= out_size]
+        if end <= first:
+            continue
+        lower = e0 + first
+        upper = out_size - end - e0 + span
+        phases.append(Phase1D(a + stride * first, end - first, taps, lower, upper,
+                              sub_dilation if len(taps) > 1 else 1))
+        written += end - first
+    return phases, written == size
+
+
+@functools.lru_cache(maxsize=1024)
+def dgrad_phases(input_hw: tuple[int, int], output_hw: tuple[int, int], kernel: tuple[int, int],
+                 stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]):
+    """2-D phases (row phase, column phase) and whether together they write all of dx."""
+    rows, rows_full = dgrad_phases_1d(input_hw[0], output_hw[0], kernel[0], stride[0], padding[0], dilation[0])
+    cols, cols_full = dgrad_phases_1d(input_hw[1], output_hw[1], kernel[1], stride[1], padding[1], dilation[1])
+    return tuple((r, c) for r in rows for c in cols), rows_full and cols_full
+
+
+# ---- kernels -----------------------------------------------------------------------------------------------
+_ARGS = ("ptr", "ptr", "ptr", "ptr", *["i32"] * 15, "i64", "i64", "i64", "i32", "i32", "i32", "ptr")
+_FUNCTIONS = {"jitops_conv2d": (_ARGS, "i32"), "jitops_conv2d_info": (("i32",), "i32")}
+CONV_SPECS = {name: CudaLibrary(f"conv2d_{name}", Source.file("conv/conv2d_sm90.cu"), functions=_FUNCTIONS,
+                                arch_specific=True)
+              for name in ("fprop", "dgrad", "wgrad", "fprop_splitk", "dgrad_splitk")}
+_OPERATOR_CODE = {"fprop": 0, "dgrad": 1, "wgrad": 2}
+_ELEMENT = {torch.float16: "cutlass::half_t", torch.bfloat16: "cutlass::bfloat16_t"}
+_STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)",
+           2: "the kernel launch failed", 3: "raising the kernel's shared-memory limit failed"}
+
+
+def _request(name: str, cls: ConvClass, target: Target):
+    if target.capability is None or target.capability[0] != 9:
+        return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
+    tm, tn = TILES[cls.tile]
+    split = name != "wgrad" and cls.splits > 1
+    spec = CONV_SPECS[f"{name}_splitk" if split else name]
+    return {name: spec.bind(shapes.dtype_name(cls.dtype), CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype],
+                            TILE_M=tm, TILE_N=tn, CLUSTER_M=1, CLUSTER_N=1, SPLIT_K=int(split))}
+
+
+def _no_kernels(cls: ConvClass, target: Target):
+    return {}  # the CPU path is ATen
+
+
+def _raw_entry(library):
+    """The library's jitops_conv2d as a bare ctypes function: called with data pointers it skips HostFunction's
+    per-argument conversion loop (27 arguments; ~3 us a call)."""
+    fn = _RAW_ENTRIES.get(library.path)
+    if fn is None:
+        fn = ctypes.CDLL(library.path, mode=ctypes.RTLD_LOCAL).jitops_conv2d  # the same handle: already loaded
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 15 + [ctypes.c_longlong] * 3 + \
+            [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _RAW_ENTRIES[library.path] = fn
+    return fn
+
+
+_RAW_ENTRIES: dict[str, object] = {}
+
+
+def _call(library, op_name: str, a, b, d, bias, *args) -> None:
+    if hasattr(library, "path"):  # a loaded kernel library (the CPU tests pass a stand-in that takes tensors)
+        status = _raw_entry(library)(a.data_ptr(), b.data_ptr(), d.data_ptr(),
+                                     None if bias is None else bias.data_ptr(), *args)
+    else:
+        status = library.jitops_conv2d(a, b, d, bias, *args)
+    if status:
+        args = (a, b, d, bias, *args)
+        raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
+                           f"(n, h, w, c, k, r, s, pads, strides, dilations) = {args[4:19]}")
+
+
+# ---- layout helpers --------------------------------------------------------------------------------------------
+# Few input channels: each 64-deep k-step of the implicit GEMM covers one filter tap's channels, so C=3 (padded
+# to 8) uses 8/64 of every step: the 7x7 stem would do 8x its work.  Up to this many (padded) channels, fprop and
+# wgrad materialise the im2col matrix [N, P, Q, R*S*C] (C fastest, padded to a multiple of 8) and run it as a 1x1
+# conv: 147 -> 152 columns in 3 k-steps for the stem instead of 49.
+IM2COL_MAX_CHANNELS = 16
+
+
+def _uses_im2col(c: int, r: int, s: int) -> bool:
+    return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1
+
+
+def _im2col(x: torch.Tensor, r: int, s: int, stride, padding, dilation, p: int, q: int) -> torch.Tensor:
+    """x [N, C, H, W] -> [N, P, Q, round_up(R*S*C)] (order r, s, c; extra columns zero): two copy kernels."""
+    n, c, h, w = x.shape
+    padded = torch.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c), dtype=x.dtype, device=x.device)
+    padded[:, padding[0]:padding[0] + h, padding[1]:padding[1] + w].copy_(x.permute(0, 2, 3, 1))
+    hp, wp = padded.shape[1], padded.shape[2]
+    windows = padded.as_strided((n, p, q, r, s, c), (hp * wp * c, stride[0] * wp * c, stride[1] * c,
+                                                     dilation[0] * wp * c, dilation[1] * c, 1))
+    columns = round_up(r * s * c)
+    out = torch.empty((n, p, q, columns), dtype=x.dtype, device=x.device)
+    out[..., :r * s * c].view(n, p, q, r, s, c).copy_(windows)
+    if columns > r * s * c:
+        out[..., r * s * c:].zero_()
+    return out
+
+
+def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as an NHWC tensor [N, H, W, channels], channel-contiguous and 16-byte
+    aligned; channels beyond C are zero.  A channels_last, aligned t with channels == C is returned as a view."""
+    n, c, h, w = t.shape
+    view = t.permute(0, 2, 3, 1)
+    if channels == c and view.is_contiguous() and t.data_ptr() % 16 == 0:
+        return view
+    out = torch.empty((n, h, w, channels), dtype=t.dtype, device=t.device)
+    out[..., :c].copy_(view)
+    if channels > c:
+        out[..., c:].zero_()
+    return out
+
+
+def _channels_last_like(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=CHANNELS_LAST)
+
+
+def _launch_args(t: torch.Tensor):
+    index = t.get_device()
+    return index, sm_count(index), current_stream(index)
+
+
+# ---- jitops::conv2d_input_grad: dx from dy and w ----------------------------------------------------------------
+def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_name: str, size, stride, padding,
+                dilation, which: str) -> ConvClass:
+    _check_rank(op_name, "grad", grad, "[N, K, P, Q]")
+    _check_rank(op_name, other_name, other, "")
+    _check_dtype(op_name, [("grad", grad), (other_name, other)])
+    stride, padding, dilation = _geometry(op_name, stride, padding, dilation)
+    size = tuple(int(s) for s in size)
+    if len(size) != 4:
+        raise ValueError(f"jitops.{op_name}: argument '{which}_size' must have 4 entries, got {size}")
+    if which == "input":
+        n, c, h, w = size
+        k, _, r, s = other.shape
+    else:
+        k, c, r, s = size
+        n, _, h, w = other.shape
+    expected = (n, k, output_size(h, r, stride[0], padding[0], dilation[0]),
+                output_size(w, s, stride[1], padding[1], dilation[1]))
+    if tuple(grad.shape) != expected:
+        raise ValueError(f"jitops.{op_name}: argument 'grad' has shape {tuple(grad.shape)}, expected {expected} "
+                         "(the conv2d output's shape)")
+    aligned = c % ALIGN == 0 and k % ALIGN == 0
+    if grad.is_cpu:
+        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, "")
+    if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
+        tile, splits = plan_gemm("dgrad", n * _ceil(h, stride[0]) * _ceil(w, stride[1]), round_up(c),
+                                 _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
+    else:
+        p, q = expected[2], expected[3]
+        if _uses_im2col(c, r, s):
+            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K), im2col=True)
+            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
+        tile, splits = plan_gemm("wgrad", round_up(k), round_up(c) * r * s, _ceil(n * p * q, TILE_K))
+    return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
+
+
+def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) -> ConvClass:
+    return _cached(_grad_class, "conv2d_input_grad", grad, weight, "weight", input_size, stride, padding, dilation,
+                   "input")
+
+
+def input_grad_cuda_kernels(cls: ConvClass, target: Target):
+    return _request("dgrad", cls, target)
+
+
+def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "dgrad"):  # not a Hopper GPU
+        return run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation)
+    cls = kern.shape_class
+    n, c, h, w = (int(v) for v in input_size)
+    k, _, r, s = weight.shape
+    dx = _channels_last_like((n, c, h, w), grad)
+    if dx.numel() == 0:
+        return dx
+    if k == 0 or grad.numel() == 0:
+        return dx.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    dy = _nhwc(grad, k8)
+    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC with C and K padded.
+    w_krsc = weight.permute(0, 2, 3, 1)
+    if (c8, k8) != (c, k) or not w_krsc.is_contiguous():
+        padded = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        padded[:k, :, :, :c].copy_(w_krsc)
+        w_krsc = padded
+    out = dx.permute(0, 2, 3, 1) if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)
+    stride, padding, dilation = cls.stride, cls.padding, cls.dilation
+    p, q = grad.shape[2], grad.shape[3]
+    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), stride, padding, dilation)
+    if not full:
+        out.zero_()
+    device, sms, stream = _launch_args(grad)
+    for rows, cols in phases:
+        # The taps of a phase are evenly spaced: a sliced view of the filter (no index tensor, so CUDA graphs
+        # can capture this), made contiguous for TMA.
+        sub = w_krsc
+        if len(rows.taps) != r or len(cols.taps) != s:
+            sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
+        if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
+            view = out
+        else:
+            view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+        problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
+                   cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
+        if cls.splits > 1:
+            k_tiles = _ceil(k8, TILE_K) * len(rows.taps) * len(cols.taps)
+            splits = normalize_splits(k_tiles, cls.splits)
+            partial = torch.empty((splits, n, rows.count, cols.count, c8), dtype=torch.float32, device=dx.device)
+            _call(kern.dgrad, "conv2d_input_grad", dy, sub, partial, None, *problem, 0, 0, 0, splits, device, sms,
+                  stream)
+            view.copy_(partial[0] if splits == 1 else partial.sum(0))
+        else:
+            sn, sh, sw, _ = view.stride()
+            _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, *problem, sn, sh, sw, 1, device, sms,
+                  stream)
+    if c8 != c:
+        dx.permute(0, 2, 3, 1).copy_(out[..., :c])
+    return dx
+
+
+def _taps_slice(taps: tuple[int, ...]) -> slice:
+    step = taps[1] - taps[0] if len(taps) > 1 else 1
+    return slice(taps[0], taps[-1] + 1, step)
+
+
+def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dx = torch.nn.grad.conv2d_input([int(v) for v in input_size], weight, grad, stride=cls.stride,
+                                    padding=cls.padding, dilation=cls.dilation)
+    return dx.contiguous(memory_format=CHANNELS_LAST)
+
+
+def _input_grad_fake(grad, weight, input_size, stride, padding, dilation):
+    return _channels_last_like(tuple(input_size), grad)
+
+
+conv2d_input_grad = op(
+    "jitops::conv2d_input_grad(Tensor grad, Tensor weight, SymInt[4] input_size, int[2] stride=1, "
+    "int[2] padding=0, int[2] dilation=1) -> Tensor",
+    shape_class=input_grad_shape_class,
+    cuda=Impl(input_grad_cuda_kernels, run_input_grad_cuda),
+    cpu=Impl(_no_kernels, run_input_grad_cpu),
+    fake=_input_grad_fake,
+    doc="Gradient of jitops.conv2d with respect to x (channels_last [N, C, H, W]).",
+)
+
+
+# ---- jitops::conv2d_weight_grad: dw from dy and x ---------------------------------------------------------------
+def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> ConvClass:
+    return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
+
+
+def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
+    return _request("wgrad", cls, target)
+
+
+def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "wgrad"):  # not a Hopper GPU
+        return run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation)
+    cls = kern.shape_class
+    k, c, r, s = (int(v) for v in weight_size)
+    n, _, h, w = x.shape
+    p, q = grad.shape[2], grad.shape[3]
+    dw = _channels_last_like((k, c, r, s), grad)
+    if dw.numel() == 0:
+        return dw
+    if grad.numel() == 0:
+        return dw.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    device, sms, stream = _launch_args(grad)
+    splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
+    if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
+        columns = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
+        width = columns.shape[-1]
+        partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
+              0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        total = partial[0] if splits == 1 else partial.sum(0)
+        dw.permute(0, 2, 3, 1).copy_(total[:k, 0, 0, :r * s * c].view(k, r, s, c))
+        return dw
+    partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
+    _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
+          cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
+          cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
+    total = partial[0] if splits == 1 else partial.sum(0)
+    dw.permute(0, 2, 3, 1).copy_(total[:k, :, :, :c])
+    return dw
+
+
+def run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dw = torch.nn.grad.conv2d_weight(x, [int(v) for v in weight_size], grad, stride=cls.stride,
+                                     padding=cls.padding, dilation=cls.dilation)
+    return dw.contiguous(memory_format=CHANNELS_LAST)
+
+
+def _weight_grad_fake(grad, x, weight_size, stride, padding, dilation):
+    return _channels_last_like(tuple(weight_size), grad)
+
+
+conv2d_weight_grad = op(
+    "jitops::conv2d_weight_grad(Tensor grad, Tensor x, SymInt[4] weight_size, int[2] stride=1, "
+    "int[2] padding=0, int[2] dilation=1) -> Tensor",
+    shape_class=weight_grad_shape_class,
+    cuda=Impl(weight_grad_cuda_kernels, run_weight_grad_cuda),
+    cpu=Impl(_no_kernels, run_weight_grad_cpu),
+    fake=_weight_grad_fake,
+    doc="Gradient of jitops.conv2d with respect to weight (channels_last [K, C, R, S]).",
+)
+
+
+# ---- jitops::conv2d ----------------------------------------------------------------------------------------------
+def shape_class(x, weight, bias, stride, padding, dilation) -> ConvClass:
+    return _cached(_conv_class, "conv2d", x, weight, bias, stride, padding, dilation)
+
+
+def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClass:
+    if x.dim() != 4:
+        _check_rank("conv2d", "x", x, "[N, C, H, W] (add a batch dimension to a single image)")
+    if weight.dim() != 4:
+        _check_rank("conv2d", "weight", weight, "[K, C, R, S]")
+    _check_dtype("conv2d", [("x", x), ("weight", weight), ("bias", bias)])
+    stride, padding, dilation = _geometry("conv2d", stride, padding, dilation)
+    n, c, h, w = x.shape
+    k, wc, r, s = weight.shape
+    if wc != c:
+        raise ValueError(f"jitops.conv2d: argument 'weight' has {wc} input channels (shape {tuple(weight.shape)}) "
+                         f"but 'x' has {c} channels (shape {tuple(x.shape)}); groups are not supported")
+    if bias is not None and tuple(bias.shape) != (k,):
+        raise ValueError(f"jitops.conv2d: argument 'bias' has shape {tuple(bias.shape)}, expected ({k},) "
+                         "(one value per output channel)")
+    p = output_size(h, r, stride[0], padding[0], dilation[0])
+    q = output_size(w, s, stride[1], padding[1], dilation[1])
+    if p < 1 or q < 1 or r < 1 or s < 1:
+        raise ValueError(f"jitops.conv2d: argument 'x' of spatial size {h}x{w} is smaller than the dilated "
+                         f"{r}x{s} kernel with padding {padding} and dilation {dilation} (output {p}x{q})")
+    aligned = c % ALIGN == 0 and k % ALIGN == 0
+    if x.is_cpu:
+        return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, "")
+    if _uses_im2col(c, r, s):
+        tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c * r * s), TILE_K))
+        return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
+    tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
+    return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
+
+
+def cuda_kernels(cls: ConvClass, target: Target):
+    return _request("fprop", cls, target)
+
+
+def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "fprop"):  # not a Hopper GPU
+        return run_cpu(kern, x, weight, bias, stride, padding, dilation)
+    cls = kern.shape_class
+    n, c, h, w = x.shape
+    k, _, r, s = weight.shape
+    p = output_size(h, r, cls.stride[0], cls.padding[0], cls.dilation[0])
+    q = output_size(w, s, cls.stride[1], cls.padding[1], cls.dilation[1])
+    y = _channels_last_like((n, k, p, q), x)
+    if y.numel() == 0:
+        return y
+    if c == 0:
+        return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    if cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
+        x = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
+        weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
+        c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
+        cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    w_krsc = _nhwc(weight, c8) if k8 == k else None
+    if w_krsc is None:
+        w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        w_krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    if bias is not None and (k8 != k or not bias.is_contiguous() or bias.data_ptr() % 16):
+        padded = torch.zeros(k8, dtype=bias.dtype, device=bias.device)
+        padded[:k].copy_(bias)
+        bias = padded
+    problem = (n, h, w, c8, k8, r, s, cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1],
+               cls.stride[0], cls.stride[1], cls.dilation[0], cls.dilation[1], 0, 0, 0)
+    if cls.splits > 1:  # fp32 partial sums of GEMM-K slices, reduced here (bias added once, at the end)
+        splits = normalize_splits(_ceil(c8, TILE_K) * r * s, cls.splits)
+        partial = torch.empty((splits, n, p, q, k8), dtype=torch.float32, device=x.device)
+        _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, partial, None, *problem, splits, *_launch_args(x))
+        total = partial[0] if splits == 1 else partial.sum(0)
+        if bias is not None:
+            total += bias.float()
+        y.permute(0, 2, 3, 1).copy_(total[..., :k])
+        return y
+    out = y.permute(0, 2, 3, 1) if k8 == k else torch.empty((n, p, q, k8), dtype=x.dtype, device=x.device)
+    _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, out, bias, *problem, 1, *_launch_args(x))
+    if k8 != k:
+        y.permute(0, 2, 3, 1).copy_(out[..., :k])
+    return y
+
+
+def run_cpu(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    y = torch.nn.functional.conv2d(x, weight, bias, stride=cls.stride, padding=cls.padding, dilation=cls.dilation)
+    return y.contiguous(memory_format=CHANNELS_LAST)
+
+
+def fake(x, weight, bias, stride, padding, dilation):
+    stride, padding, dilation = _geometry("conv2d", stride, padding, dilation)
+    n, _, h, w = x.shape
+    k, _, r, s = weight.shape
+    return _channels_last_like((n, k, output_size(h, r, stride[0], padding[0], dilation[0]),
+                                output_size(w, s, stride[1], padding[1], dilation[1])), x)
+
+
+# ---- autograd: dgrad for x, wgrad for weight, a reduction for bias; each only when needed ----------------------
+def setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, stride, padding, dilation = inputs
+    ctx.geometry = (stride, padding, dilation)
+    ctx.input_size = tuple(x.shape)
+    ctx.weight_size = tuple(weight.shape)
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ctx.save_for_backward(x if need_w else None, weight if need_x else None)
+
+
+def backward(ctx, grad: torch.Tensor):
+    x, weight = ctx.saved_tensors
+    stride, padding, dilation = ctx.geometry
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = conv2d_input_grad(grad, weight, ctx.input_size, stride, padding, dilation)
+    if ctx.needs_input_grad[1]:
+        dw = conv2d_weight_grad(grad, x, ctx.weight_size, stride, padding, dilation)
+    if ctx.needs_input_grad[2]:
+        db = grad.sum(dim=(0, 2, 3))
+    return dx, dw, db
+
+
+# ---- ResNet-50 at batch 32 (torchvision v1.5: stride in the 3x3): the shape classes the benchmarks and the
+# deployment prewarm use.  (in channels, out channels, input size, kernel, stride, padding)
+RESNET50 = [
+    (3, 64, 224, 7, 2, 3),                                                    # stem (C=3: channel-padded)
+    (64, 64, 56, 1, 1, 0), (64, 64, 56, 3, 1, 1), (64, 256, 56, 1, 1, 0), (256, 64, 56, 1, 1, 0),    # layer1
+    (256, 128, 56, 1, 1, 0), (128, 128, 56, 3, 2, 1), (256, 512, 56, 1, 2, 0),                        # layer2 in
+    (128, 128, 28, 3, 1, 1), (128, 512, 28, 1, 1, 0), (512, 128, 28, 1, 1, 0),                        # layer2
+    (512, 256, 28, 1, 1, 0), (256, 256, 28, 3, 2, 1), (512, 1024, 28, 1, 2, 0),                       # layer3 in
+    (256, 256, 14, 3, 1, 1), (256, 1024, 14, 1, 1, 0), (1024, 256, 14, 1, 1, 0),                      # layer3
+    (1024, 512, 14, 1, 1, 0), (512, 512, 14, 3, 2, 1), (1024, 2048, 14, 1, 2, 0),                     # layer4 in
+    (512, 512, 7, 3, 1, 1), (512, 2048, 7, 1, 1, 0), (2048, 512, 7, 1, 1, 0),                         # layer4
+]
+
+
+def _prewarm_items(batch: int = 32) -> list[dict]:
+    items = []
+    for c, k, size, kernel, stride, padding in RESNET50:
+        out = output_size(size, kernel, stride, padding, 1)
+        kwargs = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1]}
+        x, wt, y = [batch, c, size, size], [k, c, kernel, kernel], [batch, k, out, out]
+        items.append({"op": "conv2d", "dtypes": ["fp16", "bf16"], "shapes": [[x, wt, None]], "kwargs": kwargs})
+        items.append({"op": "conv2d_input_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, wt]],
+                      "kwargs": {"input_size": x, **kwargs}})
+        items.append({"op": "conv2d_weight_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, x]],
+                      "kwargs": {"weight_size": wt, **kwargs}})
+    return items
+
+
+# Manifest items for `python -m jitops` / `cache_tools prewarm --all-builtin`: ResNet-50's conv layers.
+PREWARM = _prewarm_items()
+
+conv2d = op(
+    "jitops::conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
+    "int[2] dilation=1) -> Tensor",
+    shape_class=shape_class,
+    cuda=Impl(cuda_kernels, run_cuda),
+    cpu=Impl(_no_kernels, run_cpu),
+    fake=fake,
+    setup_context=setup_context,
+    backward=backward,
+    doc=__doc__,
+)

@@ -1,0 +1,145 @@
+// jitops conv2d, one kernel configuration per translation unit (built by jitops' nvcc backend).
+//
+// Defines from the shape class (jitops/ops/conv2d.py):
+//   CONV_OP        0 fprop (y = x * w), 1 dgrad (dx from dy and w, unit stride), 2 wgrad (dw from dy and x)
+//   SPLIT_K        1: fp32 partial sums over slices of GEMM-K (always for wgrad)
+//   ELEMENT        cutlass::half_t or cutlass::bfloat16_t
+//   TILE_M, TILE_N tile of the implicit GEMM (TILE_K is 64: one 128-byte swizzle row of fp16/bf16); TILE_M 64
+//                  splits the tile between the two consumer warpgroups by columns
+//   CLUSTER_M, CLUSTER_N  thread block cluster (TMA multicast of the operand the cluster shares)
+//
+// Tensors are NHWC (activations, gradients) and KRSC (filters), channel-contiguous, 16-byte aligned, channel
+// counts multiples of 8 (the Python side pads others).  The filter size, stride, padding and dilation are
+// run-time arguments: CUTLASS 3 builds the TMA im2col descriptors from them on the host at every call.
+#include "conv_sm90.cuh"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace jitops_conv2d_tu {
+
+using namespace cute;
+using Element = ELEMENT;
+using cutlass::conv::Operator;
+constexpr Operator kOp = CONV_OP == 0 ? Operator::kFprop : CONV_OP == 1 ? Operator::kDgrad : Operator::kWgrad;
+// wgrad's N mode is the filter's (C,S,R), so its tile is nested like it (as in CUTLASS's wgrad tests).
+using TileShape = cute::conditional_t<kOp == Operator::kWgrad,
+    Shape<Int<TILE_M>, Shape<Int<TILE_N>>, Shape<_64>>, Shape<Int<TILE_M>, Int<TILE_N>, Shape<_64>>>;
+using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
+
+// SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
+// GEMM-K, packed [split][M][N] (M = N*P*Q or N*H*W linear, N = channels), and the caller reduces them.
+#ifndef SPLIT_K
+#define SPLIT_K 0
+#endif
+constexpr bool kSplitK = kOp == Operator::kWgrad || SPLIT_K;
+
+// Outputs: fprop y (NHWC, + per-channel bias), dgrad dx (NHWC, any strides: a phase of a strided dgrad writes
+// every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N].
+using ElementD = cute::conditional_t<kSplitK, float, Element>;
+using StrideWgradD = Stride<int64_t, Stride<_1, int64_t, int64_t>, int64_t>;  // (K, (C,S,R), split)
+using StridePartialD = Stride<int64_t, _1, int64_t>;                           // (M, N, split), N contiguous
+using LayoutD = cute::conditional_t<kOp == Operator::kWgrad, StrideWgradD,
+                cute::conditional_t<kSplitK, StridePartialD, cutlass::layout::TensorNHWC>>;
+using FusionOp = cute::conditional_t<kOp == Operator::kFprop && !kSplitK,
+    cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, Element, ElementD, float>,
+    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>;
+
+// Outputs in dtype store through TMA (an im2col store of NHWC tiles).  Partial sums are written straight from
+// registers: the TMA epilogue cannot describe wgrad's hierarchical (C,S,R) N mode, and the partials are small
+// next to the operands.
+using EpilogueSchedule = cute::conditional_t<kSplitK,
+    cutlass::epilogue::NoSmemWarpSpecialized, cutlass::epilogue::TmaWarpSpecializedCooperative>;
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+    void, LayoutD, 16 / sizeof(ElementD),
+    ElementD, LayoutD, 16 / sizeof(ElementD),
+    EpilogueSchedule, FusionOp>::CollectiveOp;
+
+using MainloopTypes = jitops::conv::Mainloop<kOp, Element, TileShape, ClusterShape,
+                                             int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
+using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue, kSplitK>;
+using ProblemShape = typename Kernel::ProblemShape;
+
+}  // namespace jitops_conv2d_tu
+using namespace jitops_conv2d_tu;
+
+// a, b, d by operator (CUTLASS's naming: "activation" x, "filter" w, "xformed activation" y):
+//   fprop: a = x [n,h,w,c], b = w [k,r,s,c], d = y [n,p,q,k], bias [k] or null
+//   dgrad: a = dy [n,p,q,k], b = w, d = dx [n,h,w,c] with element strides (d_sn, d_sh, d_sw, 1)
+//   wgrad: a = dy, b = x, d = fp32 partials [splits][k][r][s][c]
+//   SPLIT_K fprop/dgrad: d = fp32 partials [splits][n*p*q][k] / [splits][n*h*w][c]
+// (n, h, w, c) always describe x/dx, (k, r, s) the filter; padding is (lower, upper) per dimension.
+EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias,
+                         int n, int h, int w, int c, int k, int r, int s,
+                         int pad_h, int pad_h_hi, int pad_w, int pad_w_hi,
+                         int stride_h, int stride_w, int dil_h, int dil_w,
+                         long long d_sn, long long d_sh, long long d_sw,
+                         int splits, int device, int sm_count, void* stream) {
+  using Extent = typename ProblemShape::TensorExtent;
+  using Strides = typename ProblemShape::TensorStride;
+  Extent act{n, h, w, c};
+  Extent flt{k, r, s, c};
+  Strides act_stride{int64_t(h) * w * c, int64_t(w) * c, c, 1};
+  if (kOp == Operator::kDgrad && !kSplitK) {
+    act_stride = Strides{d_sn, d_sh, d_sw, 1};
+  }
+  Strides flt_stride{int64_t(r) * s * c, int64_t(s) * c, c, 1};
+  ProblemShape problem(cutlass::conv::Mode::kCrossCorrelation, act, act_stride, flt, flt_stride,
+                       {pad_h, pad_w}, {pad_h_hi, pad_w_hi}, {stride_h, stride_w}, {dil_h, dil_w}, 1);
+
+  // The epilogue's stride of D, from the problem's C tensor (y for fprop, dx for dgrad, w for wgrad).
+  // (Generic lambdas: `if constexpr` discards only inside templates.)
+  typename CollectiveEpilogue::StrideD stride_d{};
+  [&](auto& sd) {
+    if constexpr (kOp == Operator::kWgrad) {
+      get<0>(sd) = problem.stride_C[0];
+      get<1, 1>(sd) = problem.stride_C[2];
+      get<1, 2>(sd) = problem.stride_C[1];
+      get<2>(sd) = int64_t(k) * r * s * c;
+    } else if constexpr (kSplitK) {  // packed [split][M][N]
+      int64_t m = int64_t(problem.shape_C[0]) * problem.shape_C[1] * problem.shape_C[2];
+      int64_t channels = problem.shape_C[3];
+      get<0>(sd) = channels;
+      get<2>(sd) = m * channels;
+    } else {
+      get<0, 0>(sd) = problem.stride_C[2];
+      get<0, 1>(sd) = problem.stride_C[1];
+      get<0, 2>(sd) = problem.stride_C[0];
+    }
+  }(stride_d);
+
+  typename Kernel::Arguments args;
+  args.problem_shape = problem;
+  args.mainloop = {static_cast<Element const*>(a), static_cast<Element const*>(b)};
+  args.epilogue.dD = stride_d;
+  args.epilogue.dC = stride_d;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.ptr_D = static_cast<ElementD*>(d);
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  [&](auto& thread) {
+    if constexpr (kOp == Operator::kFprop && !kSplitK) {  // split-K adds the bias in the reduction
+      thread.bias_ptr = static_cast<Element const*>(bias);
+    }
+  }(args.epilogue.thread);
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+  args.splits = splits;
+  return jitops::conv::launch<Kernel>(args, static_cast<cudaStream_t>(stream));
+}
+
+// Introspection for tests and benchmarks: 0 tile M, 1 tile N, 2 pipeline stages, 3 shared memory bytes,
+// 4 threads per block, 5 operator, 6 split-K.
+EXPORT int jitops_conv2d_info(int what) {
+  switch (what) {
+    case 0: return TILE_M;
+    case 1: return TILE_N;
+    case 2: return MainloopTypes::Stages;
+    case 3: return Kernel::SharedStorageSize;
+    case 4: return int(Kernel::MaxThreadsPerBlock);
+    case 5: return CONV_OP;
+    case 6: return kSplitK ? 1 : 0;
+    default: return -1;
+  }
+}

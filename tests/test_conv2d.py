@@ -1,0 +1,437 @@
+"""jitops.conv2d without a GPU: the CPU path (ATen) against an fp64 reference, channels_last outputs, gradients,
+opcheck, torch.compile and bad inputs; the CUDA path's Python side (channel padding, strided-dgrad phases,
+split-K wgrad, output views) run against a CPU stand-in for the CUTLASS library; one real nvcc build."""
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import jitops
+from jitops.backends import toolkit
+conv_module = importlib.import_module("jitops.ops.conv2d")  # jitops.ops.conv2d is the function
+from jitops.specs import Target
+from jitops.testing import check_compile, check_op
+
+# (N, C, H, W), (K, R, S), stride, padding, dilation: the issue's cases.
+CASES = [
+    ((2, 8, 9, 11), (16, 3, 3), 1, 1, 1),      # odd spatial sizes, 3x3, padding 1
+    ((2, 8, 9, 11), (16, 3, 3), 2, 1, 1),      # stride 2
+    ((2, 8, 10, 7), (8, 3, 3), 1, 0, 1),       # padding 0
+    ((1, 16, 13, 13), (8, 3, 3), 1, 2, 2),     # dilation 2
+    ((2, 16, 7, 9), (24, 1, 1), 1, 0, 1),      # 1x1
+    ((2, 16, 9, 9), (32, 1, 1), 2, 0, 1),      # 1x1 stride 2 (ResNet downsample)
+    ((2, 3, 11, 11), (5, 3, 3), 2, 1, 1),      # unaligned channels (C=3, K=5)
+    ((1, 3, 15, 15), (8, 7, 7), 2, 3, 1),      # stem-like 7x7, C=3
+    ((2, 12, 8, 8), (20, 3, 3), (2, 1), (1, 0), (1, 2)),  # asymmetric stride/padding/dilation
+]
+IDS = [f"x{c[0]}-k{c[1]}-s{c[2]}-p{c[3]}-d{c[4]}".replace(" ", "") for c in CASES]
+
+
+def make_args(case, dtype, device, bias=True, channels_last=False, seed=0):
+    (n, c, h, w), (k, r, s), stride, padding, dilation = case
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g).to(device, dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(k, c, r, s, generator=g) / (c * r * s) ** 0.5).to(device, dtype)
+    b = torch.randn(k, generator=g).to(device, dtype) if bias else None
+    return x, weight, b, stride, padding, dilation
+
+
+def reference(x, weight, bias, stride, padding, dilation):
+    return F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
+
+
+def channels_last_strides(shape):
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+# ---- CPU path: forward and backward against fp64, gradcheck, opcheck, torch.compile -----------------------------
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_cpu_path_matches_fp64_reference(case):
+    def samples(dtype, device):
+        return [make_args(case, dtype, device), make_args(case, dtype, device, bias=False, channels_last=True)]
+
+    check_op(jitops.conv2d, reference, samples=samples, dtypes=[torch.float32, torch.float64], device="cpu",
+             compile=case is CASES[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_path_half_precision(dtype):
+    x, w, b, *geometry = make_args(CASES[1], dtype, "cpu")
+    got = jitops.conv2d(x, w, b, *geometry)
+    want = reference(x.double(), w.double(), b.double(), *geometry)
+    assert (got.double() - want).norm() / want.norm() < 1e-2
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw-input", "channels-last-input"])
+def test_output_and_gradients_are_channels_last_in_memory(channels_last):
+    x, w, b, *geometry = make_args(CASES[1], torch.float32, "cpu", channels_last=channels_last)
+    y = jitops.conv2d(x, w, b, *geometry)
+    assert y.stride() == channels_last_strides(y.shape)
+    grad = torch.randn_like(y)
+    dx = jitops.conv2d_input_grad(grad, w, x.shape, *geometry)
+    dw = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
+    assert dx.stride() == channels_last_strides(x.shape)
+    assert dw.stride() == channels_last_strides(w.shape)
+
+
+def test_backward_computes_only_the_gradients_needed(monkeypatch):
+    calls = []
+    for name in ("conv2d_input_grad", "conv2d_weight_grad"):
+        original = getattr(conv_module, name)
+        monkeypatch.setattr(conv_module, name, lambda *a, _n=name, _f=original: calls.append(_n) or _f(*a))
+    x, w, b, *geometry = make_args(CASES[0], torch.float32, "cpu")
+    w.requires_grad_(True)
+    jitops.conv2d(x, w, None, *geometry).sum().backward()
+    assert calls == ["conv2d_weight_grad"] and x.grad is None
+    calls.clear()
+    x.requires_grad_(True)
+    w.requires_grad_(False)
+    w.grad = None
+    b.requires_grad_(True)
+    jitops.conv2d(x, w, b, *geometry).sum().backward()
+    assert calls == ["conv2d_input_grad"] and w.grad is None
+    torch.testing.assert_close(b.grad, torch.full_like(b, x.shape[0] * 9 * 11))
+
+
+def test_bias_is_a_differentiable_optional_tensor():
+    arg = jitops.find("conv2d").args[2]
+    assert (arg.name, arg.kind) == ("bias", "optional_tensor")
+
+
+@pytest.mark.parametrize("name", ["conv2d_input_grad", "conv2d_weight_grad"])
+def test_gradient_ops_pass_opcheck(name):
+    x, w, b, *geometry = make_args(CASES[6], torch.float64, "cpu")
+    y = reference(x, w, b, *geometry)
+    grad = torch.randn_like(y)
+    args = (grad, w, list(x.shape)) if name == "conv2d_input_grad" else (grad, x, list(w.shape))
+    torch.library.opcheck(getattr(torch.ops.jitops, name).default, (*args, *geometry))
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    x, w, b, *geometry = make_args(CASES[1], torch.float32, "cpu")
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    check_compile(lambda x, w, b: jitops.conv2d(x, w, b, *geometry), (x, w, b), "conv2d")
+    compiled = torch.compile(lambda x, w: jitops.conv2d(x, w, None, *geometry), fullgraph=True,
+                             backend="aot_eager")
+    assert compiled(x, w).stride() == channels_last_strides(compiled(x, w).shape)
+
+
+# ---- bad inputs: clear errors naming the argument -------------------------------------------------------------
+def test_bad_inputs_name_the_argument():
+    x = torch.randn(2, 4, 8, 8)
+    w = torch.randn(6, 4, 3, 3)
+    with pytest.raises(ValueError, match="argument 'weight' has 5 input channels.*'x' has 4"):
+        jitops.conv2d(x, torch.randn(6, 5, 3, 3))
+    with pytest.raises(ValueError, match="argument 'weight' must be 4-D"):
+        jitops.conv2d(x, torch.randn(6, 4, 3))
+    with pytest.raises(ValueError, match="argument 'x' must be 4-D"):
+        jitops.conv2d(torch.randn(4, 8, 8), w)
+    with pytest.raises(ValueError, match="argument 'padding' is \\(-1, -1\\)"):
+        jitops.conv2d(x, w, None, 1, -1)
+    with pytest.raises(ValueError, match="argument 'stride'"):
+        jitops.conv2d(x, w, None, 0)
+    with pytest.raises(ValueError, match="argument 'dilation'"):
+        jitops.conv2d(x, w, None, 1, 0, (1, 0))
+    with pytest.raises(TypeError, match="argument 'weight' has dtype float64 but 'x' has float32"):
+        jitops.conv2d(x, w.double())
+    with pytest.raises(TypeError, match="argument 'bias' has dtype float16 but 'x' has float32"):
+        jitops.conv2d(x, w, torch.randn(6, dtype=torch.float16))
+    with pytest.raises(ValueError, match="argument 'bias' has shape \\(5,\\)"):
+        jitops.conv2d(x, w, torch.randn(5))
+    with pytest.raises(ValueError, match="argument 'weight' is on meta but 'x' is on cpu"):
+        jitops.conv2d(x, w.to("meta"))
+    with pytest.raises(ValueError, match="smaller than the dilated 3x3 kernel"):
+        jitops.conv2d(torch.randn(1, 4, 2, 2), w)
+    with pytest.raises(TypeError, match="argument 'x' has dtype int64"):
+        jitops.conv2d(x.long(), w.long())
+
+
+def test_cuda_dtypes_are_fp16_and_bf16():
+    x = torch.empty(2, 8, 8, 8, device="meta")
+    w = torch.empty(8, 8, 3, 3, device="meta")
+    with pytest.raises(TypeError, match="argument 'x' has dtype float32 on meta; supported there: float16, bfloat16"):
+        conv_module.shape_class(x, w, None, 1, 1, 1)
+    cls = conv_module.shape_class(x.half(), w.half(), None, 1, 1, 1)
+    assert cls.kernel == (3, 3) and cls.aligned and cls.tile in conv_module.TILES
+
+
+def test_shape_class_names_the_geometry_and_alignment():
+    x = torch.empty(32, 64, 56, 56, device="meta", dtype=torch.float16)
+    cls = conv_module.shape_class(x, torch.empty(64, 64, 3, 3, device="meta", dtype=torch.float16), None, 1, 1, 1)
+    assert (cls.kernel, cls.stride, cls.padding, cls.dilation, cls.aligned) == ((3, 3), (1, 1), (1, 1), (1, 1), True)
+    stem = conv_module.shape_class(torch.empty(32, 3, 224, 224, device="meta", dtype=torch.float16),
+                                   torch.empty(64, 3, 7, 7, device="meta", dtype=torch.float16), None, 2, 3, 1)
+    assert not stem.aligned and stem.stride == (2, 2)
+
+
+def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten():
+    cls = conv_module.ConvClass(torch.float16, (3, 3), (1, 1), (1, 1), (1, 1), True, "128x128")
+    assert conv_module.cuda_kernels(cls, Target.parse("sm_80")) == {}
+    [request] = conv_module.cuda_kernels(cls, Target.parse("sm_90a")).values()
+    assert dict(request.params)["TILE_N"] == "128" and request.arch(Target.parse("sm_90")) == "sm_90a"
+    [split] = conv_module.cuda_kernels(cls._replace(splits=3), Target.parse("sm_90a")).values()
+    assert dict(split.params)["SPLIT_K"] == "1" and split.kernel == "conv2d_fprop_splitk"
+    x, w, b, *geometry = make_args(CASES[1], torch.float32, "cpu")
+    kern = SimpleNamespace(shape_class=conv_module.shape_class(x, w, b, *geometry))  # no library: sm_80
+    y = conv_module.run_cuda(kern, x, w, b, *geometry)
+    assert y.stride() == channels_last_strides(y.shape)
+    torch.testing.assert_close(y, reference(x, w, b, *geometry))
+
+
+# ---- strided dgrad: the phase plan reproduces torch's input gradient --------------------------------------------
+def run_phase_plan(dy, weight, input_size, stride, padding, dilation):
+    """dx from the phase plan, each phase as the unit-stride dgrad CUTLASS computes (via autograd of an
+    asymmetrically padded unit-stride conv)."""
+    n, c, h, w = input_size
+    r, s = weight.shape[2:]
+    phases, full = conv_module.dgrad_phases((h, w), tuple(dy.shape[2:]), (r, s), stride, padding, dilation)
+    dx = torch.full((n, c, h, w), float("nan"), dtype=dy.dtype)
+    if not full:
+        dx.zero_()
+    for rows, cols in phases:
+        sub = weight[:, :, list(rows.taps)][:, :, :, list(cols.taps)]
+        xin = torch.zeros(n, c, rows.count, cols.count, dtype=dy.dtype, requires_grad=True)
+        out = F.conv2d(F.pad(xin, (cols.lower, cols.upper, rows.lower, rows.upper)), sub,
+                       dilation=(rows.dilation, cols.dilation))
+        assert out.shape == dy.shape, "a phase's output extent must be exactly dy's"
+        (grad,) = torch.autograd.grad(out, xin, dy)
+        dx[:, :, rows.start::stride[0], cols.start::stride[1]][:, :, :rows.count, :cols.count] = grad
+    return dx
+
+
+def test_strided_dgrad_phases_reproduce_torch_on_random_geometries():
+    rng = random.Random(5)
+    checked = 0
+    while checked < 300:
+        r, s = rng.randint(1, 5), rng.randint(1, 5)
+        stride = (rng.randint(1, 4), rng.randint(1, 4))
+        dilation = (rng.randint(1, 3), rng.randint(1, 3))
+        padding = (rng.randint(0, 4), rng.randint(0, 4))
+        h, w = rng.randint(1, 14), rng.randint(1, 14)
+        p = conv_module.output_size(h, r, stride[0], padding[0], dilation[0])
+        q = conv_module.output_size(w, s, stride[1], padding[1], dilation[1])
+        if p < 1 or q < 1:
+            continue
+        weight = torch.randn(3, 2, r, s, dtype=torch.float64)
+        dy = torch.randn(2, 3, p, q, dtype=torch.float64)
+        want = torch.nn.grad.conv2d_input((2, 2, h, w), weight, dy, stride=stride, padding=padding,
+                                          dilation=dilation)
+        got = run_phase_plan(dy, weight, (2, 2, h, w), stride, padding, dilation)
+        torch.testing.assert_close(got, want, msg=lambda m: f"{(h, w, r, s, stride, padding, dilation)}: {m}")
+        for rows, cols in conv_module.dgrad_phases((h, w), (p, q), (r, s), stride, padding, dilation)[0]:
+            assert min(rows.lower, rows.upper, cols.lower, cols.upper) >= 0
+        checked += 1
+
+
+def test_unit_stride_dgrad_is_one_phase_with_the_whole_filter():
+    phases, full = conv_module.dgrad_phases((56, 56), (56, 56), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert full and len(phases) == 1
+    rows, cols = phases[0]
+    assert rows == conv_module.Phase1D(0, 56, (0, 1, 2), 1, 1, 1)
+
+
+# ---- the CUDA run functions against a CPU stand-in for the CUTLASS library --------------------------------------
+def k_tile_masks(channels: int, r: int, s: int, splits: int):
+    """Which (channel, r, s) entries of the filter each split's k-tiles cover: CUTLASS's GEMM-K mode of fprop
+    (C, S, R) and dgrad (K, S, R) is channel-tile fastest, then s, then r."""
+    c_tiles = -(-channels // 64)
+    k_tiles = c_tiles * r * s
+    per_split = -(-k_tiles // splits)
+    masks = torch.zeros(splits, channels, r, s)
+    for index in range(k_tiles):
+        ct, rest = index % c_tiles, index // c_tiles
+        masks[index // per_split, ct * 64:(ct + 1) * 64, rest // s, rest % s] = 1
+    return masks
+
+
+class FakeConvLibrary:
+    """The C ABI of kernels/conv/conv2d_sm90.cu, computed with ATen on CPU tensors.  It checks what the kernel
+    requires (channel counts multiple of 8, 16-byte aligned, channel-contiguous operands, the dy extent CUTLASS
+    derives, unit-stride dgrad) and writes through the output view it is given, as TMA stores would; split-K
+    calls write one partial sum per slice of GEMM-K, as the kernel does."""
+
+    def __init__(self, op: int) -> None:
+        self.op = op
+        self.calls = []
+
+    def jitops_conv2d(self, a, b, d, bias, n, h, w, c, k, r, s, ph, ph_hi, pw, pw_hi, sh, sw, dh, dw,
+                      d_sn, d_sh, d_sw, splits, device, sms, stream):
+        self.calls.append(dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pads=(ph, ph_hi, pw, pw_hi), stride=(sh, sw),
+                               dilation=(dh, dw), splits=splits))
+        assert c % 8 == 0 and k % 8 == 0
+        for t in (a, b, d):
+            assert t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+        assert a.is_contiguous() and b.is_contiguous()
+        p = (h + ph + ph_hi - (r - 1) * dh - 1) // sh + 1
+        q = (w + pw + pw_hi - (s - 1) * dw - 1) // sw + 1
+        split = self.op == 2 or d.dim() == 5
+        if split:
+            assert d.is_contiguous() and d.dtype == torch.float32 and d.shape[0] == splits and bias is None
+        else:
+            assert splits == 1
+
+        def conv(xin, weight):
+            return F.conv2d(F.pad(xin, (pw, pw_hi, ph, ph_hi)), weight.to(xin.dtype), stride=(sh, sw),
+                            dilation=(dh, dw))
+
+        if self.op == 0:
+            assert tuple(a.shape) == (n, h, w, c) and tuple(d.shape[-4:]) == (n, p, q, k)
+            x, weight = a.permute(0, 3, 1, 2).double(), b.permute(0, 3, 1, 2).double()   # [k, c, r, s]
+            if split:
+                masks = k_tile_masks(c, r, s, splits).double()
+                for index in range(splits):
+                    d[index].copy_(conv(x, weight * masks[index]).permute(0, 2, 3, 1))
+            else:
+                y = conv(x, weight)
+                if bias is not None:
+                    y = y + bias.double().view(1, k, 1, 1)
+                d.copy_(y.permute(0, 2, 3, 1))
+        elif self.op == 1:
+            assert (sh, sw) == (1, 1), "CUTLASS's sm90 dgrad is unit-stride only"
+            assert tuple(a.shape) == (n, p, q, k), f"dy {tuple(a.shape)} != derived {(n, p, q, k)}"
+            assert tuple(d.shape[-4:]) == (n, h, w, c)
+            if not split:
+                assert d.stride()[:3] == (d_sn, d_sh, d_sw)
+            weight = b.permute(0, 3, 1, 2).double()                                       # [k, c, r, s]
+            masks = k_tile_masks(k, r, s, splits).double() if split else None
+            for index in range(splits if split else 1):
+                part = weight if not split else weight * masks[index].unsqueeze(1)        # mask over k
+                xin = torch.zeros(n, c, h, w, dtype=torch.float64, requires_grad=True)
+                (grad,) = torch.autograd.grad(conv(xin, part), xin, a.permute(0, 3, 1, 2).double())
+                (d[index] if split else d).copy_(grad.permute(0, 2, 3, 1))
+        else:
+            assert tuple(a.shape) == (n, p, q, k) and tuple(b.shape) == (n, h, w, c)
+            assert d.shape == (splits, k, r, s, c)
+            x = F.pad(b.permute(0, 3, 1, 2).double(), (pw, pw_hi, ph, ph_hi))
+            cols = F.unfold(x, (r, s), dilation=(dh, dw), stride=(sh, sw))           # [n, c*r*s, p*q]
+            cols = cols.view(n, c, r, s, p * q).permute(0, 4, 1, 2, 3).reshape(n * p * q, c, r, s)
+            dy = a.reshape(n * p * q, k).double()
+            k_tiles = -(-n * p * q // 64)                                           # GEMM-K tiles of 64
+            rows_per_split = -(-k_tiles // splits) * 64
+            for split_index in range(splits):
+                rows = slice(split_index * rows_per_split, (split_index + 1) * rows_per_split)
+                d[split_index].copy_(torch.einsum("mk,mcrs->krsc", dy[rows], cols[rows]))
+        return 0
+
+
+@pytest.fixture
+def cuda_path_on_cpu(monkeypatch):
+    monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
+
+    def kernels(fn, args, op_name, tile=None, splits=None):
+        """Kernels as the CUDA path gets them: the class planned for fp16 CUDA tensors of these shapes (meta
+        tensors), a CPU stand-in for the library."""
+        meta = [a.to(device="meta", dtype=torch.float16) if isinstance(a, torch.Tensor) else a for a in args]
+        cls = fn.op.shape_class(*meta)
+        cls = cls._replace(tile=tile or cls.tile, splits=splits or cls.splits)
+        return SimpleNamespace(shape_class=cls, **{op_name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])})
+    return kernels
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+@pytest.mark.parametrize("splits", [1, 3], ids=["no-split", "split3"])
+def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on_cpu):
+    dtype = torch.float32
+    x, w, b, *geometry = make_args(case, dtype, "cpu", channels_last=layout == "channels_last")
+    if layout == "strided":
+        x = x.transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
+    kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop", splits=splits)
+    y = conv_module.run_cuda(kern, x, w, b, *geometry)
+    assert y.stride() == channels_last_strides(y.shape)
+    torch.testing.assert_close(y, reference(x, w, b, *geometry), rtol=1e-4, atol=1e-4)
+
+    grad = torch.randn_like(y).contiguous() if layout == "nchw" else torch.randn_like(y)
+    dx_want = torch.nn.grad.conv2d_input(x.shape, w, grad, *geometry)
+    dw_want = torch.nn.grad.conv2d_weight(x, w.shape, grad, *geometry)
+    args = (grad, w, list(x.shape), *geometry)
+    kern = cuda_path_on_cpu(jitops.conv2d_input_grad, args, "dgrad", splits=splits)
+    dx = conv_module.run_input_grad_cuda(kern, *args)
+    assert dx.stride() == channels_last_strides(x.shape)
+    torch.testing.assert_close(dx, dx_want, rtol=1e-4, atol=1e-4)
+    assert all(call["stride"] == (1, 1) for call in kern.dgrad.calls)
+
+    args = (grad, x, list(w.shape), *geometry)
+    kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad", splits=splits)
+    dw = conv_module.run_weight_grad_cuda(kern, *args)
+    assert dw.stride() == channels_last_strides(w.shape)
+    torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
+
+
+def test_plans_give_every_split_work_and_follow_the_gemm_shape():
+    for k_tiles in (1, 2, 7, 25, 1568):
+        for splits in (1, 2, 3, 8, 98, 300):
+            n = conv_module.normalize_splits(k_tiles, splits)
+            per_split = -(-k_tiles // n)
+            assert 1 <= n <= splits and (n - 1) * per_split < k_tiles
+    # layer1 1x1 64->64 at 56x56, batch 32: narrow N -> a 64-wide tile, no split (one k-tile)
+    assert conv_module.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64", 1)
+    # layer4 3x3 512->512 at 7x7: fprop never splits K unless forced (it measured slower)
+    assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64", 1)
+    conv_module.SPLIT_OVERRIDE["fprop"] = 2
+    try:
+        assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_module.SPLIT_TILE, 2)
+    finally:
+        conv_module.SPLIT_OVERRIDE["fprop"] = None
+    # wgrad: a 64-output-channel layer splits into enough work for two waves; short k-loops do not split
+    tile, splits = conv_module.plan_gemm("wgrad", 64, 64 * 9, 1568)
+    assert tile == "128x128" and splits * 5 >= 2 * 132
+    assert conv_module.plan_gemm("wgrad", 2048, 512, 25)[1] == 1
+    assert conv_module.plan_gemm("wgrad", 256, 2304, 1568) == ("128x256", 7)   # the 3x3 256 reference layer
+    for name in ("fprop", "dgrad", "wgrad"):
+        conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = "128x256", 1
+        try:
+            assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
+        finally:
+            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+def test_overrides_reach_the_shape_class():
+    x = torch.empty(32, 256, 56, 56, device="meta", dtype=torch.float16)
+    w = torch.empty(256, 256, 3, 3, device="meta", dtype=torch.float16)
+    seen = set()
+    for tile in conv_module.OPERATOR_TILES["fprop"]:
+        conv_module.TILE_OVERRIDE["fprop"] = tile
+        try:
+            seen.add(conv_module.shape_class(x, w, None, 1, 1, 1).tile)
+        finally:
+            conv_module.TILE_OVERRIDE["fprop"] = None
+    assert seen == set(conv_module.OPERATOR_TILES["fprop"])
+
+
+# ---- one real nvcc build of a representative sm_90a configuration ----------------------------------------------
+@pytest.mark.skipif(toolkit.nvcc_path() is None, reason="no nvcc on this machine")
+def test_nvcc_builds_one_fprop_configuration_for_sm90a(fresh_cache):
+    """fprop, fp16, ResNet-50's layer1 3x3 (a 128x64 tile): about a minute of nvcc on a 2-core box.  JITOPS_TEST_CONV_SWEEP=1 builds every
+    configuration the ResNet-50 prewarm list needs instead (tens of minutes)."""
+    target = Target.parse("sm_90a")
+    op = jitops.find("conv2d")
+    requests = {}
+    fprop_items = [item for item in conv_module.PREWARM if item["op"] == "conv2d"]
+    items = conv_module.PREWARM if os.environ.get("JITOPS_TEST_CONV_SWEEP") else fprop_items[2:3]  # 3x3, 64->64
+    for item in items:
+        for dtype in (item["dtypes"] if os.environ.get("JITOPS_TEST_CONV_SWEEP") else ["fp16"]):
+            declared = jitops.find(item["op"])
+            args = declared.example_args(dtype, item["shapes"][0], item["kwargs"])
+            for request in declared.requests_for(args, target).values():
+                requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
+    assert op.name == "conv2d" and requests
+    for request in requests.values():
+        started = time.perf_counter()
+        assert jitops.runtime.prewarm(request, target) == "compiled"
+        print(f"{request.label()}: {time.perf_counter() - started:.1f} s")
+    assert list(fresh_cache.glob("v1/sm_90a/fp16/conv2d_fprop-*"))
+    library = jitops.runtime.get_kernel(next(iter(requests.values())), target, None)
+    assert library.jitops_conv2d_info(4) == 384  # one producer and two consumer warpgroups
+    assert library.jitops_conv2d_info(2) >= 3    # pipeline stages

@@ -1,0 +1,165 @@
+"""jitops.conv2d on the GPU (Hopper): fp16 and bf16 against an fp32 reference on the issue's cases, NCHW and
+channels_last inputs, channels_last output strides, gradients, opcheck, torch.compile, streams and errors.
+
+Set JITOPS_CONV2D_PREBUILT to a cache root of prebuilt kernels (benchmarks/bench_conv2d.py --prewarm) to use
+it read-only and offline, so that nothing compiles on the GPU machine (benchmarks/conv2d_session.sh)."""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import jitops
+from jitops.testing import check_compile
+from test_conv2d import CASES, IDS, channels_last_strides, make_args
+
+# Compiling the 22 kernel configurations these tests use takes about 15 minutes of nvcc; on the lent GPU that is
+# device time.  Build them anywhere with nvcc (benchmarks/bench_conv2d.py --prewarm sm_90a, no GPU needed) and
+# point JITOPS_CONV2D_PREBUILT at that cache, or set JITOPS_CONV2D_COMPILE_HERE=1 to compile on the GPU machine.
+_KERNELS_READY = bool(os.environ.get("JITOPS_CONV2D_PREBUILT") or os.environ.get("JITOPS_CONV2D_COMPILE_HERE"))
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _KERNELS_READY, reason="conv2d kernels not prebuilt: set JITOPS_CONV2D_PREBUILT "
+                                 "(see benchmarks/conv2d_session.sh) or JITOPS_CONV2D_COMPILE_HERE=1")]
+conv_module = importlib.import_module("jitops.ops.conv2d")
+DTYPES = [torch.float16, torch.bfloat16]
+# Relative Frobenius error against the fp32 reference: half-precision outputs and operands.
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def prebuilt_kernels():
+    root = os.environ.get("JITOPS_CONV2D_PREBUILT")
+    if not root:
+        yield
+        return
+    with jitops.config.scope(cache_path=(Path(root),), offline=True):  # a missing kernel fails, never compiles
+        yield
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    assert not torch.isnan(got).any(), "NaN in the output"
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def fp32_reference(x, w, b, stride, padding, dilation, grad=None):
+    """Output and gradients of torch's conv2d in fp32 on the same (half-precision-rounded) inputs."""
+    leaves = [t.detach().float().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    y = F.conv2d(leaves[0], leaves[1], leaves[2], stride=stride, padding=padding, dilation=dilation)
+    if grad is None:
+        return y.detach(), None
+    grads = torch.autograd.grad(y, [t for t in leaves if t is not None], grad.float())
+    return y.detach(), grads
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_and_gradients_match_fp32_reference(case, dtype, layout):
+    x, w, b, *geometry = make_args(case, dtype, "cuda", channels_last=layout == "channels_last")
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    y = jitops.conv2d(x, w, b, *geometry)
+    assert y.dtype == dtype and y.stride() == channels_last_strides(y.shape)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    grad = torch.randn_like(y)
+    want_y, (want_dx, want_dw, want_db) = fp32_reference(x, w, b, *geometry, grad=grad)
+    assert relative_error(y, want_y) < TOLERANCE[dtype]
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), grad)
+    for name, got, want in (("dx", dx, want_dx), ("dw", dw, want_dw), ("db", db, want_db)):
+        error = relative_error(got, want)
+        assert error < TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
+    # The gradient ops themselves return channels_last tensors.
+    assert jitops.conv2d_input_grad(grad, w, x.shape, *geometry).stride() == channels_last_strides(x.shape)
+    assert jitops.conv2d_weight_grad(grad, x, w.shape, *geometry).stride() == channels_last_strides(w.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_resnet_sized_layers_and_split_k_wgrad(dtype):
+    # 3x3 at 28x28 (many tiles), 1x1 256->64 at 56x56 (wgrad over N*P*Q = 25088 rows: split-K), strided 3x3.
+    for case in [((8, 128, 28, 28), (128, 3, 3), 1, 1, 1), ((8, 256, 56, 56), (64, 1, 1), 1, 0, 1),
+                 ((8, 256, 28, 28), (256, 3, 3), 2, 1, 1), ((8, 512, 14, 14), (2048, 1, 1), 1, 0, 1)]:
+        x, w, _, *geometry = make_args(case, dtype, "cuda", bias=False, channels_last=True)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        y = jitops.conv2d(x, w, None, *geometry)
+        grad = torch.randn_like(y)
+        want_y, (want_dx, want_dw) = fp32_reference(x, w, None, *geometry, grad=grad)
+        dx, dw = torch.autograd.grad(y, (x, w), grad)
+        for name, got, want in (("y", y, want_y), ("dx", dx, want_dx), ("dw", dw, want_dw)):
+            assert relative_error(got, want) < TOLERANCE[dtype], f"{case} {name}"
+
+
+def test_every_tile_and_split_configuration_is_correct():
+    case = ((4, 64, 20, 20), (192, 3, 3), 1, 1, 1)
+    x, w, b, *geometry = make_args(case, torch.float16, "cuda", channels_last=True)
+    y_ref, _ = fp32_reference(x, w, b, *geometry)
+    grad = torch.randn_like(y_ref).half()
+    _, (dx_ref, dw_ref, _) = fp32_reference(x, w, b, *geometry, grad=grad)
+    calls = {"fprop": (lambda: jitops.conv2d(x, w, b, *geometry), y_ref),
+             "dgrad": (lambda: jitops.conv2d_input_grad(grad, w, x.shape, *geometry), dx_ref),
+             "wgrad": (lambda: jitops.conv2d_weight_grad(grad, x, w.shape, *geometry), dw_ref)}
+    for name, (call, want) in calls.items():
+        configs = [(t, None) for t in conv_module.OPERATOR_TILES[name]]
+        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5)]
+        for tile, splits in configs:
+            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+            try:
+                error = relative_error(call(), want)
+                assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
+            finally:
+                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])
+def test_opcheck_on_cuda(case):
+    x, w, b, *geometry = make_args(case, torch.float16, "cuda")
+    torch.library.opcheck(torch.ops.jitops.conv2d.default, (x, w, b, *geometry))
+    grad = torch.randn_like(F.conv2d(x, w, b, *geometry))
+    torch.library.opcheck(torch.ops.jitops.conv2d_input_grad.default, (grad, w, list(x.shape), *geometry))
+    torch.library.opcheck(torch.ops.jitops.conv2d_weight_grad.default, (grad, x, list(w.shape), *geometry))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(backend, dtype):
+    x, w, b, *geometry = make_args(CASES[1], dtype, "cuda", channels_last=True)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    check_compile(lambda x, w, b: F.relu(jitops.conv2d(x, w, b, *geometry)), (x, w, b), "conv2d", backend=backend)
+
+
+def test_runs_on_torchs_current_stream_and_from_empty_batches():
+    x, w, b, *geometry = make_args(CASES[0], torch.float16, "cuda", channels_last=True)
+    expected = jitops.conv2d(x, w, b, *geometry)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = jitops.conv2d(x, w, b, *geometry)
+    stream.synchronize()
+    torch.testing.assert_close(y, expected)
+    empty = jitops.conv2d(x[:0], w, b, *geometry)
+    assert empty.shape == (0, *expected.shape[1:])
+
+
+def test_misaligned_and_strided_views_are_copied_not_misread():
+    base = torch.randn(2 * 8 * 9 * 11 + 1, device="cuda", dtype=torch.float16)
+    x = base[1:].view(2, 9, 11, 8).permute(0, 3, 1, 2)  # channels_last strides, 2-byte aligned start
+    w = torch.randn(16, 8, 3, 3, device="cuda", dtype=torch.float16) / 8
+    y = jitops.conv2d(x, w, None, 1, 1, 1)
+    assert relative_error(y, F.conv2d(x.float(), w.float(), None, 1, 1)) < 4e-3
+
+
+def test_wrong_device_and_dtype_errors_name_the_argument():
+    x = torch.randn(2, 8, 9, 9, device="cuda", dtype=torch.float16)
+    w = torch.randn(8, 8, 3, 3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="argument 'weight' is on cpu but 'x' is on cuda"):
+        jitops.conv2d(x, w)
+    with pytest.raises(TypeError, match="argument 'x' has dtype float32 on cuda; supported there: float16, bfloat16"):
+        jitops.conv2d(x.float(), w.float().cuda())
+    with pytest.raises(TypeError, match="argument 'weight' has dtype bfloat16 but 'x' has float16"):
+        jitops.conv2d(x, w.cuda().bfloat16())
