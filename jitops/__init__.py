@@ -19,7 +19,7 @@ from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
 install_handler()
 
-from .ops import add, gelu, gelu_backward  # noqa: E402 - registers the built-in ops
+from .ops import add, gelu, gelu_backward, grouped_gemm  # noqa: E402 - registers the built-in ops
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ def cuda_type(dtype) -> str:
 
 
 __all__ = [
-    "add", "gelu", "gelu_backward",
+    "add", "gelu", "gelu_backward", "grouped_gemm",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",

@@ -5,9 +5,11 @@ lines) naming its common shape classes; `python -m jitops` and `cache_tools prew
 """
 from . import add as _add_module
 from . import gelu as _gelu_module
+from . import grouped_gemm as _grouped_gemm_module
 from .add import add
 from .gelu import gelu, gelu_backward
+from .grouped_gemm import grouped_gemm
 
-PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM]
+PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_grouped_gemm_module.PREWARM]
 
-__all__ = ["add", "gelu", "gelu_backward", "PREWARM"]
+__all__ = ["add", "gelu", "gelu_backward", "grouped_gemm", "PREWARM"]

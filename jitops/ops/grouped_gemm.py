@@ -1,0 +1,693 @@
+"""jitops.grouped_gemm: many matrix products in one CUTLASS grouped-GEMM launch, with gradients.
+
+    outs = jitops.grouped_gemm([A_0, A_1, ...], [B_0, B_1, ...])     # list form: outs[i] = A_i @ B_i
+    y = jitops.grouped_gemm(x, w, offsets=offsets)                   # ragged form (mixture of experts)
+    y = jitops.grouped_gemm(x, w, sizes=sizes)                       #   x (sum M_g, K), w (G, K, N) -> (sum M_g, N)
+
+List form: A_i (M_i, K_i) and B_i (K_i, N_i), any sizes per group; the result is a list of (M_i, N_i).
+Ragged form, like torch._grouped_mm: `offsets` holds the G cumulative end offsets of the groups along the
+ragged dimension (int32 or int64; offsets[-1] must equal its extent T), or `sizes` the G group sizes.  Three
+cases, told apart by the operands' dimensions; each one's gradients are the other two, so gradients of any
+order flow:
+    a (T, K)    @ b (G, K, N) -> (T, N)       ragged M: rows offsets[g-1]:offsets[g] of a use expert g
+    a (M, T)    @ b (T, N)    -> (G, M, N)    ragged K: the weight gradient, a reduction over each group
+    a (G, M, K) @ b (K, T)    -> (M, T)       ragged N (returned as a transposed view)
+Empty groups work: they give zero rows (ragged M/N) or a zero matrix (ragged K).
+
+CUDA (sm_90, bf16 and fp16): a CUTLASS 3 ptr-array grouped GEMM (kernels/grouped_gemm/grouped_gemm.cu), fp32
+accumulation.  The layout of each operand (row- or column-major) comes from its strides and picks the compiled
+kernel, so the backward reuses the same kernels on transposed views (dA = dC·Bᵀ, dB = Aᵀ·dC) with no transposed
+copies.  The ragged form builds each group's sizes and pointers on the GPU from the device offsets: no
+device-to-host copy.  Offsets on the GPU are therefore not read on the host: a bad offsets tensor gives wrong
+numbers (never an out-of-bounds access); pass check_offsets=True to validate them at the cost of one sync.
+Offsets on the CPU, and `sizes` given as a list, are always validated.
+Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
+needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
+multiple of 8) the call falls back to an ATen loop over the groups, which for the ragged form reads the offsets
+on the host (one sync).
+CPU (fp32, fp64, bf16, fp16): ATen matmuls in a loop over the groups, for CI and gradcheck.
+
+The first call with inputs that need a gradient starts compiling the backward kernels in background threads
+while the forward kernel compiles, so the first backward waits for at most the slowest of them.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from .. import shapes
+from ..launch import current_stream, sm_count
+from ..op import Impl, op
+from ..runtime import MissContext, runtime
+from ..specs import CudaLibrary, Source, Target
+
+log = logging.getLogger("jitops")
+
+CUDA_DTYPES = (torch.bfloat16, torch.float16)
+CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+OFFSET_DTYPES = (torch.int32, torch.int64)
+ELEMENTS = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
+ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
+
+# Tile configurations (structs in grouped_gemm.cu).  Few on purpose: each is a ~40-60 s nvcc compile per
+# (dtype, layout of A, layout of B).
+LARGE = "coop_128x256x64_c2x1"   # the dense-GEMM tile: 8 x 2048x4096x4096 and other big groups
+SMALL = "coop_128x128x64_c1x1"   # ragged mixture-of-experts groups of a few hundred rows
+SMALL_ROWS = 256                 # mean rows per group up to which SMALL is used
+ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
+NOTHING = "nothing"              # no kernel: the result is empty or zeros
+CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2")
+# Benchmarks set this to time one configuration against another; None picks by the rule above.
+config_override: str | None = None
+
+ROW, COL = "row", "col"
+
+GROUPED_GEMM = CudaLibrary(
+    "grouped_gemm", Source.file("grouped_gemm/grouped_gemm.cu"),
+    functions={
+        "jg_workspace_bytes": (("i32", "i32"), "i64"),
+        "jg_run_ragged": (("i32", "i32", "ptr", "i64", "i32", "i32", "i32", "ptr", "i64", "i64", "ptr", "i64",
+                           "i64", "ptr", "i64", "i64", "ptr", "i64", "i32", "i32", "ptr"), "i32"),
+        "jg_run_list": (("i32", "ptr", "ptr", "ptr", "i64", "i32", "ptr"), "i32"),
+        "jg_error_string": (("i32",), "ptr"),
+    },
+    arch_specific=True)
+
+
+class GemmKernelClass(NamedTuple):
+    """What a compiled grouped GEMM is specialized on."""
+    dtype: torch.dtype
+    a_row: bool     # A row-major (K contiguous), else column-major (M contiguous)
+    b_row: bool     # B row-major (N contiguous), else column-major (K contiguous)
+    config: str     # a tile configuration, or ATEN
+
+
+def _kernels(cls: Any, target: Target) -> dict:
+    """The grouped GEMM for a class on Hopper (sm_90a); none on the CPU, on other GPUs (the ATen loop runs
+    there) or when there is nothing to launch."""
+    kernel = cls.kernel
+    if kernel.config in (ATEN, NOTHING) or target.device_type == "cpu" or target.capability[0] != 9:
+        return {}
+    return {"gemm": GROUPED_GEMM.bind(shapes.dtype_name(kernel.dtype), JG_ELEMENT=ELEMENTS[kernel.dtype],
+                                      JG_A_ROW=int(kernel.a_row), JG_B_ROW=int(kernel.b_row),
+                                      JG_CONFIG=kernel.config)}
+
+
+def _config(rows_per_group: float) -> str:
+    if config_override is not None:
+        return config_override
+    return SMALL if rows_per_group <= SMALL_ROWS else LARGE
+
+
+# ---- layouts -------------------------------------------------------------------------------------------------
+def _pad(n: int, elements: int) -> int:
+    return max((n + elements - 1) // elements * elements, elements)
+
+
+def _layout(rows: int, cols: int, s_rows: int, s_cols: int, elements: int) -> tuple[str | None, int]:
+    """How the kernel can read a (rows, cols) matrix with these strides: ROW (cols contiguous) or COL (rows
+    contiguous), with its leading dimension; (None, 0) if neither.  A dimension of extent 1 has no meaningful
+    stride: it gets a padded one."""
+    if (s_cols == 1 or cols <= 1) and (rows <= 1 or s_rows >= cols):
+        return ROW, (s_rows if rows > 1 else _pad(cols, elements))
+    if (s_rows == 1 or rows <= 1) and (cols <= 1 or s_cols >= rows):
+        return COL, (s_cols if cols > 1 else _pad(rows, elements))
+    return None, 0
+
+
+def _readable(t: torch.Tensor, layout: str | None, ld: int, rows: int, cols: int, elements: int,
+              step: int | None = None) -> bool:
+    """Whether the kernel reads `t` as is in `layout`: 16-byte aligned start, leading dimension, group step
+    and contiguous extent."""
+    if layout is None or ld % elements:
+        return False
+    if (cols if layout == ROW else rows) % elements:
+        return False
+    if step is not None and step % elements:
+        return False
+    return shapes._address(t) % ALIGN_BYTES == 0
+
+
+def _copy_to(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A copy in ROW (contiguous) or COL (transposed-contiguous) layout, for matrices and stacks of them."""
+    return t.contiguous() if layout == ROW else t.mT.contiguous().mT
+
+
+def _choose(t: torch.Tensor, rows: int, cols: int, elements: int, required: str | None = None,
+            grouped: bool = False) -> tuple[str | None, bool]:
+    """(layout the kernel reads t in, whether t must be copied to it); (None, _) if no layout works.
+    `required` fixes the layout (a ragged operand's ragged dimension must be the strided one)."""
+    s = t.stride()
+    layout, ld = _layout(rows, cols, s[-2], s[-1], elements)
+    step = s[0] if grouped and t.shape[0] > 1 else None
+    if (required is None or layout == required) and _readable(t, layout, ld, rows, cols, elements, step):
+        return layout, False
+    for candidate in ((required,) if required else (ROW, COL)):
+        if (cols if candidate == ROW else rows) % elements == 0:
+            return candidate, True
+    return None, True
+
+
+def _leading(t: torch.Tensor, layout: str, elements: int) -> int:
+    rows, cols = t.shape[-2], t.shape[-1]
+    s = t.stride()
+    if layout == ROW:
+        return s[-2] if rows > 1 else _pad(cols, elements)
+    return s[-1] if cols > 1 else _pad(rows, elements)
+
+
+def _check_call(lib: Any, status: int, what: str) -> None:
+    if status:
+        message = ctypes.string_at(lib.jg_error_string(status)).decode()
+        raise RuntimeError(f"jitops.grouped_gemm: the CUTLASS grouped GEMM failed ({what}): {message} "
+                           f"(code {status})")
+
+
+_WORKSPACE: dict[tuple[int, int, int], int] = {}
+
+
+def _workspace(lib: Any, groups: int, device_index: int) -> tuple[torch.Tensor, int]:
+    sms = sm_count(device_index)
+    key = (id(lib), groups, sms)
+    size = _WORKSPACE.get(key)
+    if size is None:
+        size = _WORKSPACE[key] = int(lib.jg_workspace_bytes(groups, sms))
+    return torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", device_index)), size
+
+
+# ---- ragged form: jitops::grouped_gemm_ragged ----------------------------------------------------------------
+OP_RAGGED = "grouped_gemm_ragged"
+MODES = {"M": 0, "K": 1}  # ragged N runs as ragged M on the transposed problem
+
+
+class RaggedClass(NamedTuple):
+    mode: str                 # "M", "K" or "N"
+    kernel: GemmKernelClass
+    copy_a: str | None        # layout to copy the kernel's A operand to, if any
+    copy_b: str | None
+
+
+def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> tuple[str, int, int, int, int, int]:
+    """(mode, G, T, M, N, K) with the argument checks; errors name the argument."""
+    if a.dim() == 2 and b.dim() == 3:
+        mode, groups = "M", b.shape[0]
+        (total, k), (_, k_b, n), m = a.shape, b.shape, 0
+        if k_b != k:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)}: its K (dim 1) is "
+                             f"{k_b} but 'a' {tuple(a.shape)} has K = {k}; they must match")
+    elif a.dim() == 2 and b.dim() == 2:
+        mode, groups = "K", offsets.shape[0] if offsets.dim() == 1 else -1
+        (m, total), (t_b, n), k = a.shape, b.shape, 0
+        if t_b != total:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)} but 'a' has "
+                             f"{tuple(a.shape)}: the ragged dimension (a's dim 1, b's dim 0) must match")
+    elif a.dim() == 3 and b.dim() == 2:
+        mode, groups = "N", a.shape[0]
+        (_, m, k), (k_b, total), n = a.shape, b.shape, 0
+        if k_b != k:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)}: its K (dim 0) is "
+                             f"{k_b} but 'a' {tuple(a.shape)} has K = {k}; they must match")
+    else:
+        raise ValueError(f"jitops.grouped_gemm: arguments 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)}: the "
+                         "ragged form takes a 2-D a with a 3-D b (ragged M), 2-D with 2-D (ragged K) or 3-D with "
+                         "2-D (ragged N); for a list of matrices pass Python lists")
+    if offsets.dim() != 1 or offsets.shape[0] != groups:
+        raise ValueError(f"jitops.grouped_gemm: argument 'offsets' has shape {tuple(offsets.shape)}; expected "
+                         f"({groups},): one cumulative end offset per group")
+    return mode, groups, total, m, n, k
+
+
+def _check_offsets_dtype(offsets: torch.Tensor) -> None:
+    # Not in the shape class: manifest items (JITOPS_RECORD, prewarm) give every tensor of a call one dtype.
+    if offsets.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"jitops.grouped_gemm: argument 'offsets' has dtype "
+                        f"{str(offsets.dtype).removeprefix('torch.')}; use int32 or int64")
+
+
+def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
+    if a.dtype != b.dtype:
+        shapes.check_same_dtype("grouped_gemm", ("a", a), ("b", b))
+    allowed = CPU_DTYPES if a.is_cpu else CUDA_DTYPES
+    if a.dtype not in allowed:
+        shapes.check_dtype("grouped_gemm", "a", a, allowed)
+    mode, groups, total, m, n, k = _ragged_dims(a, b, offsets)
+    if a.is_cpu:
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
+    empty = {"M": (total, n, k), "K": (total, m, n), "N": (total, m, k)}[mode]
+    if groups == 0 or 0 in empty:  # the result is empty or all zeros
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, NOTHING), None, None)
+    elements = ALIGN_BYTES // a.element_size()
+    if mode == "N":  # D (M, T) = (bᵀ (T, K) @ aᵀ (G, K, M))ᵀ: ragged M on the transposes
+        a, b = b.mT, a.mT
+        m, n = 0, m
+    if mode in ("M", "N"):
+        layout_a, copy_a = _choose(a, total, k, elements, required=ROW)
+        layout_b, copy_b = _choose(b, k, n, elements, grouped=True)
+        rows_per_group = total / max(groups, 1)
+    else:
+        layout_a, copy_a = _choose(a, m, total, elements, required=COL)
+        layout_b, copy_b = _choose(b, total, n, elements, required=ROW)
+        rows_per_group = m
+    if layout_a is None or layout_b is None or n % elements:
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
+    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config(rows_per_group))
+    return RaggedClass(mode, kernel, layout_a if copy_a else None, layout_b if copy_b else None)
+
+
+def _ragged_out(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "M":
+        return torch.empty((a.shape[0], b.shape[2]), dtype=a.dtype, device=a.device)
+    if mode == "K":
+        return torch.empty((offsets.shape[0], a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    return torch.empty((b.shape[1], a.shape[1]), dtype=a.dtype, device=a.device).mT
+
+
+def ragged_fake(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_offsets_dtype(offsets)
+    return _ragged_out(a, b, offsets, ragged_shape_class(a, b, offsets).mode)
+
+
+def _group_bounds(offsets: torch.Tensor, total: int, name: str = "offsets") -> list[tuple[int, int]]:
+    """[(start, end)] per group from host offsets, validated: non-decreasing, >= 0, last == total."""
+    values = offsets.tolist()
+    bounds, start = [], 0
+    for g, end in enumerate(values):
+        if end < start:
+            raise ValueError(f"jitops.grouped_gemm: argument '{name}' decreases at group {g} "
+                             f"({start} -> {end}); offsets are cumulative group ends and must not decrease")
+        bounds.append((start, end))
+        start = end
+    if start != total:
+        raise ValueError(f"jitops.grouped_gemm: argument '{name}' does not add up: the groups end at {start} "
+                         f"but the ragged dimension has {total} (offsets[-1] must equal it)")
+    return bounds
+
+
+def _ragged_aten(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+    """The ATen loop over groups (CPU, and shapes the kernel cannot read).  Reads the offsets on the host."""
+    out = _ragged_out(a, b, offsets, mode)
+    if mode == "M":
+        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[0])):
+            torch.mm(a[s:e], b[g], out=out[s:e])
+    elif mode == "K":
+        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[1])):
+            torch.mm(a[:, s:e], b[s:e], out=out[g])
+    else:
+        for g, (s, e) in enumerate(_group_bounds(offsets, b.shape[1])):
+            out[:, s:e] = torch.mm(a[g], b[:, s:e])
+    return out
+
+
+def run_ragged_cpu(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_offsets_dtype(offsets)
+    return _ragged_aten(a, b, offsets, k.shape_class.mode)
+
+
+def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    cls: RaggedClass = k.shape_class
+    if offsets.dtype is not torch.int32:
+        _check_offsets_dtype(offsets)
+    lib = getattr(k, "gemm", None)
+    if cls.kernel.config == NOTHING:
+        return _ragged_out(a, b, offsets, cls.mode).zero_()
+    if lib is None:
+        return _ragged_aten(a, b, offsets, cls.mode)
+    out = _ragged_out(a, b, offsets, cls.mode)
+    if cls.mode == "N":  # out (M, T) is the transposed view of d (T, M) = bᵀ @ aᵀ
+        a, b, d, mode = b.mT, a.mT, out.mT, "M"
+    else:
+        d, mode = out, cls.mode
+    if cls.copy_a is not None:
+        a = _copy_to(a, cls.copy_a)
+    if cls.copy_b is not None:
+        b = _copy_to(b, cls.copy_b)
+    elements = ALIGN_BYTES // a.element_size()
+    kernel = cls.kernel
+    layout_a = ROW if kernel.a_row else COL
+    layout_b = ROW if kernel.b_row else COL
+    groups = offsets.shape[0]
+    if mode == "M":  # a (T, K) ragged rows, b (G, K, N), d (T, N)
+        total, kk = a.shape
+        m, n = 0, b.shape[2]
+        a_ld = _leading(a, ROW, elements)
+        a_step, b_step, b_ld = a_ld, b.stride(0), _leading(b, layout_b, elements)
+        d_ld = d_step = n
+        fill = 1
+    else:  # a (M, T) ragged columns, b (T, N) ragged rows, d (G, M, N)
+        m, total = a.shape
+        n, kk = b.shape[1], 0
+        a_ld = a_step = _leading(a, COL, elements)
+        b_ld = b_step = _leading(b, ROW, elements)
+        d_ld, d_step = n, m * n
+        fill = min(max(m * n // 65536, 1), 16)
+    if offsets.dtype != torch.int32:
+        offsets = offsets.to(torch.int32)
+    offsets = offsets.contiguous()
+    device_index = a.get_device()
+    workspace, size = _workspace(lib, groups, device_index)
+    status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
+                                  d, d_step, d_ld, workspace, size, sm_count(device_index), fill,
+                                  current_stream(device_index))
+    _check_call(lib, status, f"ragged {cls.mode}, {groups} groups, layouts {layout_a}/{layout_b}")
+    return out
+
+
+def ragged_setup_context(ctx, inputs, output) -> None:
+    a, b, offsets = inputs
+    ctx.save_for_backward(a, b, offsets)
+
+
+def ragged_backward(ctx, grad: torch.Tensor):
+    """d(a @ b) per group: da = grad·bᵀ, db = aᵀ·grad, each another ragged case on transposed views."""
+    a, b, offsets = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    da = grouped_gemm_ragged(grad, b.mT, offsets) if need_a else None
+    db = grouped_gemm_ragged(a.mT, grad, offsets) if need_b else None
+    return da, db, None
+
+
+grouped_gemm_ragged = op(
+    "jitops::grouped_gemm_ragged(Tensor a, Tensor b, Tensor offsets) -> Tensor",
+    shape_class=ragged_shape_class,
+    cuda=Impl(_kernels, run_ragged_cuda),
+    cpu=Impl(_kernels, run_ragged_cpu),
+    fake=ragged_fake,
+    setup_context=ragged_setup_context,
+    backward=ragged_backward,
+    doc="The ragged form of jitops.grouped_gemm with device offsets (see jitops.grouped_gemm).",
+)
+
+
+# ---- list form: jitops::grouped_gemm_list --------------------------------------------------------------------
+class ListClass(NamedTuple):
+    kernel: GemmKernelClass
+    copy_a: tuple[bool, ...]   # per group: copy A_i to the kernel's layout
+    copy_b: tuple[bool, ...]
+
+
+def _pick(choices: list[tuple[str | None, bool] | None], extents_ok: dict[str, bool]) -> str | None:
+    """One layout for all launched groups (None marks one not launched): one that every group has as is, else
+    one every group can be copied to."""
+    for layout in (ROW, COL):
+        if all(c is None or c == (layout, False) for c in choices):
+            return layout
+    for layout in (ROW, COL):
+        if extents_ok[layout]:
+            return layout
+    return None
+
+
+def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
+    if len(As) != len(Bs):
+        raise ValueError(f"jitops.grouped_gemm: arguments 'As' and 'Bs' have {len(As)} and {len(Bs)} "
+                         "matrices; they must pair up")
+    if not As:
+        return ListClass(GemmKernelClass(torch.float32, True, True, ATEN), (), ())
+    first = As[0]
+    dtype = first.dtype
+    allowed = CPU_DTYPES if first.is_cpu else CUDA_DTYPES
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        if a.dim() != 2 or b.dim() != 2:
+            name, t = (f"As[{i}]", a) if a.dim() != 2 else (f"Bs[{i}]", b)
+            raise ValueError(f"jitops.grouped_gemm: argument '{name}' has shape {tuple(t.shape)}; the list "
+                             "form takes 2-D matrices")
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"jitops.grouped_gemm: argument 'Bs[{i}]' has shape {tuple(b.shape)} but 'As[{i}]' "
+                             f"has {tuple(a.shape)}: K (As[{i}].shape[1], Bs[{i}].shape[0]) must match")
+        if a.dtype != dtype:
+            shapes.check_same_dtype("grouped_gemm", ("As[0]", first), (f"As[{i}]", a))
+        if b.dtype != dtype:
+            shapes.check_same_dtype("grouped_gemm", ("As[0]", first), (f"Bs[{i}]", b))
+    if dtype not in allowed:
+        shapes.check_dtype("grouped_gemm", "As[0]", first, allowed)
+    if first.is_cpu:
+        return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
+    elements = ALIGN_BYTES // first.element_size()
+    choices_a, choices_b = [], []
+    a_ok = {ROW: True, COL: True}
+    b_ok = {ROW: True, COL: True}
+    rows = 0
+    n_ok = True
+    live = 0
+    for a, b in zip(As, Bs):
+        (m, k), n = a.shape, b.shape[1]
+        if m == 0 or n == 0 or k == 0:  # not launched
+            choices_a.append(None)
+            choices_b.append(None)
+            continue
+        live += 1
+        rows += m
+        n_ok &= n % elements == 0
+        choices_a.append(_choose(a, m, k, elements))
+        choices_b.append(_choose(b, k, n, elements))
+        a_ok[ROW] &= k % elements == 0
+        a_ok[COL] &= m % elements == 0
+        b_ok[ROW] &= n % elements == 0
+        b_ok[COL] &= k % elements == 0
+    if not live:
+        return ListClass(GemmKernelClass(dtype, True, True, NOTHING), (), ())
+    layout_a, layout_b = _pick(choices_a, a_ok), _pick(choices_b, b_ok)
+    if layout_a is None or layout_b is None or not n_ok:
+        return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
+    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config(rows / live))
+    return ListClass(kernel, tuple(c is not None and c != (layout_a, False) for c in choices_a),
+                     tuple(c is not None and c != (layout_b, False) for c in choices_b))
+
+
+def list_fake(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [a.new_empty((a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
+
+
+def run_list_cpu(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.mm(a, b) for a, b in zip(As, Bs)]
+
+
+def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    cls: ListClass = k.shape_class
+    kernel = cls.kernel
+    lib = getattr(k, "gemm", None)
+    if lib is None:  # ATen loop, or nothing to launch (every product is empty or has K = 0)
+        return [torch.mm(a, b) for a, b in zip(As, Bs)]
+    layout_a = ROW if kernel.a_row else COL
+    layout_b = ROW if kernel.b_row else COL
+    elements = ALIGN_BYTES // As[0].element_size()
+    device = As[0].device
+    outs, rows, keep = [], [], []
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        (m, kk), n = a.shape, b.shape[1]
+        out = torch.empty((m, n), dtype=a.dtype, device=device)
+        outs.append(out)
+        if m == 0 or n == 0:
+            continue
+        if kk == 0:
+            out.zero_()
+            continue
+        if cls.copy_a[i]:
+            a = _copy_to(a, layout_a)
+            keep.append(a)
+        if cls.copy_b[i]:
+            b = _copy_to(b, layout_b)
+            keep.append(b)
+        rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
+                 _leading(b, layout_b, elements), out.data_ptr(), n)
+    groups = len(rows) // 9
+    if groups:
+        host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+        rows_device = host.to(device, non_blocking=True)
+        device_index = device.index if device.index is not None else torch.cuda.current_device()
+        workspace, size = _workspace(lib, groups, device_index)
+        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index),
+                                    current_stream(device_index))
+        _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
+    return outs
+
+
+def list_setup_context(ctx, inputs, output) -> None:
+    As, Bs = inputs
+    ctx.groups = len(As)
+    ctx.save_for_backward(*As, *Bs)
+
+
+def list_backward(ctx, grads: Sequence[torch.Tensor | None]):
+    """dA_i = dC_i·B_iᵀ and dB_i = A_iᵀ·dC_i, each set in one grouped launch, only for the list elements that
+    need a gradient (and have an incoming one)."""
+    saved = ctx.saved_tensors
+    As, Bs = saved[:ctx.groups], saved[ctx.groups:]
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not isinstance(need_a, (list, tuple)):  # an empty list, or an older torch: one flag for the list
+        need_a = [bool(need_a)] * ctx.groups
+        need_b = [bool(need_b)] * ctx.groups
+    dAs: list[torch.Tensor | None] = [None] * ctx.groups
+    dBs: list[torch.Tensor | None] = [None] * ctx.groups
+    which_a = [i for i in range(ctx.groups) if need_a[i] and grads[i] is not None]
+    which_b = [i for i in range(ctx.groups) if need_b[i] and grads[i] is not None]
+    if which_a:
+        for i, g in zip(which_a, grouped_gemm_list([grads[i] for i in which_a], [Bs[i].mT for i in which_a])):
+            dAs[i] = g
+    if which_b:
+        for i, g in zip(which_b, grouped_gemm_list([As[i].mT for i in which_b], [grads[i] for i in which_b])):
+            dBs[i] = g
+    return dAs, dBs
+
+
+grouped_gemm_list = op(
+    "jitops::grouped_gemm_list(Tensor[] As, Tensor[] Bs) -> Tensor[]",
+    shape_class=list_shape_class,
+    cuda=Impl(_kernels, run_list_cuda),
+    cpu=Impl(_kernels, run_list_cpu),
+    fake=list_fake,
+    setup_context=list_setup_context,
+    backward=list_backward,
+    doc="The list form of jitops.grouped_gemm (see jitops.grouped_gemm).",
+)
+
+
+# ---- compiling the backward kernels in the background ----------------------------------------------------------
+_PREFETCHED: set[tuple[Any, ...]] = set()
+_PREFETCH_GUARD = threading.Lock()
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _prefetch(op_fn: Any, calls: list[tuple[Any, ...]], device_index: int) -> list[threading.Thread]:
+    """Start compiling (or loading) the kernels that `calls` (meta-tensor arguments of op_fn) will need, each in
+    a daemon thread; the runtime's per-kernel locks make the later real call wait for a compile in flight."""
+    declared = op_fn.op
+    target = declared.target("cuda", device_index)
+    started = []
+    for args in calls:
+        try:
+            requests = declared.requests_for(args, target)
+        except Exception:  # noqa: BLE001 - the real call reports bad inputs
+            continue
+        for request in requests.values():
+            key = (request, device_index)
+            with _PREFETCH_GUARD:
+                if key in _PREFETCHED:
+                    continue
+                _PREFETCHED.add(key)
+            context = MissContext(declared.name, "backward, in the background")
+
+            def work(request=request, context=context) -> None:
+                try:
+                    runtime.get_kernel(request, target, device_index, context)
+                except Exception as exc:  # noqa: BLE001 - the backward itself raises it with full context
+                    log.debug("background compile of %s failed: %s", request.label(), exc)
+
+            thread = threading.Thread(target=work, name=f"jitops-prefetch-{request.kernel}", daemon=True)
+            thread.start()
+            started.append(thread)
+    return started
+
+
+def _prefetch_ragged_backward(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                              device_index: int) -> list[threading.Thread]:
+    mode = _ragged_dims(a, b, offsets)[0]
+    out = _meta_like(_ragged_out(_meta_like(a), _meta_like(b), _meta_like(offsets), mode))
+    ma, mb, mo = _meta_like(a), _meta_like(b), _meta_like(offsets)
+    calls = []
+    if a.requires_grad:
+        calls.append((out, mb.mT, mo))
+    if b.requires_grad:
+        calls.append((ma.mT, out, mo))
+    return _prefetch(grouped_gemm_ragged, calls, device_index)
+
+
+def _prefetch_list_backward(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
+                            device_index: int) -> list[threading.Thread]:
+    outs = [torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device="meta") for a, b in zip(As, Bs)]
+    calls = []
+    if any(a.requires_grad for a in As):
+        calls.append((outs, [_meta_like(b).mT for b in Bs]))
+    if any(b.requires_grad for b in Bs):
+        calls.append(([_meta_like(a).mT for a in As], outs))
+    return _prefetch(grouped_gemm_list, calls, device_index)
+
+
+# ---- the public function ---------------------------------------------------------------------------------------
+def _offsets_for(a: torch.Tensor, b: torch.Tensor, offsets: Any, sizes: Any, check_offsets: bool) -> torch.Tensor:
+    if (offsets is None) == (sizes is None):
+        raise TypeError("jitops.grouped_gemm: the ragged form needs exactly one of 'offsets' (cumulative group "
+                        "ends) or 'sizes' (group sizes)")
+    compiling = torch.compiler.is_compiling()
+    name = "offsets" if sizes is None else "sizes"
+    value = offsets if sizes is None else sizes
+    if not isinstance(value, torch.Tensor):
+        if compiling:
+            value = torch.tensor(value, dtype=torch.int64)
+        else:
+            try:
+                value = torch.tensor([int(v) for v in value], dtype=torch.int64)
+            except (TypeError, ValueError):
+                raise TypeError(f"jitops.grouped_gemm: argument '{name}' must be a tensor or a sequence of ints, "
+                                f"got {type(value).__name__}") from None
+    if value.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"jitops.grouped_gemm: argument '{name}' has dtype "
+                        f"{str(value.dtype).removeprefix('torch.')}; use int32 or int64")
+    if value.dim() != 1:
+        raise ValueError(f"jitops.grouped_gemm: argument '{name}' has shape {tuple(value.shape)}; expected 1-D")
+    on_host = value.is_cpu
+    if sizes is not None:
+        if on_host and not compiling and bool((value < 0).any()):
+            raise ValueError("jitops.grouped_gemm: argument 'sizes' has a negative group size")
+        value = torch.cumsum(value, 0, dtype=torch.int32)
+    if not compiling and (on_host or check_offsets) and not isinstance(value, torch._subclasses.FakeTensor):
+        mode, _, total, _, _, _ = _ragged_dims(a, b, value)
+        _group_bounds(value.cpu(), total, name)
+    if value.device != a.device:
+        value = value.to(a.device, non_blocking=True)
+    return value
+
+
+def grouped_gemm(a, b, offsets=None, *, sizes=None, check_offsets: bool = False):
+    """Grouped matrix products in one CUTLASS launch; see the module docstring (jitops.ops.grouped_gemm).
+
+    grouped_gemm([A_0, ...], [B_0, ...]) -> [A_0 @ B_0, ...]
+    grouped_gemm(x (T, K), w (G, K, N), offsets=... or sizes=...) -> (T, N), rows of group g times w[g]
+    """
+    if isinstance(a, (list, tuple)):
+        if offsets is not None or sizes is not None:
+            raise TypeError("jitops.grouped_gemm: the list form takes no 'offsets' or 'sizes'")
+        if not isinstance(b, (list, tuple)):
+            raise TypeError(f"jitops.grouped_gemm: 'As' is a list, so 'Bs' must be one too, got {type(b).__name__}")
+        As, Bs = list(a), list(b)
+        if (As and torch.is_grad_enabled() and not torch.compiler.is_compiling() and As[0].is_cuda
+                and any(t.requires_grad for t in (*As, *Bs))):
+            _prefetch_list_backward(As, Bs, As[0].get_device())
+        return grouped_gemm_list(As, Bs)
+    a = shapes.check_tensor("grouped_gemm", "a", a)
+    b = shapes.check_tensor("grouped_gemm", "b", b)
+    offsets = _offsets_for(a, b, offsets, sizes, check_offsets)
+    if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and a.is_cuda
+            and not torch.compiler.is_compiling()):
+        _prefetch_ragged_backward(a, b, offsets, a.get_device())
+    return grouped_gemm_ragged(a, b, offsets)
+
+
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items):
+# the mixture-of-experts forward and both gradients, and a large uniform list forward and both gradients.
+_MOE = {"T": 9216, "G": 64, "K": 2048, "N": 1024}
+PREWARM = [
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # x @ w: small NN
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[9216, 1024], [64, 1024, 2048], [64]]],
+     "strides": [[[1024, 1], [2097152, 1, 1024], [1]]]},                              # dx = dy @ wᵀ: small NT
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[2048, 9216], [9216, 1024], [64]]],
+     "strides": [[[1, 2048], [1024, 1], [1]]]},                                       # dw = xᵀ @ dy: large TN
+    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # large NN
+    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]],
+     "strides": [[[[4096, 1]] * 8, [[1, 4096]] * 8]]},                               # dA = dC @ Bᵀ: large NT
+    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[[4096, 2048]] * 8, [[2048, 4096]] * 8]],
+     "strides": [[[[1, 4096]] * 8, [[4096, 1]] * 8]]},                               # dB = Aᵀ @ dC: large TN
+]
