@@ -60,7 +60,7 @@ SMALL = "coop_128x128x64_c1x1"   # ragged mixture-of-experts groups of a few hun
 SMALL_ROWS = 256                 # mean rows per group up to which SMALL is used
 ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
 NOTHING = "nothing"              # no kernel: the result is empty or zeros
-CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2")
+CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1")
 # Benchmarks set this to time one configuration against another; None picks by the rule above.
 config_override: str | None = None
 
@@ -108,28 +108,47 @@ def _pad(n: int, elements: int) -> int:
     return max((n + elements - 1) // elements * elements, elements)
 
 
-def _layout(rows: int, cols: int, s_rows: int, s_cols: int, elements: int) -> tuple[str | None, int]:
-    """How the kernel can read a (rows, cols) matrix with these strides: ROW (cols contiguous) or COL (rows
-    contiguous), with its leading dimension; (None, 0) if neither.  A dimension of extent 1 has no meaningful
-    stride: it gets a padded one."""
-    if (s_cols == 1 or cols <= 1) and (rows <= 1 or s_rows >= cols):
-        return ROW, (s_rows if rows > 1 else _pad(cols, elements))
+def _leading_dim(layout: str, rows: int, cols: int, s_rows: int, s_cols: int, elements: int) -> int | None:
+    """The leading dimension with which the kernel reads a (rows, cols) matrix with these strides in `layout`
+    (ROW: cols contiguous; COL: rows contiguous), or None if it cannot.  A dimension of extent 1 has no
+    meaningful stride: it gets a padded one."""
+    if layout == ROW:
+        if (s_cols == 1 or cols <= 1) and (rows <= 1 or s_rows >= cols):
+            return s_rows if rows > 1 else _pad(cols, elements)
+        return None
     if (s_rows == 1 or rows <= 1) and (cols <= 1 or s_cols >= rows):
-        return COL, (s_cols if cols > 1 else _pad(rows, elements))
-    return None, 0
+        return s_cols if cols > 1 else _pad(rows, elements)
+    return None
 
 
-def _readable(t: torch.Tensor, layout: str | None, ld: int, rows: int, cols: int, elements: int,
-              step: int | None = None) -> bool:
-    """Whether the kernel reads `t` as is in `layout`: 16-byte aligned start, leading dimension, group step
-    and contiguous extent."""
-    if layout is None or ld % elements:
-        return False
-    if (cols if layout == ROW else rows) % elements:
-        return False
-    if step is not None and step % elements:
-        return False
-    return shapes._address(t) % ALIGN_BYTES == 0
+def _as_is(t: torch.Tensor, rows: int, cols: int, elements: int, grouped: bool = False) -> tuple[str, ...]:
+    """The layouts in which the kernel reads `t` (a matrix, or a stack of them if `grouped`) without a copy:
+    16-byte aligned start, leading dimension, group step and contiguous extent."""
+    s = t.stride()
+    if shapes._address(t) % ALIGN_BYTES or grouped and t.shape[0] > 1 and s[0] % elements:
+        return ()
+    readable = []
+    for layout in (ROW, COL):
+        ld = _leading_dim(layout, rows, cols, s[-2], s[-1], elements)
+        if ld is not None and ld % elements == 0 and (cols if layout == ROW else rows) % elements == 0:
+            readable.append(layout)
+    return tuple(readable)
+
+
+def _decide(readable: Sequence[tuple[str, ...] | None], copyable: dict[str, bool],
+            required: str | None = None) -> tuple[str | None, tuple[bool, ...]]:
+    """One layout for an operand of every group (None marks a group that is not launched), and which groups
+    must be copied to it: a layout every group has as is, else one every group can be copied to (a copy's
+    contiguous extent must be a multiple of 16 bytes).  `required` fixes the layout: a ragged operand's
+    ragged dimension must be the strided one.  (None, ()) if no layout works."""
+    candidates = (required,) if required else (ROW, COL)
+    for layout in candidates:
+        if all(r is None or layout in r for r in readable):
+            return layout, (False,) * len(readable)
+    for layout in candidates:
+        if copyable[layout]:
+            return layout, tuple(r is not None and layout not in r for r in readable)
+    return None, ()
 
 
 def _copy_to(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -137,27 +156,11 @@ def _copy_to(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous() if layout == ROW else t.mT.contiguous().mT
 
 
-def _choose(t: torch.Tensor, rows: int, cols: int, elements: int, required: str | None = None,
-            grouped: bool = False) -> tuple[str | None, bool]:
-    """(layout the kernel reads t in, whether t must be copied to it); (None, _) if no layout works.
-    `required` fixes the layout (a ragged operand's ragged dimension must be the strided one)."""
-    s = t.stride()
-    layout, ld = _layout(rows, cols, s[-2], s[-1], elements)
-    step = s[0] if grouped and t.shape[0] > 1 else None
-    if (required is None or layout == required) and _readable(t, layout, ld, rows, cols, elements, step):
-        return layout, False
-    for candidate in ((required,) if required else (ROW, COL)):
-        if (cols if candidate == ROW else rows) % elements == 0:
-            return candidate, True
-    return None, True
-
-
 def _leading(t: torch.Tensor, layout: str, elements: int) -> int:
-    rows, cols = t.shape[-2], t.shape[-1]
     s = t.stride()
-    if layout == ROW:
-        return s[-2] if rows > 1 else _pad(cols, elements)
-    return s[-1] if cols > 1 else _pad(rows, elements)
+    ld = _leading_dim(layout, t.shape[-2], t.shape[-1], s[-2], s[-1], elements)
+    assert ld is not None, "the shape class promised this layout"
+    return ld
 
 
 def _check_call(lib: Any, status: int, what: str) -> None:
@@ -244,18 +247,19 @@ def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) 
     if mode == "N":  # D (M, T) = (bᵀ (T, K) @ aᵀ (G, K, M))ᵀ: ragged M on the transposes
         a, b = b.mT, a.mT
         m, n = 0, m
-    if mode in ("M", "N"):
-        layout_a, copy_a = _choose(a, total, k, elements, required=ROW)
-        layout_b, copy_b = _choose(b, k, n, elements, grouped=True)
+    if mode in ("M", "N"):  # a (T, K) ragged rows, b (G, K, N)
+        layout_a, copy_a = _decide([_as_is(a, total, k, elements)], {ROW: k % elements == 0}, ROW)
+        layout_b, copy_b = _decide([_as_is(b, k, n, elements, grouped=True)],
+                                   {ROW: n % elements == 0, COL: k % elements == 0})
         rows_per_group = total / max(groups, 1)
-    else:
-        layout_a, copy_a = _choose(a, m, total, elements, required=COL)
-        layout_b, copy_b = _choose(b, total, n, elements, required=ROW)
+    else:  # a (M, T) ragged columns, b (T, N) ragged rows
+        layout_a, copy_a = _decide([_as_is(a, m, total, elements)], {COL: m % elements == 0}, COL)
+        layout_b, copy_b = _decide([_as_is(b, total, n, elements)], {ROW: n % elements == 0}, ROW)
         rows_per_group = m
     if layout_a is None or layout_b is None or n % elements:
         return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
     kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config(rows_per_group))
-    return RaggedClass(mode, kernel, layout_a if copy_a else None, layout_b if copy_b else None)
+    return RaggedClass(mode, kernel, layout_a if copy_a[0] else None, layout_b if copy_b[0] else None)
 
 
 def _ragged_out(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
@@ -389,18 +393,6 @@ class ListClass(NamedTuple):
     copy_b: tuple[bool, ...]
 
 
-def _pick(choices: list[tuple[str | None, bool] | None], extents_ok: dict[str, bool]) -> str | None:
-    """One layout for all launched groups (None marks one not launched): one that every group has as is, else
-    one every group can be copied to."""
-    for layout in (ROW, COL):
-        if all(c is None or c == (layout, False) for c in choices):
-            return layout
-    for layout in (ROW, COL):
-        if extents_ok[layout]:
-            return layout
-    return None
-
-
 def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
     if len(As) != len(Bs):
         raise ValueError(f"jitops.grouped_gemm: arguments 'As' and 'Bs' have {len(As)} and {len(Bs)} "
@@ -427,35 +419,35 @@ def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
     if first.is_cpu:
         return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
     elements = ALIGN_BYTES // first.element_size()
-    choices_a, choices_b = [], []
-    a_ok = {ROW: True, COL: True}
-    b_ok = {ROW: True, COL: True}
-    rows = 0
+    readable_a: list[tuple[str, ...] | None] = []
+    readable_b: list[tuple[str, ...] | None] = []
+    copyable_a = {ROW: True, COL: True}
+    copyable_b = {ROW: True, COL: True}
+    rows = live = 0
     n_ok = True
-    live = 0
     for a, b in zip(As, Bs):
         (m, k), n = a.shape, b.shape[1]
         if m == 0 or n == 0 or k == 0:  # not launched
-            choices_a.append(None)
-            choices_b.append(None)
+            readable_a.append(None)
+            readable_b.append(None)
             continue
         live += 1
         rows += m
-        n_ok &= n % elements == 0
-        choices_a.append(_choose(a, m, k, elements))
-        choices_b.append(_choose(b, k, n, elements))
-        a_ok[ROW] &= k % elements == 0
-        a_ok[COL] &= m % elements == 0
-        b_ok[ROW] &= n % elements == 0
-        b_ok[COL] &= k % elements == 0
+        n_ok &= n % elements == 0  # D_i is row-major
+        readable_a.append(_as_is(a, m, k, elements))
+        readable_b.append(_as_is(b, k, n, elements))
+        copyable_a[ROW] &= k % elements == 0
+        copyable_a[COL] &= m % elements == 0
+        copyable_b[ROW] &= n % elements == 0
+        copyable_b[COL] &= k % elements == 0
     if not live:
         return ListClass(GemmKernelClass(dtype, True, True, NOTHING), (), ())
-    layout_a, layout_b = _pick(choices_a, a_ok), _pick(choices_b, b_ok)
+    layout_a, copy_a = _decide(readable_a, copyable_a)
+    layout_b, copy_b = _decide(readable_b, copyable_b)
     if layout_a is None or layout_b is None or not n_ok:
         return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
     kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config(rows / live))
-    return ListClass(kernel, tuple(c is not None and c != (layout_a, False) for c in choices_a),
-                     tuple(c is not None and c != (layout_b, False) for c in choices_b))
+    return ListClass(kernel, copy_a, copy_b)
 
 
 def list_fake(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -641,6 +633,8 @@ def _offsets_for(a: torch.Tensor, b: torch.Tensor, offsets: Any, sizes: Any, che
         mode, _, total, _, _, _ = _ragged_dims(a, b, value)
         _group_bounds(value.cpu(), total, name)
     if value.device != a.device:
+        if on_host and a.is_cuda and not compiling:
+            value = value.pin_memory()  # a truly asynchronous copy: no wait for the stream
         value = value.to(a.device, non_blocking=True)
     return value
 

@@ -10,20 +10,31 @@
 //   jg_run_ragged  sizes from a device tensor of cumulative offsets (mixture of experts);
 //   jg_run_list    one row of 9 int64 per group, built on the host and copied to the device by the caller.
 // Both return 0 or an error code; jg_error_string explains it.
+#include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+// Only the Hopper pieces: the umbrella headers (collective_builder.hpp, gemm_universal.hpp and the device
+// adapter) pull in every architecture's collectives and kernels, 40% more code for the compiler to read.
 #include "cute/tensor.hpp"
+#include "cutlass/cluster_launch.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"
+#include "cutlass/gemm/collective/collective_builder_decl.hpp"
+#include "cutlass/gemm/collective/collective_mma_decl.hpp"
+#include "cutlass/gemm/collective/sm90_mma_array_tma_gmma_ss_warpspecialized.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/gemm.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/gemm_universal_decl.h"
+#include "cutlass/gemm/kernel/sm90_gemm_array_tma_warpspecialized_cooperative.hpp"
+#include "cutlass/gemm/kernel/sm90_gemm_array_tma_warpspecialized_pingpong.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/kernel_launch.h"
 
 #ifndef JG_ELEMENT
 #define JG_ELEMENT cutlass::bfloat16_t
@@ -75,6 +86,11 @@ struct coop_128x128x64_c1x2 : Cooperative {
   using Tile = Shape<_128, _128, _64>;
   using Cluster = Shape<_1, _2, _1>;
 };
+// Ping-pong with 128-row tiles per warpgroup.
+struct pong_128x128x64_c1x1 : Pingpong {
+  using Tile = Shape<_128, _128, _64>;
+  using Cluster = Shape<_1, _1, _1>;
+};
 
 using Config = JG_CONFIG;
 using Element = JG_ELEMENT;
@@ -101,7 +117,6 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
     typename Config::Kernel>::CollectiveOp;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 using StrideA = typename GemmKernel::InternalStrideA;
 using StrideB = typename GemmKernel::InternalStrideB;
 using StrideD = typename GemmKernel::InternalStrideD;
@@ -156,8 +171,9 @@ inline Arrays carve(void* workspace, int groups) {
   return r;
 }
 
-typename Gemm::Arguments make_arguments(int groups, Arrays const& arrays, Shape3 const* host_shapes, int sm_count) {
-  typename Gemm::Arguments args;
+typename GemmKernel::Arguments make_arguments(int groups, Arrays const& arrays, Shape3 const* host_shapes,
+                                             int sm_count) {
+  typename GemmKernel::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {groups, arrays.shapes, host_shapes};
   args.mainloop = {arrays.a, arrays.sa, arrays.b, arrays.sb};
@@ -262,25 +278,47 @@ __global__ void list_setup(int groups, int64_t const* rows, Arrays arrays) {
 constexpr int kCudaBase = 1000;
 constexpr int kCutlassBase = 2000;
 constexpr int kBadArguments = 3000;
+constexpr int kMaxDevices = 64;
 
+// What cutlass::gemm::device::GemmUniversalAdapter does for an sm90 kernel: workspace, params, shared
+// memory limit, cluster launch.
 int run_gemm(int groups, Arrays const& arrays, Shape3 const* host_shapes, size_t workspace_bytes, int sm_count,
              cudaStream_t stream) {
-  typename Gemm::Arguments args = make_arguments(groups, arrays, host_shapes, sm_count);
-  size_t needed = Gemm::get_workspace_size(args);
-  size_t used = static_cast<size_t>(static_cast<char*>(arrays.cutlass_workspace) - reinterpret_cast<char*>(arrays.shapes));
+  typename GemmKernel::Arguments args = make_arguments(groups, arrays, host_shapes, sm_count);
+  size_t needed = GemmKernel::get_workspace_size(args);
+  size_t used = static_cast<size_t>(static_cast<char*>(arrays.cutlass_workspace) -
+                                    reinterpret_cast<char*>(arrays.shapes));
   if (used + needed > workspace_bytes) return kBadArguments;
-  Gemm gemm;
-  cutlass::Status status = gemm.can_implement(args);
+  if (!GemmKernel::can_implement(args)) return kCutlassBase + static_cast<int>(cutlass::Status::kErrorInvalidProblem);
+  cutlass::Status status = GemmKernel::initialize_workspace(args, arrays.cutlass_workspace, stream);
   if (status != cutlass::Status::kSuccess) return kCutlassBase + static_cast<int>(status);
-  status = gemm.initialize(args, arrays.cutlass_workspace, stream);
-  if (status != cutlass::Status::kSuccess) return kCutlassBase + static_cast<int>(status);
-  status = gemm.run(stream);
-  if (status != cutlass::Status::kSuccess) {
-    cudaError_t error = cudaGetLastError();
-    return error != cudaSuccess ? kCudaBase + static_cast<int>(error) : kCutlassBase + static_cast<int>(status);
+  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, arrays.cutlass_workspace);
+
+  constexpr int smem = GemmKernel::SharedStorageSize;
+  static std::atomic<bool> smem_set[kMaxDevices] = {};  // the attribute is per function and device
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= kMaxDevices || !smem_set[device].load(std::memory_order_relaxed)) {
+    cudaError_t error = cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (error != cudaSuccess) return kCudaBase + static_cast<int>(error);
+    if (device >= 0 && device < kMaxDevices) smem_set[device].store(true, std::memory_order_relaxed);
+  }
+  dim3 grid = GemmKernel::get_grid_shape(params);
+  dim3 block = GemmKernel::get_block_shape();
+  using Cluster = typename Config::Cluster;
+  if constexpr (size(Cluster{}) == 1) {
+    status = cutlass::kernel_launch<GemmKernel>(grid, block, smem, stream, params, false);
+  } else {
+    dim3 cluster(size<0>(Cluster{}), size<1>(Cluster{}), size<2>(Cluster{}));
+    void* kernel_params[] = {&params};
+    status = cutlass::ClusterLauncher::launch(grid, cluster, block, smem, stream,
+                                              reinterpret_cast<void const*>(cutlass::device_kernel<GemmKernel>),
+                                              kernel_params);
   }
   cudaError_t error = cudaGetLastError();
-  return error == cudaSuccess ? 0 : kCudaBase + static_cast<int>(error);
+  if (error != cudaSuccess) return kCudaBase + static_cast<int>(error);
+  return status == cutlass::Status::kSuccess ? 0 : kCutlassBase + static_cast<int>(status);
 }
 
 }  // namespace jg
@@ -290,7 +328,7 @@ int run_gemm(int groups, Arrays const& arrays, Shape3 const* host_shapes, size_t
 JG_EXPORT int64_t jg_workspace_bytes(int32_t groups, int32_t sm_count) {
   jg::Arrays arrays = jg::carve(nullptr, groups);
   auto args = jg::make_arguments(groups, arrays, nullptr, sm_count);
-  return static_cast<int64_t>(jg::arrays_bytes(groups) + jg::Gemm::get_workspace_size(args) + jg::kAlign);
+  return static_cast<int64_t>(jg::arrays_bytes(groups) + jg::GemmKernel::get_workspace_size(args) + jg::kAlign);
 }
 
 JG_EXPORT int32_t jg_run_ragged(int32_t mode, int32_t groups, void const* offsets, int64_t total, int32_t m,
