@@ -44,6 +44,8 @@ UNIFORM = {"groups": 8, "M": 2048, "K": 4096, "N": 4096}
 
 def kernel_classes() -> list:
     """Every kernel class the benchmark (sweep included) and tests/test_grouped_gemm_gpu.py use."""
+    if os.environ.get("JITOPS_GROUPED_PREBUILD") == "sweep":  # only the forward kernels the sweep times
+        return [gg.GemmKernelClass(torch.bfloat16, True, True, config) for config in gg.CONFIGS]
     C = gg.GemmKernelClass
     bf16, fp16 = torch.bfloat16, torch.float16
     layouts = [(True, True), (True, False), (False, True)]
@@ -118,6 +120,19 @@ def relative_error(got, want) -> float:
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------------
+def sweep_only() -> None:
+    x, w, offsets, _ = moe_inputs()
+    a3, b3 = uniform_inputs()
+    flops = 2 * x.shape[0] * MOE["K"] * MOE["N"]
+    flops_uniform = 2 * UNIFORM["groups"] * UNIFORM["M"] * UNIFORM["K"] * UNIFORM["N"]
+    results = run_sweep(x, w, offsets, list(a3.unbind(0)), list(b3.unbind(0)), flops, flops_uniform)
+    out = Path(os.environ.get("JITOPS_BENCH_OUT", HERE / "results")) / "grouped_gemm_sweep.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                               "device": torch.cuda.get_device_name(0), "T": x.shape[0], "results": results},
+                              indent=1))
+
+
 def run(sweep: bool) -> None:
     from harness import Bench
 
@@ -191,25 +206,37 @@ def run(sweep: bool) -> None:
 
 
 def run_sweep(x, w, offsets, As, Bs, flops, flops_uniform) -> dict:
-    """TFLOP/s of each tile configuration on both cases (kernels that are not cached are skipped)."""
-    from harness import time_cuda
+    """TFLOP/s of each tile configuration and tile order on both cases, with torch._grouped_mm timed alongside
+    (kernels that are not cached are skipped)."""
+    from harness import copy_bandwidth, time_cuda
 
-    results = {}
-    for config in gg.CONFIGS:
-        gg.config_override = config
-        try:
-            for name, fn, f in (("moe", lambda: jitops.grouped_gemm(x, w, offsets=offsets), flops),
-                                ("uniform", lambda: jitops.grouped_gemm(As, Bs), flops_uniform)):
-                try:
-                    with jitops.config.scope(offline=True):
-                        fn()
-                except jitops.CacheMissError:
-                    continue
-                ms = time_cuda(fn, min_ms=100.0)
-                results[f"{name} {config}"] = round(f / (ms * 1e-3) / 1e12, 1)
-                print(f"  sweep {name:8s} {config:24s} {results[f'{name} {config}']:6.1f} TFLOP/s", flush=True)
-        finally:
-            gg.config_override = None
+    a3, b3 = torch.stack(As), torch.stack(Bs)
+    results = {"copy TB/s": round(copy_bandwidth(), 3)}
+    cases = (("moe", lambda: jitops.grouped_gemm(x, w, offsets=offsets), flops,
+              lambda: torch._grouped_mm(x, w, offs=offsets), [(0, 1), (1, 1)]),
+             ("uniform", lambda: jitops.grouped_gemm(As, Bs), flops_uniform, lambda: torch._grouped_mm(a3, b3),
+              [(r, s) for s in (1, 2, 4, 8) for r in (0, 1)]))
+    for name, fn, f, baseline, schedules in cases:
+        ms = time_cuda(baseline, min_ms=100.0)
+        results[f"{name} torch._grouped_mm"] = round(f / (ms * 1e-3) / 1e12, 1)
+        print(f"  sweep {name:8s} {'torch._grouped_mm':32s} {results[f'{name} torch._grouped_mm']:6.1f} TFLOP/s")
+        for config in gg.CONFIGS:
+            gg.config_override = config
+            try:
+                for schedule in schedules:
+                    gg.schedule_override = schedule
+                    try:
+                        with jitops.config.scope(offline=True):
+                            fn()
+                    except jitops.CacheMissError:
+                        break
+                    ms = time_cuda(fn, min_ms=60.0)
+                    label = f"{name} {config} r{schedule[0]}s{schedule[1]}"
+                    results[label] = round(f / (ms * 1e-3) / 1e12, 1)
+                    print(f"  sweep {label:41s} {results[label]:6.1f} TFLOP/s", flush=True)
+            finally:
+                gg.config_override = None
+                gg.schedule_override = None
     return results
 
 
@@ -257,6 +284,7 @@ def cold_compile() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time every cached tile configuration")
+    parser.add_argument("--sweep-only", action="store_true", help="only the tile configuration sweep")
     parser.add_argument("--prebuild", metavar="DIR", help="compile the kernels for sm_90a into DIR (no GPU)")
     parser.add_argument("--workers", type=int, default=2, help="parallel nvcc processes for --prebuild")
     parser.add_argument("--cold-compile", action="store_true", help="first call in a fresh process, empty cache")
@@ -267,6 +295,9 @@ def main() -> None:
         return
     if args.cold_compile:
         cold_compile()
+        return
+    if args.sweep_only:
+        sweep_only()
         return
     run(args.sweep)
 

@@ -60,9 +60,13 @@ SMALL = "coop_128x128x64_c1x1"   # ragged mixture-of-experts groups of a few hun
 SMALL_ROWS = 256                 # mean rows per group up to which SMALL is used
 ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
 NOTHING = "nothing"              # no kernel: the result is empty or zeros
-CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1")
-# Benchmarks set this to time one configuration against another; None picks by the rule above.
+CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
+           "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
+# Tile order inside each group: (raster, swizzle), raster 0 = M tiles first, 1 = N tiles first.
+SCHEDULE = (0, 1)
+# Benchmarks set these to time one configuration or tile order against another; None picks by the rules above.
 config_override: str | None = None
+schedule_override: tuple[int, int] | None = None
 
 ROW, COL = "row", "col"
 
@@ -71,8 +75,8 @@ GROUPED_GEMM = CudaLibrary(
     functions={
         "jg_workspace_bytes": (("i32", "i32"), "i64"),
         "jg_run_ragged": (("i32", "i32", "ptr", "i64", "i32", "i32", "i32", "ptr", "i64", "i64", "ptr", "i64",
-                           "i64", "ptr", "i64", "i64", "ptr", "i64", "i32", "i32", "ptr"), "i32"),
-        "jg_run_list": (("i32", "ptr", "ptr", "ptr", "i64", "i32", "ptr"), "i32"),
+                           "i64", "ptr", "i64", "i64", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr"), "i32"),
+        "jg_run_list": (("i32", "ptr", "ptr", "ptr", "i64", "i32", "i32", "i32", "ptr"), "i32"),
         "jg_error_string": (("i32",), "ptr"),
     },
     arch_specific=True)
@@ -377,9 +381,10 @@ def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) 
     offsets = offsets.contiguous()
     device_index = a.get_device()
     workspace, size = _workspace(lib, groups, device_index)
+    raster, swizzle = schedule_override or SCHEDULE
     status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
-                                  d, d_step, d_ld, workspace, size, sm_count(device_index), fill,
-                                  current_stream(device_index))
+                               d, d_step, d_ld, workspace, size, sm_count(device_index), fill, raster, swizzle,
+                               current_stream(device_index))
     _check_call(lib, status, f"ragged {cls.mode}, {groups} groups, layouts {layout_a}/{layout_b}")
     return out
 
@@ -529,8 +534,9 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
         rows_device = host.to(device, non_blocking=True)
         device_index = device.index if device.index is not None else torch.cuda.current_device()
         workspace, size = _workspace(lib, groups, device_index)
-        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index),
-                                    current_stream(device_index))
+        raster, swizzle = schedule_override or SCHEDULE
+        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
+                                 swizzle, current_stream(device_index))
         _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
     return outs
 

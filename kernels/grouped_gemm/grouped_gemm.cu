@@ -9,7 +9,7 @@
 // arrays that a small setup kernel here fills on the GPU, so a ragged call needs no device-to-host copy:
 //   jg_run_ragged  sizes from a device tensor of cumulative offsets (mixture of experts);
 //   jg_run_list    one row of 9 int64 per group, built on the host and copied to the device by the caller.
-// Both return 0 or an error code; jg_error_string explains it.
+// Both take the tile order (raster, swizzle) and return 0 or an error code; jg_error_string explains it.
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -89,6 +89,26 @@ struct coop_128x128x64_c1x2 : Cooperative {
 // Ping-pong with 128-row tiles per warpgroup.
 struct pong_128x128x64_c1x1 : Pingpong {
   using Tile = Shape<_128, _128, _64>;
+  using Cluster = Shape<_1, _1, _1>;
+};
+// Groups of up to 256 rows in one M tile: each B panel (an expert's weight columns) is read once, no cluster.
+struct coop_256x128x64_c1x1 : Cooperative {
+  using Tile = Shape<_256, _128, _64>;
+  using Cluster = Shape<_1, _1, _1>;
+};
+// The same with a 1x2 cluster: A is multicast to the two N tiles of a cluster.
+struct coop_256x128x64_c1x2 : Cooperative {
+  using Tile = Shape<_256, _128, _64>;
+  using Cluster = Shape<_1, _2, _1>;
+};
+// The large tile without a cluster: no CTA idles on a group with a single M tile.
+struct coop_128x256x64_c1x1 : Cooperative {
+  using Tile = Shape<_128, _256, _64>;
+  using Cluster = Shape<_1, _1, _1>;
+};
+// Ping-pong, 64-row tiles per warpgroup with wide N: little row padding, B panels of 256 columns.
+struct pong_64x256x64_c1x1 : Pingpong {
+  using Tile = Shape<_64, _256, _64>;
   using Cluster = Shape<_1, _1, _1>;
 };
 
@@ -171,8 +191,10 @@ inline Arrays carve(void* workspace, int groups) {
   return r;
 }
 
+// raster: 0 walks M tiles first within a group (the M tiles of one N tile run side by side and share its B panel
+// through L2), 1 walks N first.  swizzle: 1, 2, 4 or 8 tiles along the other dimension before moving on.
 typename GemmKernel::Arguments make_arguments(int groups, Arrays const& arrays, Shape3 const* host_shapes,
-                                             int sm_count) {
+                                             int sm_count, int raster = 0, int swizzle = 1) {
   typename GemmKernel::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {groups, arrays.shapes, host_shapes};
@@ -185,9 +207,9 @@ typename GemmKernel::Arguments make_arguments(int groups, Arrays const& arrays, 
   args.epilogue.thread.beta = 0.0f;
   args.hw_info.device_id = 0;  // only read when sm_count is 0
   args.hw_info.sm_count = sm_count;
-  // Along M: the M tiles of one (group, N tile) run side by side, so they read that B panel (an expert's
-  // weight columns) from L2 rather than from HBM.
-  args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.raster_order = raster == 1 ? Raster::AlongN : Raster::AlongM;
+  args.scheduler.max_swizzle_size = swizzle;
   return args;
 }
 
@@ -283,8 +305,11 @@ constexpr int kMaxDevices = 64;
 // What cutlass::gemm::device::GemmUniversalAdapter does for an sm90 kernel: workspace, params, shared
 // memory limit, cluster launch.
 int run_gemm(int groups, Arrays const& arrays, Shape3 const* host_shapes, size_t workspace_bytes, int sm_count,
-             cudaStream_t stream) {
-  typename GemmKernel::Arguments args = make_arguments(groups, arrays, host_shapes, sm_count);
+             int raster, int swizzle, cudaStream_t stream) {
+  if (raster < 0 || raster > 1 || !(swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8)) {
+    return kBadArguments;
+  }
+  typename GemmKernel::Arguments args = make_arguments(groups, arrays, host_shapes, sm_count, raster, swizzle);
   size_t needed = GemmKernel::get_workspace_size(args);
   size_t used = static_cast<size_t>(static_cast<char*>(arrays.cutlass_workspace) -
                                     reinterpret_cast<char*>(arrays.shapes));
@@ -335,7 +360,7 @@ JG_EXPORT int32_t jg_run_ragged(int32_t mode, int32_t groups, void const* offset
                                 int32_t n, int32_t k, void const* a, int64_t a_step, int64_t a_ld, void const* b,
                                 int64_t b_step, int64_t b_ld, void* d, int64_t d_step, int64_t d_ld,
                                 void* workspace, int64_t workspace_bytes, int32_t sm_count, int32_t fill_blocks,
-                                void* stream_handle) {
+                                int32_t raster, int32_t swizzle, void* stream_handle) {
   if (groups <= 0 || mode < 0 || mode > 2 || fill_blocks < 1) return jg::kBadArguments;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   jg::Arrays arrays = jg::carve(workspace, groups);
@@ -346,13 +371,15 @@ JG_EXPORT int32_t jg_run_ragged(int32_t mode, int32_t groups, void const* offset
   jg::ragged_setup<<<dim3(groups, mode == 1 ? fill_blocks : 1), 256, 0, stream>>>(p, arrays);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return jg::kCudaBase + static_cast<int>(error);
-  return jg::run_gemm(groups, arrays, nullptr, static_cast<size_t>(workspace_bytes), sm_count, stream);
+  return jg::run_gemm(groups, arrays, nullptr, static_cast<size_t>(workspace_bytes), sm_count, raster, swizzle,
+                      stream);
 }
 
 // rows_device: groups x 9 int64 on the device; rows_host: the same rows in host memory (sizes for CUTLASS's
 // checks and its grid), or null.
 JG_EXPORT int32_t jg_run_list(int32_t groups, void const* rows_device, void const* rows_host, void* workspace,
-                              int64_t workspace_bytes, int32_t sm_count, void* stream_handle) {
+                              int64_t workspace_bytes, int32_t sm_count, int32_t raster, int32_t swizzle,
+                              void* stream_handle) {
   if (groups <= 0) return jg::kBadArguments;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   jg::Arrays arrays = jg::carve(workspace, groups);
@@ -369,7 +396,7 @@ JG_EXPORT int32_t jg_run_list(int32_t groups, void const* rows_device, void cons
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return jg::kCudaBase + static_cast<int>(error);
   return jg::run_gemm(groups, arrays, host_shapes.empty() ? nullptr : host_shapes.data(),
-                      static_cast<size_t>(workspace_bytes), sm_count, stream);
+                      static_cast<size_t>(workspace_bytes), sm_count, raster, swizzle, stream);
 }
 
 JG_EXPORT char const* jg_error_string(int32_t code) {
