@@ -43,16 +43,15 @@ UNIFORM = {"groups": 8, "M": 2048, "K": 4096, "N": 4096}
 
 
 def kernel_classes() -> list:
-    """Every kernel class the benchmark (sweep included) and tests/test_grouped_gemm_gpu.py use."""
+    """Every kernel class the benchmark and tests/test_grouped_gemm_gpu.py use (with JITOPS_GROUPED_PREBUILD=sweep:
+    the forward kernel of each tile configuration, for --sweep and --sweep-only)."""
     if os.environ.get("JITOPS_GROUPED_PREBUILD") == "sweep":  # only the forward kernels the sweep times
         return [gg.GemmKernelClass(torch.bfloat16, True, True, config) for config in gg.CONFIGS]
     C = gg.GemmKernelClass
     bf16, fp16 = torch.bfloat16, torch.float16
     layouts = [(True, True), (True, False), (False, True)]
-    classes = [C(bf16, a, b, gg.SMALL) for a, b in layouts + [(False, False)]]
-    classes += [C(fp16, a, b, gg.SMALL) for a, b in layouts]
-    classes += [C(bf16, a, b, gg.LARGE) for a, b in layouts]
-    classes += [C(bf16, True, True, config) for config in gg.CONFIGS if config not in (gg.SMALL, gg.LARGE)]
+    classes = [C(bf16, a, b, gg.DEFAULT) for a, b in layouts + [(False, False)]]
+    classes += [C(fp16, a, b, gg.DEFAULT) for a, b in layouts]
     return classes
 
 
@@ -200,6 +199,20 @@ def run(sweep: bool) -> None:
     except RuntimeError as exc:  # an older torch without _grouped_mm's backward
         print(f"  moe fwd+bwd: torch._grouped_mm backward unavailable ({exc})")
 
+    # The rows above time ours first, then the baseline; the GPU's clock can drift between the two.  Again with
+    # the baseline first:
+    from harness import time_cuda
+    reverse = {}
+    for name, ours, baseline, f in (
+            ("moe", lambda: jitops.grouped_gemm(x, w, offsets=offsets), lambda: torch._grouped_mm(x, w, offs=offsets),
+             flops),
+            ("uniform", lambda: jitops.grouped_gemm(As, Bs), lambda: torch._grouped_mm(a3, b3), flops_uniform)):
+        base_ms = time_cuda(baseline)
+        ours_ms = time_cuda(ours)
+        reverse[name] = {"torch._grouped_mm TFLOP/s": round(f / base_ms / 1e9, 1),
+                         "ours TFLOP/s": round(f / ours_ms / 1e9, 1), "ours/torch speed": round(base_ms / ours_ms, 3)}
+        print(f"  {name} (baseline timed first): {reverse[name]}")
+    bench.note(baseline_first=reverse, copy_bandwidth_TBps=round(__import__("harness").copy_bandwidth(), 3))
     if sweep:
         bench.note(sweep=run_sweep(x, w, offsets, As, Bs, flops, flops_uniform))
     bench.finish()

@@ -15,7 +15,7 @@ import torch
 import jitops
 from jitops.backends import toolkit
 from jitops.runtime import runtime
-from jitops.specs import Target
+from jitops.specs import Target, kernels_root
 from jitops.testing import check_op
 
 DTYPES = [torch.float32, torch.float64]
@@ -301,16 +301,16 @@ def test_moe_forward_and_gradients_use_three_layouts_of_the_same_kernel():
     forward = gg.ragged_shape_class(x, w, offsets).kernel
     dx = gg.ragged_shape_class(dy, w.mT, offsets)
     dw = gg.ragged_shape_class(x.mT, dy, offsets)
-    assert forward == gg.GemmKernelClass(torch.bfloat16, True, True, gg.SMALL)
-    assert dx.kernel == gg.GemmKernelClass(torch.bfloat16, True, False, gg.SMALL) and dx.copy_b is None
-    assert dw.mode == "K" and dw.kernel == gg.GemmKernelClass(torch.bfloat16, False, True, gg.LARGE)
+    assert forward == gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT)
+    assert dx.kernel == gg.GemmKernelClass(torch.bfloat16, True, False, gg.DEFAULT) and dx.copy_b is None
+    assert dw.mode == "K" and dw.kernel == gg.GemmKernelClass(torch.bfloat16, False, True, gg.DEFAULT)
     assert dw.copy_a is None and dw.copy_b is None  # no transposed copies in the backward
 
 
-def test_list_layouts_from_strides_and_uniform_large_groups():
+def test_list_layouts_from_strides():
     As, Bs = [meta((2048, 4096))] * 8, [meta((4096, 4096))] * 8
     forward = gg.list_shape_class(As, Bs)
-    assert forward.kernel == gg.GemmKernelClass(torch.bfloat16, True, True, gg.LARGE)
+    assert forward.kernel == gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT)
     assert not any(forward.copy_a + forward.copy_b)
     dc = [meta((2048, 4096))] * 8
     assert gg.list_shape_class(dc, [b.mT for b in Bs]).kernel.b_row is False
@@ -337,7 +337,7 @@ def test_no_kernel_for_empty_problems_or_non_hopper_targets():
     assert gg._kernels(cls, Target.parse("sm_80")) == {}
     request = gg._kernels(cls, SM90)["gemm"]
     assert request.arch(SM90) == "sm_90a"
-    assert dict(request.defines) == {"JG_A_ROW": "1", "JG_B_ROW": "1", "JG_CONFIG": gg.SMALL,
+    assert dict(request.defines) == {"JG_A_ROW": "1", "JG_B_ROW": "1", "JG_CONFIG": gg.DEFAULT,
                                      "JG_ELEMENT": "cutlass::bfloat16_t"}
 
 
@@ -350,8 +350,7 @@ def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels():
             args = op.example_args(item["dtypes"][0], shapes, item["kwargs"], strides)
             classes.add(op.shape_class(*args).kernel)
     layouts = {(c.a_row, c.b_row, c.config) for c in classes}
-    assert layouts == {(True, True, gg.SMALL), (True, False, gg.SMALL), (False, True, gg.LARGE),
-                       (True, True, gg.LARGE), (True, False, gg.LARGE)}
+    assert layouts == {(True, True, gg.DEFAULT), (True, False, gg.DEFAULT), (False, True, gg.DEFAULT)}
 
 
 def test_backward_kernels_are_requested_in_the_background(monkeypatch):
@@ -385,7 +384,7 @@ def _build(fresh_cache, kernel_class):
 
 @pytest.mark.skipif(toolkit.nvcc_path() is None, reason="needs nvcc")
 def test_nvcc_builds_the_moe_forward_kernel_for_sm90a(fresh_cache):
-    entry = _build(fresh_cache, gg.GemmKernelClass(torch.bfloat16, True, True, gg.SMALL))
+    entry = _build(fresh_cache, gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT))
     assert entry.meta["compile_seconds"] > 0
 
 
@@ -398,3 +397,11 @@ SWEEP = [gg.GemmKernelClass(dtype, a_row, b_row, config) for dtype in gg.CUDA_DT
                          f"{int(c.b_row)}-{c.config}")
 def test_nvcc_builds_every_configuration(fresh_cache, kernel_class):
     _build(fresh_cache, kernel_class)
+
+
+def test_every_tile_configuration_is_a_struct_in_the_kernel_source():
+    source = (kernels_root() / "grouped_gemm" / "grouped_gemm.cu").read_text()
+    for config in gg.CONFIGS:
+        assert f"struct {config} :" in source
+        tile_m, tile_n, cluster_m, cluster_n = gg._tiling(config)
+        assert f"Shape<_{tile_m}, _{tile_n}, _64>" in source and cluster_m * cluster_n in (1, 2)

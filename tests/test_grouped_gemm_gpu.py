@@ -96,10 +96,9 @@ def test_list_matches_reference_with_gradients_for_every_element(dtype):
 
 
 @needs_hopper
-def test_large_uniform_list_uses_the_large_tile_forward_and_backward():
+def test_large_uniform_list_forward_and_backward():
     As = [torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
     Bs = [torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
-    assert gg.list_shape_class(As, Bs).kernel.config == gg.LARGE
     outs = jitops.grouped_gemm(As, Bs)
     grads = [torch.randn_like(o) for o in outs]
     torch.autograd.backward(outs, grads)

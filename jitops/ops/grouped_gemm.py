@@ -53,17 +53,24 @@ OFFSET_DTYPES = (torch.int32, torch.int64)
 ELEMENTS = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
 ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
 
-# Tile configurations (structs in grouped_gemm.cu).  Few on purpose: each is a ~40-60 s nvcc compile per
-# (dtype, layout of A, layout of B).
-LARGE = "coop_128x256x64_c2x1"   # the dense-GEMM tile: 8 x 2048x4096x4096 and other big groups
-SMALL = "coop_128x128x64_c1x1"   # ragged mixture-of-experts groups of a few hundred rows
-SMALL_ROWS = 256                 # mean rows per group up to which SMALL is used
+# Tile configurations: structs in grouped_gemm.cu.  One is used: each configuration is a ~50 s nvcc compile per
+# (dtype, layout of A, layout of B), and on the lent H100 (2026-11-22, bench_grouped_gemm.py --sweep-only) the
+# 128x256 cooperative tile with a 2x1 cluster was the fastest of nine on the mixture-of-experts case (291
+# TFLOP/s; 64x256 ping-pong 290, 256x128 1x2 287, 128x128 277) and on 8 x 2048x4096x4096 (648-670; 256x128
+# 1x2 639-655, 128x256 1x1 643).  With one configuration the mixture-of-experts forward, dx and dW and the
+# list form's forward, dA and dB share three kernels.  The others stay for the sweep.
+DEFAULT = "coop_128x256x64_c2x1"
+CONFIGS = (DEFAULT, "coop_128x128x64_c1x1", "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
+           "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
 ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
 NOTHING = "nothing"              # no kernel: the result is empty or zeros
-CONFIGS = (LARGE, SMALL, "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
-           "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
-# Tile order inside each group: (raster, swizzle), raster 0 = M tiles first, 1 = N tiles first.
+# Tile order inside each group: (raster, swizzle), raster 0 = M tiles first, 1 = N tiles first.  M first was
+# faster for every configuration on the mixture-of-experts case (the M tiles of one expert's N tile share its
+# weight panel).  Swizzle s pads each group's M and N tile counts up to multiples of s x cluster (CUTLASS's group
+# scheduler), which costs idle tiles on small groups, so the list form swizzles by 4 (648 -> 670 TFLOP/s on 8 x
+# 2048x4096x4096 in the sweep) only where that pads nothing.
 SCHEDULE = (0, 1)
+LIST_SWIZZLE = 4
 # Benchmarks set these to time one configuration or tile order against another; None picks by the rules above.
 config_override: str | None = None
 schedule_override: tuple[int, int] | None = None
@@ -101,10 +108,22 @@ def _kernels(cls: Any, target: Target) -> dict:
                                       JG_CONFIG=kernel.config)}
 
 
-def _config(rows_per_group: float) -> str:
-    if config_override is not None:
-        return config_override
-    return SMALL if rows_per_group <= SMALL_ROWS else LARGE
+def _config() -> str:
+    return config_override or DEFAULT
+
+
+_TILINGS: dict[str, tuple[int, int, int, int]] = {}
+
+
+def _tiling(config: str) -> tuple[int, int, int, int]:
+    """(tile M, tile N, cluster M, cluster N) from a configuration's name, e.g. coop_128x256x64_c2x1."""
+    tiling = _TILINGS.get(config)
+    if tiling is None:
+        _, tile, cluster = config.split("_")
+        tile_m, tile_n, _ = (int(v) for v in tile.split("x"))
+        cluster_m, cluster_n = (int(v) for v in cluster[1:].split("x"))
+        tiling = _TILINGS[config] = (tile_m, tile_n, cluster_m, cluster_n)
+    return tiling
 
 
 # ---- layouts -------------------------------------------------------------------------------------------------
@@ -279,14 +298,12 @@ def _ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor)
         layout_a, copy_a = _decide([_as_is(a, total, k, elements)], {ROW: k % elements == 0}, ROW)
         layout_b, copy_b = _decide([_as_is(b, k, n, elements, grouped=True)],
                                    {ROW: n % elements == 0, COL: k % elements == 0})
-        rows_per_group = total / max(groups, 1)
     else:  # a (M, T) ragged columns, b (T, N) ragged rows
         layout_a, copy_a = _decide([_as_is(a, m, total, elements)], {COL: m % elements == 0}, COL)
         layout_b, copy_b = _decide([_as_is(b, total, n, elements)], {ROW: n % elements == 0}, ROW)
-        rows_per_group = m
     if layout_a is None or layout_b is None or n % elements:
         return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
-    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config(rows_per_group))
+    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config())
     return RaggedClass(mode, kernel, layout_a if copy_a[0] else None, layout_b if copy_b[0] else None)
 
 
@@ -465,7 +482,7 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
     readable_b: list[tuple[str, ...] | None] = []
     copyable_a = {ROW: True, COL: True}
     copyable_b = {ROW: True, COL: True}
-    rows = live = 0
+    live = 0
     n_ok = True
     for a, b in zip(As, Bs):
         (m, k), n = a.shape, b.shape[1]
@@ -474,7 +491,6 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
             readable_b.append(None)
             continue
         live += 1
-        rows += m
         n_ok &= n % elements == 0  # D_i is row-major
         readable_a.append(_as_is(a, m, k, elements))
         readable_b.append(_as_is(b, k, n, elements))
@@ -488,7 +504,7 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
     layout_b, copy_b = _decide(readable_b, copyable_b)
     if layout_a is None or layout_b is None or not n_ok:
         return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
-    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config(rows / live))
+    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config())
     return ListClass(kernel, copy_a, copy_b)
 
 
@@ -511,6 +527,8 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
     elements = ALIGN_BYTES // As[0].element_size()
     device = As[0].device
     outs, rows, keep = [], [], []
+    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config)
+    pad_free = True  # every launched group's tile counts are multiples of LIST_SWIZZLE x cluster
     for i, (a, b) in enumerate(zip(As, Bs)):
         (m, kk), n = a.shape, b.shape[1]
         out = torch.empty((m, n), dtype=a.dtype, device=device)
@@ -528,13 +546,15 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
             keep.append(b)
         rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
                  _leading(b, layout_b, elements), out.data_ptr(), n)
+        pad_free &= (-(-m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
+                     -(-n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0)
     groups = len(rows) // 9
     if groups:
         host = torch.tensor(rows, dtype=torch.int64).pin_memory()
         rows_device = host.to(device, non_blocking=True)
         device_index = device.index if device.index is not None else torch.cuda.current_device()
         workspace, size = _workspace(lib, groups, device_index)
-        raster, swizzle = schedule_override or SCHEDULE
+        raster, swizzle = schedule_override or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
         status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
                                  swizzle, current_stream(device_index))
         _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
@@ -707,24 +727,18 @@ def grouped_gemm(a, b, offsets=None, *, sizes=None, check_offsets: bool = False)
     return grouped_gemm_ragged(a, b, offsets)
 
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items):
-# the mixture-of-experts forward and both gradients, and a large uniform list forward and both gradients.
-_MOE = {"T": 9216, "G": 64, "K": 2048, "N": 1024}
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): the
+# mixture-of-experts forward and both gradients, the same three kernels (one tile configuration, three layouts)
+# that the list form's forward and gradients use.
 PREWARM = [
     {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # x @ w: small NN
+     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # y = x @ w: NN
     {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
      "shapes": [[[9216, 1024], [64, 1024, 2048], [64]]],
-     "strides": [[[1024, 1], [2097152, 1, 1024], [1]]]},                              # dx = dy @ wᵀ: small NT
+     "strides": [[[1024, 1], [2097152, 1, 1024], [1]]]},                              # dx = dy @ wᵀ: NT
     {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
      "shapes": [[[2048, 9216], [9216, 1024], [64]]],
-     "strides": [[[1, 2048], [1024, 1], [1]]]},                                       # dw = xᵀ @ dy: large TN
+     "strides": [[[1, 2048], [1024, 1], [1]]]},                                       # dw = xᵀ @ dy: TN
     {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # large NN
-    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]],
-     "strides": [[[[4096, 1]] * 8, [[1, 4096]] * 8]]},                               # dA = dC @ Bᵀ: large NT
-    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[[4096, 2048]] * 8, [[2048, 4096]] * 8]],
-     "strides": [[[[1, 4096]] * 8, [[4096, 1]] * 8]]},                               # dB = Aᵀ @ dC: large TN
+     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # list forward: NN
 ]
