@@ -201,7 +201,7 @@ def run(sweep: bool) -> None:
 
     # The rows above time ours first, then the baseline; the GPU's clock can drift between the two.  Again with
     # the baseline first:
-    from harness import time_cuda
+    from harness import copy_bandwidth, time_cuda
     reverse = {}
     for name, ours, baseline, f in (
             ("moe", lambda: jitops.grouped_gemm(x, w, offsets=offsets), lambda: torch._grouped_mm(x, w, offs=offsets),
@@ -212,7 +212,7 @@ def run(sweep: bool) -> None:
         reverse[name] = {"torch._grouped_mm TFLOP/s": round(f / base_ms / 1e9, 1),
                          "ours TFLOP/s": round(f / ours_ms / 1e9, 1), "ours/torch speed": round(base_ms / ours_ms, 3)}
         print(f"  {name} (baseline timed first): {reverse[name]}")
-    bench.note(baseline_first=reverse, copy_bandwidth_TBps=round(__import__("harness").copy_bandwidth(), 3))
+    bench.note(baseline_first=reverse, copy_bandwidth_TBps=round(copy_bandwidth(), 3))
     if sweep:
         bench.note(sweep=run_sweep(x, w, offsets, As, Bs, flops, flops_uniform))
     bench.finish()

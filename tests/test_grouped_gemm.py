@@ -405,3 +405,81 @@ def test_every_tile_configuration_is_a_struct_in_the_kernel_source():
         assert f"struct {config} :" in source
         tile_m, tile_n, cluster_m, cluster_n = gg._tiling(config)
         assert f"Shape<_{tile_m}, _{tile_n}, _64>" in source and cluster_m * cluster_n in (1, 2)
+
+
+# ---- what the CUDA path passes to the library (a fake one: no GPU) ---------------------------------------------
+class FakeLibrary:
+    def __init__(self):
+        self.calls = []
+
+    def jg_run_ragged(self, *args):
+        self.calls.append(("ragged", args))
+        return 0
+
+    def jg_run_list(self, *args):
+        self.calls.append(("list", args))
+        return 0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(gg, "_workspace", lambda lib, groups, device: (torch.empty(0), 4096))
+    monkeypatch.setattr(gg, "sm_count", lambda device: 132)
+    monkeypatch.setattr(gg, "current_stream", lambda device: 7)
+    library = FakeLibrary()
+
+    def run(runner, shape_class, *args):
+        import types
+        return runner(types.SimpleNamespace(shape_class=shape_class, gemm=library), *args), library.calls
+    return run
+
+
+RAGGED_ARGS = ("mode", "groups", "offsets", "total", "m", "n", "k", "a", "a_step", "a_ld", "b", "b_step", "b_ld",
+               "d", "d_step", "d_ld", "workspace", "workspace_bytes", "sm_count", "fill", "raster", "swizzle",
+               "stream")
+
+
+def test_moe_forward_and_gradients_pass_strides_not_copies(fake_cuda):
+    T, G, K, N = 300, 4, 64, 32
+    x, w = torch.randn(T, K, dtype=torch.bfloat16), torch.randn(G, K, N, dtype=torch.bfloat16)
+    dy = torch.randn(T, N, dtype=torch.bfloat16)
+    offsets = offsets_of([100, 0, 150, 50])
+    for a, b, expected in (
+            (x, w, {"mode": 0, "total": T, "n": N, "k": K, "a_step": K, "a_ld": K, "b_step": K * N, "b_ld": N,
+                    "d_step": N, "d_ld": N, "raster": 0, "swizzle": 1}),
+            (dy, w.mT, {"mode": 0, "n": K, "k": N, "a_ld": N, "b_step": K * N, "b_ld": N, "d_ld": K}),
+            (x.mT, dy, {"mode": 1, "total": T, "m": K, "n": N, "a_step": K, "a_ld": K, "b_step": N, "b_ld": N,
+                        "d_step": K * N, "d_ld": N})):
+        cls = gg.ragged_shape_class(*(meta(t.shape, t.stride()) for t in (a, b)), meta((G,), dtype=torch.int32))
+        assert cls.copy_a is None and cls.copy_b is None
+        out, calls = fake_cuda(gg.run_ragged_cuda, cls, a, b, offsets)
+        args = dict(zip(RAGGED_ARGS, calls[-1][1]))
+        assert {key: args[key] for key in expected} == expected
+        assert args["a"].data_ptr() == a.data_ptr() and args["b"].data_ptr() == b.data_ptr()  # no copies
+        assert args["groups"] == G and args["offsets"].dtype == torch.int32 and args["stream"] == 7
+        assert out.shape == ragged_reference(a.double(), b.double(), offsets).shape
+
+
+def test_ragged_n_runs_as_ragged_m_on_the_transposes(fake_cuda):
+    a, b = torch.randn(3, 16, 8, dtype=torch.bfloat16), torch.randn(8, 40, dtype=torch.bfloat16)
+    cls = gg.ragged_shape_class(meta(a.shape), meta(b.shape), meta((3,), dtype=torch.int32))
+    out, calls = fake_cuda(gg.run_ragged_cuda, cls, a, b, offsets_of([10, 20, 10]))
+    args = dict(zip(RAGGED_ARGS, calls[-1][1]))
+    assert args["mode"] == 0 and args["n"] == 16 and args["k"] == 8 and args["total"] == 40
+    assert out.shape == (16, 40) and out.stride() == (1, 16) and args["d"].data_ptr() == out.data_ptr()
+
+
+def test_list_rows_and_tile_order(fake_cuda):
+    As = [torch.randn(2048, 64, dtype=torch.bfloat16) for _ in range(2)]
+    Bs = [torch.randn(64, 1024, dtype=torch.bfloat16) for _ in range(2)]
+    cls = gg.list_shape_class([meta(t.shape) for t in As], [meta(t.shape) for t in Bs])
+    outs, calls = fake_cuda(gg.run_list_cuda, cls, As, Bs)
+    groups, rows, host, _, _, _, raster, swizzle, stream = calls[-1][1]
+    assert groups == 2 and (raster, swizzle) == (0, gg.LIST_SWIZZLE)  # 16 x 4 tiles per group: nothing padded
+    assert rows.view(2, 9)[0, :3].tolist() == [2048, 1024, 64]
+    assert rows.view(2, 9)[1].tolist() == [2048, 1024, 64, As[1].data_ptr(), 64, Bs[1].data_ptr(), 1024,
+                                           outs[1].data_ptr(), 1024]
+    small = [torch.randn(100, 64, dtype=torch.bfloat16)], [torch.randn(64, 32, dtype=torch.bfloat16)]
+    cls = gg.list_shape_class([meta(t.shape) for t in small[0]], [meta(t.shape) for t in small[1]])
+    _, calls = fake_cuda(gg.run_list_cuda, cls, *small)
+    assert calls[-1][1][6:8] == (0, 1)  # swizzling would pad this group's tiles
