@@ -17,14 +17,18 @@ Empty groups work: they give zero rows (ragged M/N) or a zero matrix (ragged K).
 CUDA, Hopper (sm_90a), bf16 and fp16: a CUTLASS 3 ptr-array grouped GEMM (kernels/grouped_gemm/grouped_gemm.cu)
 built by nvcc, fp32 accumulation; other GPUs run the ATen loop below.  The layout of each operand (row- or
 column-major) comes from its strides and picks the compiled kernel, so the backward reuses the same kernels
-on transposed views (dA = dC·Bᵀ, dB = Aᵀ·dC) with no transposed copies.  The ragged form builds each group's
-sizes and pointers on the GPU from the device offsets: no device-to-host copy.  Offsets on the GPU are
-therefore not read on the host: a bad offsets tensor gives wrong numbers (never an out-of-bounds access); pass check_offsets=True to validate them at the cost of one sync.
-Offsets on the CPU, and `sizes` given as a list, are always validated.
+on transposed views (dA = dC·Bᵀ, dB = Aᵀ·dC) with no transposed copies.
+
+The ragged form builds each group's sizes and pointers on the GPU from the device offsets: no device-to-host
+copy.  Offsets on the GPU are therefore not read on the host: a bad offsets tensor gives wrong numbers (never
+an out-of-bounds access); pass check_offsets=True to validate them at the cost of one sync.  Offsets on the
+CPU, and `sizes` given as a list, are always validated.
+
 Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
 needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
 multiple of 8) the call falls back to an ATen loop over the groups, which for the ragged form reads the offsets
 on the host (one sync).  Benchmarks and the measured tile configurations: docs/benchmarks_grouped_gemm.md.
+
 CPU (fp32, fp64, bf16, fp16): ATen matmuls in a loop over the groups, for CI and gradcheck.
 
 The first call with inputs that need a gradient starts compiling the backward kernels in background threads
