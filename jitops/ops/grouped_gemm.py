@@ -1,0 +1,750 @@
+"""jitops.grouped_gemm: many matrix products in one CUTLASS grouped-GEMM launch, with gradients.
+
+    outs = jitops.grouped_gemm([A_0, A_1, ...], [B_0, B_1, ...])     # list form: outs[i] = A_i @ B_i
+    y = jitops.grouped_gemm(x, w, offsets=offsets)                   # ragged form (mixture of experts)
+    y = jitops.grouped_gemm(x, w, sizes=sizes)                       #   x (sum M_g, K), w (G, K, N) -> (sum M_g, N)
+
+List form: A_i (M_i, K_i) and B_i (K_i, N_i), any sizes per group; the result is a list of (M_i, N_i).
+Ragged form, like torch._grouped_mm: `offsets` holds the G cumulative end offsets of the groups along the
+ragged dimension (int32 or int64; offsets[-1] must equal its extent T), or `sizes` the G group sizes.  Three
+cases, told apart by the operands' dimensions; each one's gradients are the other two, so gradients of any
+order flow:
+    a (T, K)    @ b (G, K, N) -> (T, N)       ragged M: rows offsets[g-1]:offsets[g] of a use expert g
+    a (M, T)    @ b (T, N)    -> (G, M, N)    ragged K: the weight gradient, a reduction over each group
+    a (G, M, K) @ b (K, T)    -> (M, T)       ragged N (returned as a transposed view)
+Empty groups work: they give zero rows (ragged M/N) or a zero matrix (ragged K).
+
+CUDA, Hopper (sm_90a), bf16 and fp16: a CUTLASS 3 ptr-array grouped GEMM (kernels/grouped_gemm/grouped_gemm.cu)
+built by nvcc, fp32 accumulation; other GPUs run the ATen loop below.  The layout of each operand (row- or
+column-major) comes from its strides and picks the compiled kernel, so the backward reuses the same kernels
+on transposed views (dA = dC·Bᵀ, dB = Aᵀ·dC) with no transposed copies.
+
+The ragged form builds each group's sizes and pointers on the GPU from the device offsets: no device-to-host
+copy.  Offsets on the GPU are therefore not read on the host: a bad offsets tensor gives wrong numbers (never
+an out-of-bounds access); pass check_offsets=True to validate them at the cost of one sync.  Offsets on the
+CPU, and `sizes` given as a list, are always validated.
+
+Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
+needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
+multiple of 8) the call falls back to an ATen loop over the groups, which for the ragged form reads the offsets
+on the host (one sync).  Benchmarks and the measured tile configurations: docs/benchmarks_grouped_gemm.md.
+
+CPU (fp32, fp64, bf16, fp16): ATen matmuls in a loop over the groups, for CI and gradcheck.
+
+The first call with inputs that need a gradient starts compiling the backward kernels in background threads
+while the forward kernel compiles, so the first backward waits for at most the slowest of them.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from .. import shapes
+from ..launch import current_stream, sm_count
+from ..op import Impl, op
+from ..runtime import MissContext, runtime
+from ..specs import CudaLibrary, Source, Target
+
+log = logging.getLogger("jitops")
+
+CUDA_DTYPES = (torch.bfloat16, torch.float16)
+CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+OFFSET_DTYPES = (torch.int32, torch.int64)
+ELEMENTS = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
+ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
+
+# Tile configurations: structs in grouped_gemm.cu.  One is used: each configuration is a ~50 s nvcc compile per
+# (dtype, layout of A, layout of B), and on the lent H100 (2026-11-22, bench_grouped_gemm.py --sweep-only) the
+# 128x256 cooperative tile with a 2x1 cluster was the fastest of nine on the mixture-of-experts case (291
+# TFLOP/s; 64x256 ping-pong 290, 256x128 1x2 287, 128x128 277) and on 8 x 2048x4096x4096 (648-670; 256x128
+# 1x2 639-655, 128x256 1x1 643).  With one configuration the mixture-of-experts forward, dx and dW and the
+# list form's forward, dA and dB share three kernels.  The others stay for the sweep.
+DEFAULT = "coop_128x256x64_c2x1"
+CONFIGS = (DEFAULT, "coop_128x128x64_c1x1", "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
+           "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
+ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
+NOTHING = "nothing"              # no kernel: the result is empty or zeros
+# Tile order inside each group: (raster, swizzle), raster 0 = M tiles first, 1 = N tiles first.  M first was
+# faster for every configuration on the mixture-of-experts case (the M tiles of one expert's N tile share its
+# weight panel).  Swizzle s pads each group's M and N tile counts up to multiples of s x cluster (CUTLASS's group
+# scheduler), which costs idle tiles on small groups, so the list form swizzles by 4 (648 -> 670 TFLOP/s on 8 x
+# 2048x4096x4096 in the sweep) only where that pads nothing.
+SCHEDULE = (0, 1)
+LIST_SWIZZLE = 4
+# Benchmarks set these to time one configuration or tile order against another; None picks by the rules above.
+config_override: str | None = None
+schedule_override: tuple[int, int] | None = None
+
+ROW, COL = "row", "col"
+
+GROUPED_GEMM = CudaLibrary(
+    "grouped_gemm", Source.file("grouped_gemm/grouped_gemm.cu"),
+    functions={
+        "jg_workspace_bytes": (("i32", "i32"), "i64"),
+        "jg_run_ragged": (("i32", "i32", "ptr", "i64", "i32", "i32", "i32", "ptr", "i64", "i64", "ptr", "i64",
+                           "i64", "ptr", "i64", "i64", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr"), "i32"),
+        "jg_run_list": (("i32", "ptr", "ptr", "ptr", "i64", "i32", "i32", "i32", "ptr"), "i32"),
+        "jg_error_string": (("i32",), "ptr"),
+    },
+    arch_specific=True)
+
+
+class GemmKernelClass(NamedTuple):
+    """What a compiled grouped GEMM is specialized on."""
+    dtype: torch.dtype
+    a_row: bool     # A row-major (K contiguous), else column-major (M contiguous)
+    b_row: bool     # B row-major (N contiguous), else column-major (K contiguous)
+    config: str     # a tile configuration, or ATEN
+
+
+def _kernels(cls: Any, target: Target) -> dict:
+    """The grouped GEMM for a class on Hopper (sm_90a); none on the CPU, on other GPUs (the ATen loop runs
+    there) or when there is nothing to launch."""
+    kernel = cls.kernel
+    if kernel.config in (ATEN, NOTHING) or target.device_type == "cpu" or target.capability[0] != 9:
+        return {}
+    return {"gemm": GROUPED_GEMM.bind(shapes.dtype_name(kernel.dtype), JG_ELEMENT=ELEMENTS[kernel.dtype],
+                                      JG_A_ROW=int(kernel.a_row), JG_B_ROW=int(kernel.b_row),
+                                      JG_CONFIG=kernel.config)}
+
+
+def _config() -> str:
+    return config_override or DEFAULT
+
+
+_TILINGS: dict[str, tuple[int, int, int, int]] = {}
+
+
+def _tiling(config: str) -> tuple[int, int, int, int]:
+    """(tile M, tile N, cluster M, cluster N) from a configuration's name, e.g. coop_128x256x64_c2x1."""
+    tiling = _TILINGS.get(config)
+    if tiling is None:
+        _, tile, cluster = config.split("_")
+        tile_m, tile_n, _ = (int(v) for v in tile.split("x"))
+        cluster_m, cluster_n = (int(v) for v in cluster[1:].split("x"))
+        tiling = _TILINGS[config] = (tile_m, tile_n, cluster_m, cluster_n)
+    return tiling
+
+
+# ---- layouts -------------------------------------------------------------------------------------------------
+def _pad(n: int, elements: int) -> int:
+    return max((n + elements - 1) // elements * elements, elements)
+
+
+def _leading_dim(layout: str, rows: int, cols: int, s_rows: int, s_cols: int, elements: int) -> int | None:
+    """The leading dimension with which the kernel reads a (rows, cols) matrix with these strides in `layout`
+    (ROW: cols contiguous; COL: rows contiguous), or None if it cannot.  A dimension of extent 1 has no
+    meaningful stride: it gets a padded one."""
+    if layout == ROW:
+        if (s_cols == 1 or cols <= 1) and (rows <= 1 or s_rows >= cols):
+            return s_rows if rows > 1 else _pad(cols, elements)
+        return None
+    if (s_rows == 1 or rows <= 1) and (cols <= 1 or s_cols >= rows):
+        return s_cols if cols > 1 else _pad(rows, elements)
+    return None
+
+
+def _as_is(t: torch.Tensor, rows: int, cols: int, elements: int, grouped: bool = False) -> tuple[str, ...]:
+    """The layouts in which the kernel reads `t` (a matrix, or a stack of them if `grouped`) without a copy:
+    16-byte aligned start, leading dimension, group step and contiguous extent."""
+    s = t.stride()
+    if shapes._address(t) % ALIGN_BYTES or grouped and t.shape[0] > 1 and s[0] % elements:
+        return ()
+    readable = []
+    for layout in (ROW, COL):
+        ld = _leading_dim(layout, rows, cols, s[-2], s[-1], elements)
+        if ld is not None and ld % elements == 0 and (cols if layout == ROW else rows) % elements == 0:
+            readable.append(layout)
+    return tuple(readable)
+
+
+def _decide(readable: Sequence[tuple[str, ...] | None], copyable: dict[str, bool],
+            required: str | None = None) -> tuple[str | None, tuple[bool, ...]]:
+    """One layout for an operand of every group (None marks a group that is not launched), and which groups
+    must be copied to it: a layout every group has as is, else one every group can be copied to (a copy's
+    contiguous extent must be a multiple of 16 bytes).  `required` fixes the layout: a ragged operand's
+    ragged dimension must be the strided one.  (None, ()) if no layout works."""
+    candidates = (required,) if required else (ROW, COL)
+    for layout in candidates:
+        if all(r is None or layout in r for r in readable):
+            return layout, (False,) * len(readable)
+    for layout in candidates:
+        if copyable[layout]:
+            return layout, tuple(r is not None and layout not in r for r in readable)
+    return None, ()
+
+
+def _copy_to(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A copy in ROW (contiguous) or COL (transposed-contiguous) layout, for matrices and stacks of them."""
+    return t.contiguous() if layout == ROW else t.mT.contiguous().mT
+
+
+def _leading(t: torch.Tensor, layout: str, elements: int) -> int:
+    s = t.stride()
+    ld = _leading_dim(layout, t.shape[-2], t.shape[-1], s[-2], s[-1], elements)
+    assert ld is not None, "the shape class promised this layout"
+    return ld
+
+
+def _check_call(lib: Any, status: int, what: str) -> None:
+    if status:
+        message = ctypes.string_at(lib.jg_error_string(status)).decode()
+        raise RuntimeError(f"jitops.grouped_gemm: the CUTLASS grouped GEMM failed ({what}): {message} "
+                           f"(code {status})")
+
+
+_WORKSPACE: dict[tuple[int, int, int], int] = {}
+
+
+def _workspace(lib: Any, groups: int, device_index: int) -> tuple[torch.Tensor, int]:
+    sms = sm_count(device_index)
+    key = (id(lib), groups, sms)
+    size = _WORKSPACE.get(key)
+    if size is None:
+        size = _WORKSPACE[key] = int(lib.jg_workspace_bytes(groups, sms))
+    return torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", device_index)), size
+
+
+# ---- ragged form: jitops::grouped_gemm_ragged ----------------------------------------------------------------
+OP_RAGGED = "grouped_gemm_ragged"
+MODES = {"M": 0, "K": 1}  # ragged N runs as ragged M on the transposed problem
+
+
+class RaggedClass(NamedTuple):
+    mode: str                 # "M", "K" or "N"
+    kernel: GemmKernelClass
+    copy_a: str | None        # layout to copy the kernel's A operand to, if any
+    copy_b: str | None
+
+
+def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> tuple[str, int, int, int, int, int]:
+    """(mode, G, T, M, N, K) with the argument checks; errors name the argument."""
+    if a.dim() == 2 and b.dim() == 3:
+        mode, groups = "M", b.shape[0]
+        (total, k), (_, k_b, n), m = a.shape, b.shape, 0
+        if k_b != k:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)}: its K (dim 1) is "
+                             f"{k_b} but 'a' {tuple(a.shape)} has K = {k}; they must match")
+    elif a.dim() == 2 and b.dim() == 2:
+        mode, groups = "K", offsets.shape[0] if offsets.dim() == 1 else -1
+        (m, total), (t_b, n), k = a.shape, b.shape, 0
+        if t_b != total:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)} but 'a' has "
+                             f"{tuple(a.shape)}: the ragged dimension (a's dim 1, b's dim 0) must match")
+    elif a.dim() == 3 and b.dim() == 2:
+        mode, groups = "N", a.shape[0]
+        (_, m, k), (k_b, total), n = a.shape, b.shape, 0
+        if k_b != k:
+            raise ValueError(f"jitops.grouped_gemm: argument 'b' has shape {tuple(b.shape)}: its K (dim 0) is "
+                             f"{k_b} but 'a' {tuple(a.shape)} has K = {k}; they must match")
+    else:
+        raise ValueError(f"jitops.grouped_gemm: arguments 'a' {tuple(a.shape)} and 'b' {tuple(b.shape)}: the "
+                         "ragged form takes a 2-D a with a 3-D b (ragged M), 2-D with 2-D (ragged K) or 3-D with "
+                         "2-D (ragged N); for a list of matrices pass Python lists")
+    if offsets.dim() != 1 or offsets.shape[0] != groups:
+        raise ValueError(f"jitops.grouped_gemm: argument 'offsets' has shape {tuple(offsets.shape)}; expected "
+                         f"({groups},): one cumulative end offset per group")
+    return mode, groups, total, m, n, k
+
+
+def _check_offsets_dtype(offsets: torch.Tensor) -> None:
+    # Not in the shape class: manifest items (JITOPS_RECORD, prewarm) give every tensor of a call one dtype.
+    if offsets.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"jitops.grouped_gemm: argument 'offsets' has dtype "
+                        f"{str(offsets.dtype).removeprefix('torch.')}; use int32 or int64")
+
+
+# Shape classes of plain tensors, by the facts they depend on (shapes, strides, dtype, device kind, 16-byte
+# alignment of the data): computing one walks every operand's strides (~10 us for the ragged form, ~5 us a group
+# for the list form); looking it up costs ~1 us plus ~0.5 us a group.
+_CLASSES: dict[tuple, Any] = {}
+_CLASSES_MAX = 4096
+_Tensor = torch.Tensor
+
+
+def _remember(key: tuple, cls: Any) -> Any:
+    if len(_CLASSES) >= _CLASSES_MAX:
+        _CLASSES.clear()
+    _CLASSES[key] = cls
+    return cls
+
+
+def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
+    if type(a) is _Tensor and type(b) is _Tensor and type(offsets) is _Tensor:  # not fake: sizes are ints
+        key = (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.shape, b.stride(), offsets.shape,
+               (a.data_ptr() | b.data_ptr()) & 15, config_override)
+        cls = _CLASSES.get(key)
+        return cls if cls is not None else _remember(key, _ragged_shape_class(a, b, offsets))
+    return _ragged_shape_class(a, b, offsets)
+
+
+def _ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
+    if a.dtype != b.dtype:
+        shapes.check_same_dtype("grouped_gemm", ("a", a), ("b", b))
+    allowed = CPU_DTYPES if a.is_cpu else CUDA_DTYPES
+    if a.dtype not in allowed:
+        shapes.check_dtype("grouped_gemm", "a", a, allowed)
+    mode, groups, total, m, n, k = _ragged_dims(a, b, offsets)
+    if a.is_cpu:
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
+    empty = {"M": (total, n, k), "K": (total, m, n), "N": (total, m, k)}[mode]
+    if groups == 0 or 0 in empty:  # the result is empty or all zeros
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, NOTHING), None, None)
+    elements = ALIGN_BYTES // a.element_size()
+    if mode == "N":  # D (M, T) = (bᵀ (T, K) @ aᵀ (G, K, M))ᵀ: ragged M on the transposes
+        a, b = b.mT, a.mT
+        m, n = 0, m
+    if mode in ("M", "N"):  # a (T, K) ragged rows, b (G, K, N)
+        layout_a, copy_a = _decide([_as_is(a, total, k, elements)], {ROW: k % elements == 0}, ROW)
+        layout_b, copy_b = _decide([_as_is(b, k, n, elements, grouped=True)],
+                                   {ROW: n % elements == 0, COL: k % elements == 0})
+    else:  # a (M, T) ragged columns, b (T, N) ragged rows
+        layout_a, copy_a = _decide([_as_is(a, m, total, elements)], {COL: m % elements == 0}, COL)
+        layout_b, copy_b = _decide([_as_is(b, total, n, elements)], {ROW: n % elements == 0}, ROW)
+    if layout_a is None or layout_b is None or n % elements:
+        return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
+    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config())
+    return RaggedClass(mode, kernel, layout_a if copy_a[0] else None, layout_b if copy_b[0] else None)
+
+
+def _ragged_out(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "M":
+        return torch.empty((a.shape[0], b.shape[2]), dtype=a.dtype, device=a.device)
+    if mode == "K":
+        return torch.empty((offsets.shape[0], a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    return torch.empty((b.shape[1], a.shape[1]), dtype=a.dtype, device=a.device).mT
+
+
+def ragged_fake(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_offsets_dtype(offsets)
+    return _ragged_out(a, b, offsets, ragged_shape_class(a, b, offsets).mode)
+
+
+def _group_bounds(offsets: torch.Tensor, total: int, name: str = "offsets") -> list[tuple[int, int]]:
+    """[(start, end)] per group from host offsets, validated: non-decreasing, >= 0, last == total."""
+    values = offsets.tolist()
+    bounds, start = [], 0
+    for g, end in enumerate(values):
+        if end < start:
+            raise ValueError(f"jitops.grouped_gemm: argument '{name}' decreases at group {g} "
+                             f"({start} -> {end}); offsets are cumulative group ends and must not decrease")
+        bounds.append((start, end))
+        start = end
+    if start != total:
+        raise ValueError(f"jitops.grouped_gemm: argument '{name}' does not add up: the groups end at {start} "
+                         f"but the ragged dimension has {total} (offsets[-1] must equal it)")
+    return bounds
+
+
+def _ragged_aten(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
+    """The ATen loop over groups (CPU, and shapes the kernel cannot read).  Reads the offsets on the host."""
+    out = _ragged_out(a, b, offsets, mode)
+    if mode == "M":
+        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[0])):
+            torch.mm(a[s:e], b[g], out=out[s:e])
+    elif mode == "K":
+        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[1])):
+            torch.mm(a[:, s:e], b[s:e], out=out[g])
+    else:
+        for g, (s, e) in enumerate(_group_bounds(offsets, b.shape[1])):
+            out[:, s:e] = torch.mm(a[g], b[:, s:e])
+    return out
+
+
+def run_ragged_cpu(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_offsets_dtype(offsets)
+    return _ragged_aten(a, b, offsets, k.shape_class.mode)
+
+
+def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    cls: RaggedClass = k.shape_class
+    if offsets.dtype is not torch.int32:
+        _check_offsets_dtype(offsets)
+    lib = getattr(k, "gemm", None)
+    if cls.kernel.config == NOTHING:
+        return _ragged_out(a, b, offsets, cls.mode).zero_()
+    if lib is None:
+        return _ragged_aten(a, b, offsets, cls.mode)
+    out = _ragged_out(a, b, offsets, cls.mode)
+    if cls.mode == "N":  # out (M, T) is the transposed view of d (T, M) = bᵀ @ aᵀ
+        a, b, d, mode = b.mT, a.mT, out.mT, "M"
+    else:
+        d, mode = out, cls.mode
+    if cls.copy_a is not None:
+        a = _copy_to(a, cls.copy_a)
+    if cls.copy_b is not None:
+        b = _copy_to(b, cls.copy_b)
+    elements = ALIGN_BYTES // a.element_size()
+    kernel = cls.kernel
+    layout_a = ROW if kernel.a_row else COL
+    layout_b = ROW if kernel.b_row else COL
+    groups = offsets.shape[0]
+    if mode == "M":  # a (T, K) ragged rows, b (G, K, N), d (T, N)
+        total, kk = a.shape
+        m, n = 0, b.shape[2]
+        a_ld = _leading(a, ROW, elements)
+        a_step, b_step, b_ld = a_ld, b.stride(0), _leading(b, layout_b, elements)
+        d_ld = d_step = n
+        fill = 1
+    else:  # a (M, T) ragged columns, b (T, N) ragged rows, d (G, M, N)
+        m, total = a.shape
+        n, kk = b.shape[1], 0
+        a_ld = a_step = _leading(a, COL, elements)
+        b_ld = b_step = _leading(b, ROW, elements)
+        d_ld, d_step = n, m * n
+        fill = min(max(m * n // 65536, 1), 16)
+    if offsets.dtype != torch.int32:
+        offsets = offsets.to(torch.int32)
+    offsets = offsets.contiguous()
+    device_index = a.get_device()
+    workspace, size = _workspace(lib, groups, device_index)
+    raster, swizzle = schedule_override or SCHEDULE
+    status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
+                               d, d_step, d_ld, workspace, size, sm_count(device_index), fill, raster, swizzle,
+                               current_stream(device_index))
+    _check_call(lib, status, f"ragged {cls.mode}, {groups} groups, layouts {layout_a}/{layout_b}")
+    return out
+
+
+def ragged_setup_context(ctx, inputs, output) -> None:
+    a, b, offsets = inputs
+    ctx.save_for_backward(a, b, offsets)
+
+
+def ragged_backward(ctx, grad: torch.Tensor):
+    """d(a @ b) per group: da = grad·bᵀ, db = aᵀ·grad, each another ragged case on transposed views."""
+    a, b, offsets = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    da = grouped_gemm_ragged(grad, b.mT, offsets) if need_a else None
+    db = grouped_gemm_ragged(a.mT, grad, offsets) if need_b else None
+    return da, db, None
+
+
+grouped_gemm_ragged = op(
+    "jitops::grouped_gemm_ragged(Tensor a, Tensor b, Tensor offsets) -> Tensor",
+    shape_class=ragged_shape_class,
+    cuda=Impl(_kernels, run_ragged_cuda),
+    cpu=Impl(_kernels, run_ragged_cpu),
+    fake=ragged_fake,
+    setup_context=ragged_setup_context,
+    backward=ragged_backward,
+    doc="The ragged form of jitops.grouped_gemm with device offsets (see jitops.grouped_gemm).",
+)
+
+
+# ---- list form: jitops::grouped_gemm_list --------------------------------------------------------------------
+class ListClass(NamedTuple):
+    kernel: GemmKernelClass
+    copy_a: tuple[bool, ...]   # per group: copy A_i to the kernel's layout
+    copy_b: tuple[bool, ...]
+
+
+def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
+    if len(As) == len(Bs) and all(type(t) is _Tensor for t in As) and all(type(t) is _Tensor for t in Bs):
+        address = 0
+        facts: list[Any] = [config_override]
+        for a, b in zip(As, Bs):
+            address |= a.data_ptr() | b.data_ptr()
+            facts += (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.is_cpu, b.shape, b.stride())
+        key = (address & 15, *facts)
+        cls = _CLASSES.get(key)
+        return cls if cls is not None else _remember(key, _list_shape_class(As, Bs))
+    return _list_shape_class(As, Bs)
+
+
+def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
+    if len(As) != len(Bs):
+        raise ValueError(f"jitops.grouped_gemm: arguments 'As' and 'Bs' have {len(As)} and {len(Bs)} "
+                         "matrices; they must pair up")
+    if not As:
+        return ListClass(GemmKernelClass(torch.float32, True, True, ATEN), (), ())
+    first = As[0]
+    dtype = first.dtype
+    allowed = CPU_DTYPES if first.is_cpu else CUDA_DTYPES
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        if a.dim() != 2 or b.dim() != 2:
+            name, t = (f"As[{i}]", a) if a.dim() != 2 else (f"Bs[{i}]", b)
+            raise ValueError(f"jitops.grouped_gemm: argument '{name}' has shape {tuple(t.shape)}; the list "
+                             "form takes 2-D matrices")
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"jitops.grouped_gemm: argument 'Bs[{i}]' has shape {tuple(b.shape)} but 'As[{i}]' "
+                             f"has {tuple(a.shape)}: K (As[{i}].shape[1], Bs[{i}].shape[0]) must match")
+        if a.dtype != dtype:
+            shapes.check_same_dtype("grouped_gemm", ("As[0]", first), (f"As[{i}]", a))
+        if b.dtype != dtype:
+            shapes.check_same_dtype("grouped_gemm", ("As[0]", first), (f"Bs[{i}]", b))
+    if dtype not in allowed:
+        shapes.check_dtype("grouped_gemm", "As[0]", first, allowed)
+    if first.is_cpu:
+        return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
+    elements = ALIGN_BYTES // first.element_size()
+    readable_a: list[tuple[str, ...] | None] = []
+    readable_b: list[tuple[str, ...] | None] = []
+    copyable_a = {ROW: True, COL: True}
+    copyable_b = {ROW: True, COL: True}
+    live = 0
+    n_ok = True
+    for a, b in zip(As, Bs):
+        (m, k), n = a.shape, b.shape[1]
+        if m == 0 or n == 0 or k == 0:  # not launched
+            readable_a.append(None)
+            readable_b.append(None)
+            continue
+        live += 1
+        n_ok &= n % elements == 0  # D_i is row-major
+        readable_a.append(_as_is(a, m, k, elements))
+        readable_b.append(_as_is(b, k, n, elements))
+        copyable_a[ROW] &= k % elements == 0
+        copyable_a[COL] &= m % elements == 0
+        copyable_b[ROW] &= n % elements == 0
+        copyable_b[COL] &= k % elements == 0
+    if not live:
+        return ListClass(GemmKernelClass(dtype, True, True, NOTHING), (), ())
+    layout_a, copy_a = _decide(readable_a, copyable_a)
+    layout_b, copy_b = _decide(readable_b, copyable_b)
+    if layout_a is None or layout_b is None or not n_ok:
+        return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
+    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config())
+    return ListClass(kernel, copy_a, copy_b)
+
+
+def list_fake(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [a.new_empty((a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
+
+
+def run_list_cpu(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.mm(a, b) for a, b in zip(As, Bs)]
+
+
+def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    cls: ListClass = k.shape_class
+    kernel = cls.kernel
+    lib = getattr(k, "gemm", None)
+    if lib is None:  # ATen loop, or nothing to launch (every product is empty or has K = 0)
+        return [torch.mm(a, b) for a, b in zip(As, Bs)]
+    layout_a = ROW if kernel.a_row else COL
+    layout_b = ROW if kernel.b_row else COL
+    elements = ALIGN_BYTES // As[0].element_size()
+    device = As[0].device
+    outs, rows, keep = [], [], []
+    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config)
+    pad_free = True  # every launched group's tile counts are multiples of LIST_SWIZZLE x cluster
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        (m, kk), n = a.shape, b.shape[1]
+        out = torch.empty((m, n), dtype=a.dtype, device=device)
+        outs.append(out)
+        if m == 0 or n == 0:
+            continue
+        if kk == 0:
+            out.zero_()
+            continue
+        if cls.copy_a[i]:
+            a = _copy_to(a, layout_a)
+            keep.append(a)
+        if cls.copy_b[i]:
+            b = _copy_to(b, layout_b)
+            keep.append(b)
+        rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
+                 _leading(b, layout_b, elements), out.data_ptr(), n)
+        pad_free &= (-(-m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
+                     -(-n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0)
+    groups = len(rows) // 9
+    if groups:
+        host = torch.tensor(rows, dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()  # an asynchronous copy: no wait for the stream
+        rows_device = host.to(device, non_blocking=True)
+        device_index = As[0].get_device()
+        workspace, size = _workspace(lib, groups, device_index)
+        raster, swizzle = schedule_override or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
+        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
+                                 swizzle, current_stream(device_index))
+        _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
+    return outs
+
+
+def list_setup_context(ctx, inputs, output) -> None:
+    As, Bs = inputs
+    ctx.groups = len(As)
+    ctx.save_for_backward(*As, *Bs)
+
+
+def list_backward(ctx, grads: Sequence[torch.Tensor | None]):
+    """dA_i = dC_i·B_iᵀ and dB_i = A_iᵀ·dC_i, each set in one grouped launch, only for the list elements that
+    need a gradient (and have an incoming one)."""
+    saved = ctx.saved_tensors
+    As, Bs = saved[:ctx.groups], saved[ctx.groups:]
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not isinstance(need_a, (list, tuple)):  # an empty list, or an older torch: one flag for the list
+        need_a = [bool(need_a)] * ctx.groups
+        need_b = [bool(need_b)] * ctx.groups
+    dAs: list[torch.Tensor | None] = [None] * ctx.groups
+    dBs: list[torch.Tensor | None] = [None] * ctx.groups
+    which_a = [i for i in range(ctx.groups) if need_a[i] and grads[i] is not None]
+    which_b = [i for i in range(ctx.groups) if need_b[i] and grads[i] is not None]
+    if which_a:
+        for i, g in zip(which_a, grouped_gemm_list([grads[i] for i in which_a], [Bs[i].mT for i in which_a])):
+            dAs[i] = g
+    if which_b:
+        for i, g in zip(which_b, grouped_gemm_list([As[i].mT for i in which_b], [grads[i] for i in which_b])):
+            dBs[i] = g
+    return dAs, dBs
+
+
+grouped_gemm_list = op(
+    "jitops::grouped_gemm_list(Tensor[] As, Tensor[] Bs) -> Tensor[]",
+    shape_class=list_shape_class,
+    cuda=Impl(_kernels, run_list_cuda),
+    cpu=Impl(_kernels, run_list_cpu),
+    fake=list_fake,
+    setup_context=list_setup_context,
+    backward=list_backward,
+    doc="The list form of jitops.grouped_gemm (see jitops.grouped_gemm).",
+)
+
+
+# ---- compiling the backward kernels in the background ----------------------------------------------------------
+_PREFETCHED: set[tuple[Any, ...]] = set()
+_PREFETCH_GUARD = threading.Lock()
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _prefetch(op_fn: Any, calls: list[tuple[Any, ...]], device_index: int) -> list[threading.Thread]:
+    """Start compiling (or loading) the kernels that `calls` (meta-tensor arguments of op_fn) will need, each in
+    a daemon thread; the runtime's per-kernel locks make the later real call wait for a compile in flight."""
+    declared = op_fn.op
+    target = declared.target("cuda", device_index)
+    started = []
+    for args in calls:
+        try:
+            requests = declared.requests_for(args, target)
+        except Exception:  # noqa: BLE001 - the real call reports bad inputs
+            continue
+        for request in requests.values():
+            key = (request, device_index)
+            with _PREFETCH_GUARD:
+                if key in _PREFETCHED:
+                    continue
+                _PREFETCHED.add(key)
+            context = MissContext(declared.name, "backward, in the background")
+
+            def work(request=request, context=context) -> None:
+                try:
+                    runtime.get_kernel(request, target, device_index, context)
+                except Exception as exc:  # noqa: BLE001 - the backward itself raises it with full context
+                    log.debug("background compile of %s failed: %s", request.label(), exc)
+
+            thread = threading.Thread(target=work, name=f"jitops-prefetch-{request.kernel}", daemon=True)
+            thread.start()
+            started.append(thread)
+    return started
+
+
+def _prefetch_ragged_backward(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                              device_index: int) -> list[threading.Thread]:
+    mode = _ragged_dims(a, b, offsets)[0]
+    out = _meta_like(_ragged_out(_meta_like(a), _meta_like(b), _meta_like(offsets), mode))
+    ma, mb, mo = _meta_like(a), _meta_like(b), _meta_like(offsets)
+    calls = []
+    if a.requires_grad:
+        calls.append((out, mb.mT, mo))
+    if b.requires_grad:
+        calls.append((ma.mT, out, mo))
+    return _prefetch(grouped_gemm_ragged, calls, device_index)
+
+
+def _prefetch_list_backward(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
+                            device_index: int) -> list[threading.Thread]:
+    outs = [torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device="meta") for a, b in zip(As, Bs)]
+    calls = []
+    if any(a.requires_grad for a in As):
+        calls.append((outs, [_meta_like(b).mT for b in Bs]))
+    if any(b.requires_grad for b in Bs):
+        calls.append(([_meta_like(a).mT for a in As], outs))
+    return _prefetch(grouped_gemm_list, calls, device_index)
+
+
+# ---- the public function ---------------------------------------------------------------------------------------
+def _offsets_for(a: torch.Tensor, b: torch.Tensor, offsets: Any, sizes: Any, check_offsets: bool) -> torch.Tensor:
+    if (offsets is None) == (sizes is None):
+        raise TypeError("jitops.grouped_gemm: the ragged form needs exactly one of 'offsets' (cumulative group "
+                        "ends) or 'sizes' (group sizes)")
+    compiling = torch.compiler.is_compiling()
+    name = "offsets" if sizes is None else "sizes"
+    value = offsets if sizes is None else sizes
+    if not isinstance(value, torch.Tensor):
+        if compiling:
+            value = torch.tensor(value, dtype=torch.int64)
+        else:
+            try:
+                value = torch.tensor([int(v) for v in value], dtype=torch.int64)
+            except (TypeError, ValueError):
+                raise TypeError(f"jitops.grouped_gemm: argument '{name}' must be a tensor or a sequence of ints, "
+                                f"got {type(value).__name__}") from None
+    if value.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"jitops.grouped_gemm: argument '{name}' has dtype "
+                        f"{str(value.dtype).removeprefix('torch.')}; use int32 or int64")
+    if value.dim() != 1:
+        raise ValueError(f"jitops.grouped_gemm: argument '{name}' has shape {tuple(value.shape)}; expected 1-D")
+    on_host = value.is_cpu
+    if sizes is not None:
+        if on_host and not compiling and bool((value < 0).any()):
+            raise ValueError("jitops.grouped_gemm: argument 'sizes' has a negative group size")
+        value = torch.cumsum(value, 0, dtype=torch.int32)
+    if not compiling and (on_host or check_offsets) and not isinstance(value, torch._subclasses.FakeTensor):
+        mode, _, total, _, _, _ = _ragged_dims(a, b, value)
+        _group_bounds(value.cpu(), total, name)
+    if value.device != a.device:
+        if on_host and a.is_cuda and not compiling:
+            value = value.pin_memory()  # a truly asynchronous copy: no wait for the stream
+        value = value.to(a.device, non_blocking=True)
+    return value
+
+
+def grouped_gemm(a, b, offsets=None, *, sizes=None, check_offsets: bool = False):
+    """Grouped matrix products in one CUTLASS launch; see the module docstring (jitops.ops.grouped_gemm).
+
+    grouped_gemm([A_0, ...], [B_0, ...]) -> [A_0 @ B_0, ...]
+    grouped_gemm(x (T, K), w (G, K, N), offsets=... or sizes=...) -> (T, N), rows of group g times w[g]
+    """
+    if isinstance(a, (list, tuple)):
+        if offsets is not None or sizes is not None:
+            raise TypeError("jitops.grouped_gemm: the list form takes no 'offsets' or 'sizes'")
+        if not isinstance(b, (list, tuple)):
+            raise TypeError(f"jitops.grouped_gemm: 'As' is a list, so 'Bs' must be one too, got {type(b).__name__}")
+        As, Bs = list(a), list(b)
+        if (As and torch.is_grad_enabled() and not torch.compiler.is_compiling() and As[0].is_cuda
+                and any(t.requires_grad for t in (*As, *Bs))):
+            _prefetch_list_backward(As, Bs, As[0].get_device())
+        return grouped_gemm_list(As, Bs)
+    a = shapes.check_tensor("grouped_gemm", "a", a)
+    b = shapes.check_tensor("grouped_gemm", "b", b)
+    offsets = _offsets_for(a, b, offsets, sizes, check_offsets)
+    if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and a.is_cuda
+            and not torch.compiler.is_compiling()):
+        _prefetch_ragged_backward(a, b, offsets, a.get_device())
+    return grouped_gemm_ragged(a, b, offsets)
+
+
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): the
+# mixture-of-experts forward and both gradients, the same three kernels (one tile configuration, three layouts)
+# that the list form's forward and gradients use.
+PREWARM = [
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # y = x @ w: NN
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[9216, 1024], [64, 1024, 2048], [64]]],
+     "strides": [[[1024, 1], [2097152, 1, 1024], [1]]]},                              # dx = dy @ wᵀ: NT
+    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[2048, 9216], [9216, 1024], [64]]],
+     "strides": [[[1, 2048], [1024, 1], [1]]]},                                       # dw = xᵀ @ dy: TN
+    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
+     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # list forward: NN
+]
