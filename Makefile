@@ -1,12 +1,16 @@
 # Two commands on a fresh machine:
-#   make run    set up .venv, prewarm the built-in GPU kernels (no GPU needed), run the ops on the CPU path
+#   make run    set up .venv, prewarm the built-in ops' kernels for sm_80, sm_90a and the CPU (no GPU needed;
+#               kernels that need a compiler this machine lacks are reported and skipped), then run every op
+#               against torch on the CPU (and the GPU, if there is one)
 #   make test   set up .venv, run the test suite (GPU tests run where a GPU is, and skip elsewhere)
+ARCHS ?= sm_80,sm_90a,cpu
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: run test setup clean
 run: setup
+	$(PY) -m cache_tools prewarm --all-builtin --arch $(ARCHS) --skip-unbuildable
 	$(PY) -m jitops
 
 test: setup
