@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -125,11 +124,9 @@ def sweep_only() -> None:
     flops = 2 * x.shape[0] * MOE["K"] * MOE["N"]
     flops_uniform = 2 * UNIFORM["groups"] * UNIFORM["M"] * UNIFORM["K"] * UNIFORM["N"]
     results = run_sweep(x, w, offsets, list(a3.unbind(0)), list(b3.unbind(0)), flops, flops_uniform)
-    out = Path(os.environ.get("JITOPS_BENCH_OUT", HERE / "results")) / "grouped_gemm_sweep.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "device": torch.cuda.get_device_name(0), "T": x.shape[0], "results": results},
-                              indent=1))
+    from harness import save_record
+
+    save_record("grouped_gemm_sweep", {"T": x.shape[0], "TFLOP/s by case and tile configuration": results})
 
 
 def run(sweep: bool) -> None:
@@ -287,11 +284,9 @@ def cold_compile() -> None:
         print(f"cold-compile child: {time.perf_counter() - started:.1f} s wall, {os.cpu_count()} CPUs")
         for line in result.stdout.splitlines():
             if line.startswith("COLD"):
-                out = Path(os.environ.get("JITOPS_BENCH_OUT", HERE / "results")) / "grouped_gemm_cold.json"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                           "device": torch.cuda.get_device_name(0), "cpus": os.cpu_count(),
-                                           "result": line[5:]}))
+                from harness import save_record
+
+                save_record("grouped_gemm_cold", {"cpus": os.cpu_count(), "cold compile": line[5:]})
 
 
 def main() -> None:

@@ -125,6 +125,21 @@ def device_description() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
+def save_record(name: str, notes: dict[str, Any], rows: list[dict[str, Any]] | None = None,
+                started: _dt.datetime | None = None) -> tuple[Path, dict[str, Any]]:
+    """Write benchmarks/results/<name>.json in the one schema every reader (docs, notebook 04) expects:
+    benchmark, date, device (a dict), command, notes, rows."""
+    started = started or _dt.datetime.now(_dt.timezone.utc)
+    device = device_description() if torch.cuda.is_available() else {"name": "cpu"}
+    record = {"benchmark": name, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
+              "command": " ".join([Path(sys.executable).name, *sys.argv]), "notes": notes, "rows": rows or []}
+    out_dir = Path(os.environ.get("JITOPS_BENCH_OUT", RESULTS))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1))
+    return path, record
+
+
 @dataclass
 class Row:
     op: str
@@ -207,14 +222,8 @@ class Bench:
         return "\n".join(lines)
 
     def finish(self) -> Path:
-        device = device_description() if torch.cuda.is_available() else {"name": "cpu"}
-        record = {"benchmark": self.name, "date": self.started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
-                  "command": " ".join([Path(sys.executable).name, *sys.argv]), "notes": self.notes,
-                  "rows": [asdict(r) for r in self.rows]}
-        out_dir = Path(os.environ.get("JITOPS_BENCH_OUT", RESULTS))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"{self.name}.json"
-        path.write_text(json.dumps(record, indent=1))
+        path, record = save_record(self.name, self.notes, [asdict(r) for r in self.rows], started=self.started)
+        device = record["device"]
         print(f"\n## {self.name} - {device.get('name')} - {record['date']}\n`{record['command']}`\n")
         for key, value in self.notes.items():
             print(f"- {key}: {value}")
