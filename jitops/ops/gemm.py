@@ -63,7 +63,7 @@ class GemmClass(NamedTuple):
     a_kmajor: bool    # a is row-major (K contiguous); else column-major
     b_kmajor: bool    # b is column-major (K contiguous); else row-major
     align: int        # elements every row start, leading dimension and contiguous extent is a multiple of
-    bucket: str       # size bucket: picks the tile configuration ("large", "small"; "cpu" on the CPU)
+    bucket: str       # size bucket: picks the tile configuration ("large", "small"; "empty", "cpu": no kernel)
     fused: bool       # bias and/or activation in the epilogue
     family: str       # "auto": by the device's arch; "sm80": the CUTLASS 2 kernels on any arch (tests)
 
@@ -165,6 +165,8 @@ def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
         return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
     if dtype is not torch.bfloat16 and dtype is not torch.float16:
         _check(a, b, bias, activation, out_dtype)
+    if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
+        return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
     # Every row start, leading dimension and contiguous extent, in elements; the output is (M, N) contiguous.
     # An operand no kernel can read in place (None) is copied to a fresh contiguous (row-major) matrix.
     la = _layout(a, m, k)
@@ -256,6 +258,8 @@ def uses_sm90(cls: GemmClass, target: Target) -> bool:
 
 
 def cuda_kernels(cls: GemmClass, target: Target):
+    if cls.bucket == "empty":
+        return {}
     if uses_sm90(cls, target):
         return {"sm90": sm90_request(cls, SM90_CONFIGS[cls.bucket])}
     return {"sm80": sm80_request(cls, sm80_config(cls))}
@@ -370,13 +374,18 @@ def setup_context(ctx, inputs, output) -> None:
     ctx.activation = activation
     ctx.out_dtype = out_dtype
     ctx.bias_dtype = bias.dtype if bias is not None else None
-    # dA needs B, dB needs A; relu's mask comes from the output; gelu recomputes its pre-activation.
-    ctx.save_for_backward(a, b, bias if activation == "gelu" else None, output if activation == "relu" else None)
+    # dA needs B, dB needs A; relu's mask comes from the output; gelu recomputes its pre-activation.  (Only
+    # tensors are saved: AOTAutograd drops saved Nones.)
+    extra = output if activation == "relu" else bias if activation == "gelu" and bias is not None else None
+    ctx.save_for_backward(a, b, *([] if extra is None else [extra]))
 
 
 def backward(ctx, grad: torch.Tensor):
-    a, b, bias, out = ctx.saved_tensors
-    need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+    a, b, *extra = ctx.saved_tensors
+    out = extra[0] if ctx.activation == "relu" else None
+    bias = extra[0] if ctx.activation == "gelu" and extra else None
+    # Under AOTAutograd an omitted trailing bias is not an input at all: pad to (a, b, bias).
+    need_a, need_b, need_bias = (tuple(ctx.needs_input_grad) + (False, False, False))[:3]
     if ctx.activation == "relu":
         grad = torch.where(out > 0, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
     elif ctx.activation == "gelu":  # reached through torch.ops only; jitops.gemm keeps the pre-activation
