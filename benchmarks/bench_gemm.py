@@ -26,9 +26,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jitops  # noqa: E402
+import jitops
+
 G = importlib.import_module("jitops.ops.gemm")  # the module (jitops.ops.gemm is the function)
-from jitops.specs import Target  # noqa: E402
+from jitops.specs import Target
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
           (8192, 8192, 1024)]
@@ -48,9 +49,9 @@ SWIZZLES = (1, 2, 4, 8)
 
 def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda", bias: bool = False):
     if device == "meta":
-        make = lambda *s: torch.empty(s, dtype=dtype, device="meta")  # noqa: E731
+        make = lambda *s: torch.empty(s, dtype=dtype, device="meta")
     else:
-        make = lambda *s: torch.randn(s, device=device, dtype=dtype)  # noqa: E731
+        make = lambda *s: torch.randn(s, device=device, dtype=dtype)
     return make(m, k), make(k, n), (make(n) if bias else None)
 
 
@@ -126,6 +127,54 @@ def check_close(got, want, what):
         raise SystemExit(f"bench_gemm: {what} differs from torch by {err:.2e}")
 
 
+def bench_shape(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) -> float:
+    a, b, _ = shape_args(m, n, k, dtype)
+    check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} {name}")
+    cls = G.shape_class(a, b, None, None, None)
+    row = bench.compare(op="gemm", shape=f"{m}x{n}x{k}", dtype=name, ours=lambda: jitops.gemm(a, b),
+                        baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=2 * m * n * k,
+                        config=str(G.SM90_CONFIGS.get(cls.bucket)))
+    return row.speedup
+
+
+def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) -> float:
+    a, b, bias = shape_args(m, n, k, dtype, bias=True)
+    check_close(jitops.gemm(a, b, bias=bias, activation="gelu"), F.gelu(a @ b + bias), f"fused {m}x{n}x{k} {name}")
+    row = bench.compare(op="gemm+bias+gelu", shape=f"{m}x{n}x{k}", dtype=name,
+                        ours=lambda: jitops.gemm(a, b, bias=bias, activation="gelu"),
+                        baseline=lambda: F.gelu(torch.matmul(a, b) + bias), baseline_name="matmul+bias+gelu",
+                        flops=2 * m * n * k)
+    return row.speedup
+
+
+def tune(target: Target, time_cuda) -> None:
+    """Candidate configurations and swizzles, bf16, against torch.matmul in the same run."""
+    for bucket, configs in TUNE.items():
+        shapes = [(4096, 4096, 4096), (8192, 8192, 1024), (4000, 4000, 4000)] if bucket == "large" else \
+            [(128, 8192, 8192)]
+        for config in [G.SM90_CONFIGS[bucket], *configs]:
+            for m, n, k in shapes:
+                tune_one(target, time_cuda, bucket, config, m, n, k)
+
+
+def tune_one(target: Target, time_cuda, bucket: str, config, m: int, n: int, k: int) -> None:
+    a, b, _ = shape_args(m, n, k, torch.bfloat16)
+    cls = G.shape_class(a, b, None, None, None)
+    lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    base_ms = time_cuda(lambda: torch.matmul(a, b))
+    name = (f"{config.tile} c{config.cluster} {'pingpong' if config.pingpong else 'coop'}"
+            f"{' streamK' if config.streamk else ''}")
+    for swizzle in SWIZZLES:
+        def call(swizzle=swizzle):
+            G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, swizzle)
+        call()
+        check_close(out, a @ b, f"tune {name} {m}x{n}x{k}")
+        ms = time_cuda(call)
+        print(f"  tune {bucket:5s} {m}x{n}x{k} {name} swizzle {swizzle}: {tflops(m, n, k, ms):6.1f} TFLOP/s "
+              f"(torch.matmul {tflops(m, n, k, base_ms):6.1f})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tune", action="store_true")
@@ -139,60 +188,16 @@ def main() -> None:
 
     bench = Bench("gemm")
     target = Target("cuda", torch.cuda.get_device_capability(0))
-    ratios = {}
     for name, dtype in DTYPES.items():
-        ratios[name] = []
-        for m, n, k in SHAPES:
-            a, b, _ = shape_args(m, n, k, dtype)
-            check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} {name}")
-            cls = G.shape_class(a, b, None, None, None)
-            row = bench.compare(op="gemm", shape=f"{m}x{n}x{k}", dtype=name, ours=lambda: jitops.gemm(a, b),
-                                baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul",
-                                flops=2 * m * n * k, config=str(G.SM90_CONFIGS.get(cls.bucket)))
-            ratios[name].append(row.speedup)
-            del a, b
-        geo = math.exp(sum(map(math.log, ratios[name])) / len(ratios[name]))
+        ratios = [bench_shape(bench, m, n, k, name, dtype) for m, n, k in SHAPES]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         bench.note(**{f"{name} geomean vs torch.matmul": round(geo, 3),
-                      f"{name} min vs torch.matmul": round(min(ratios[name]), 3)})
-
-    fused = []
-    for name, dtype in DTYPES.items():
-        for m, n, k in FUSED_SHAPES:
-            a, b, bias = shape_args(m, n, k, dtype, bias=True)
-            check_close(jitops.gemm(a, b, bias=bias, activation="gelu"), F.gelu(a @ b + bias),
-                        f"fused {m}x{n}x{k} {name}")
-            row = bench.compare(op="gemm+bias+gelu", shape=f"{m}x{n}x{k}", dtype=name,
-                                ours=lambda: jitops.gemm(a, b, bias=bias, activation="gelu"),
-                                baseline=lambda: F.gelu(torch.matmul(a, b) + bias),
-                                baseline_name="matmul+bias+gelu", flops=2 * m * n * k)
-            fused.append(row.speedup)
-            del a, b, bias
+                      f"{name} min vs torch.matmul": round(min(ratios), 3)})
+    fused = [bench_fused(bench, m, n, k, name, dtype) for name, dtype in DTYPES.items() for m, n, k in FUSED_SHAPES]
     bench.note(**{"fused bias+gelu geomean vs matmul+bias+gelu": round(
         math.exp(sum(map(math.log, fused)) / len(fused)), 3), "fused min": round(min(fused), 3)})
-
     if args.tune:
-        for bucket, configs in TUNE.items():
-            m, n, k = (4096, 4096, 4096) if bucket == "large" else (128, 8192, 8192)
-            shapes = [(m, n, k)] + ([(8192, 8192, 1024), (4000, 4000, 4000)] if bucket == "large" else [])
-            for config in [G.SM90_CONFIGS[bucket], *configs]:
-                for m, n, k in shapes:
-                    a, b, _ = shape_args(m, n, k, torch.bfloat16)
-                    cls = G.shape_class(a, b, None, None, None)
-                    lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
-                    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                    base_ms = time_cuda(lambda: torch.matmul(a, b))
-                    for swizzle in SWIZZLES:
-                        def call():
-                            G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, swizzle)
-                        call()
-                        check_close(out, a @ b, f"tune {config} {m}x{n}x{k}")
-                        ms = time_cuda(call)
-                        print(f"  tune {bucket:5s} {m}x{n}x{k} {config.tile} c{config.cluster} "
-                              f"{'pingpong' if config.pingpong else 'coop'}{' streamK' if config.streamk else ''} "
-                              f"swizzle {swizzle}: {tflops(m, n, k, ms):6.1f} TFLOP/s "
-                              f"(torch.matmul {tflops(m, n, k, base_ms):6.1f})", flush=True)
-                    del a, b, out
-
+        tune(target, time_cuda)
     seconds = compile_seconds(target, requests(target).values())
     bench.note(compile_seconds_on_build_machine=seconds)
     bench.finish()

@@ -17,8 +17,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "tests")]
 
-import jitops  # noqa: E402
-from jitops.specs import Target  # noqa: E402
+import jitops
+from jitops.specs import Target
 
 
 def main() -> None:

@@ -80,7 +80,8 @@ UNALIGNED = [Case(64, 132, 100), Case(64, 130, 96, FP16), Case(100, 129, 77), Ca
              Case(33, 256, 64, offset=1), Case(100, 129, 77, bias=True, activation="gelu")]
 # The CUTLASS 2 (sm_80 family) kernels, run on the GPU at hand whatever its arch.
 SM80 = [replace(c, family="sm80") for c in TRANSPOSES] + \
-    [Case(4096, 512, 4096, family="sm80", grad=False), Case(1000, 256, 384, bias=True, activation="gelu", family="sm80"),
+    [Case(4096, 512, 4096, family="sm80", grad=False),
+     Case(1000, 256, 384, bias=True, activation="gelu", family="sm80"),
      Case(1000, 256, 384, bias=True, activation="relu", out_dtype=torch.float32, family="sm80")]
 
 ALL = TRANSPOSES + AWKWARD_M + LARGE + EPILOGUES + UNALIGNED + SM80

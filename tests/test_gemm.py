@@ -81,7 +81,7 @@ def test_gemm_cpu_half_types():
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),
                                    (True, True, True)])
 def test_only_needed_gradients(needs, monkeypatch):
-    a, b, bias = torch.randn(6, 4, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    a, b, bias = (torch.randn(s, dtype=torch.float64) for s in ((6, 4), (4, 3), (3,)))
     leaves = [t.requires_grad_(n) for t, n in zip((a, b, bias), needs)]
     calls = []
     real = G._op
@@ -221,7 +221,7 @@ def test_one_sm90a_configuration_builds_with_nvcc_and_uses_wgmma(fresh_cache):
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if os.path.exists(cuobjdump):
         sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.so")], capture_output=True,
-                              text=True).stdout
+                              text=True, check=True).stdout
         assert "HGMMA" in sass
 
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
