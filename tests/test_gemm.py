@@ -236,3 +236,26 @@ def test_every_sm90a_configuration_builds(fresh_cache):
                 cls = cls._replace(bucket=bucket, fused=fused)
                 assert jitops.runtime.prewarm(G.sm90_request(cls, config), SM90) == "compiled"
     del a, b
+
+
+def test_first_training_call_starts_the_backward_kernels_in_background(monkeypatch):
+    """A forward that needs gradients loads (compiles, when cold) dA's and dB's kernels in daemon threads, once
+    per forward shape class, so their builds overlap the forward's own."""
+    import threading
+
+    requested, done = [], threading.Event()
+
+    def fake_get_kernel(request, target, index, context):
+        requested.append((dict(request.params)["GEMM_A_KMAJOR"], dict(request.params)["GEMM_B_KMAJOR"]))
+        if len(requested) == 2:
+            done.set()
+
+    monkeypatch.setattr(G.runtime, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(G._op.op, "target", lambda device_type, index: SM90)
+    monkeypatch.setattr(G, "_background_started", set())
+    a, b = meta(1000, 256).requires_grad_(), meta(256, 384).requires_grad_()
+    G.compile_backward_in_background(a, b, None, None, None)
+    assert done.wait(10)
+    assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
+    G.compile_backward_in_background(a, b, None, None, None)  # the second call starts nothing
+    assert len(requested) == 2
