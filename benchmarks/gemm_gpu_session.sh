@@ -22,11 +22,11 @@ if [ $cold -eq 1 ]; then  # CPU only: runs beside the GPU work
   (JITOPS_RECORD= timeout 500 python3 benchmarks/bench_gemm.py --cold-compile /tmp/jitops-cold > "$OUT/cold-compile.log" 2>&1 &)
 fi
 if [ $tests -eq 1 ]; then
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gpu.py 2>&1 | tee "$OUT/gemm-gpu-tests.log" | tail -40
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_gpu.py 2>&1 | tee "$OUT/gemm-gpu-tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ $bench -eq 1 ]; then
-  timeout 300 python3 benchmarks/bench_gemm.py $tune 2>&1 | tee "$OUT/bench-gemm.log" | grep -v "^  gemm\|^  tune" | tail -60
+  timeout 210 python3 benchmarks/bench_gemm.py $tune 2>&1 | tee "$OUT/bench-gemm.log" | grep -v "^  gemm\|^  tune" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   grep "^  tune" "$OUT/bench-gemm.log" | sort | tail -80
 fi
