@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import shapes
-from ..launch import current_stream, sm_count
+from ..launch import current_stream, ensure_context, sm_count
 from ..op import Impl, op
 from ..runtime import MissContext, runtime
 from ..specs import CudaKernel, CudaLibrary, Source, Target
@@ -64,7 +64,7 @@ class GemmClass(NamedTuple):
     a_kmajor: bool    # a is row-major (K contiguous); else column-major
     b_kmajor: bool    # b is column-major (K contiguous); else row-major
     align: int        # elements every row start, leading dimension and contiguous extent is a multiple of
-    bucket: str       # size bucket: picks the tile configuration ("large", "small"; "empty", "cpu": no kernel)
+    bucket: str       # picks the tile configuration: large, large_short_k, skinny, small; empty and cpu: none
     fused: bool       # bias and/or activation in the epilogue
     family: str       # "auto": by the device's arch; "sm80": the CUTLASS 2 kernels on any arch (tests)
 
@@ -111,9 +111,13 @@ def _address_units(t: torch.Tensor) -> int:
 
 
 def _bucket(m: int, n: int, k: int) -> str:
-    # 128x256 output tiles: two full waves of the H100's 132 SMs or more take the large-tile configuration.
+    """Which tile configuration: measured on the lent H100 (docs/benchmarks_gemm.md)."""
     tiles = -(-m // 128) * -(-n // 256)
-    return "large" if tiles >= 264 else "small"
+    if tiles >= 264:  # two full waves of 128x256 tiles on 132 SMs, or more
+        return "large_short_k" if k <= 1024 else "large"
+    if m <= 256 and n >= 4096:  # a few rows against a wide matrix: streaming b is the cost
+        return "skinny"
+    return "small"
 
 
 def _check(a, b, bias, activation, out_dtype) -> None:
@@ -189,6 +193,7 @@ class Sm90Config(NamedTuple):
     cluster: tuple[int, int]
     pingpong: bool
     streamk: bool
+    swizzle: int = 1  # a run-time argument of the tile scheduler (not part of the build)
 
 
 class Sm80Config(NamedTuple):
@@ -206,12 +211,20 @@ class Sm80Config(NamedTuple):
 
 
 # Size bucket -> configuration.  Measured on the lent H100: docs/benchmarks.md.
+# bf16 on the lent H100, 2026-11-22, `bench_gemm.py --tune` (TFLOP/s, torch.matmul in the same run):
+#   4096^3: 128x256 cooperative 2x1, swizzle 8: 693 (swizzle 1: 662; 256x128 1x2: 680; 128x128 ping-pong: 635);
+#   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
+#   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
 SM90_CONFIGS = {
-    "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False),
+    "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False, swizzle=8),
+    "large_short_k": Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False),
+    "skinny": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
     "small": Sm90Config((128, 128, 64), (1, 1), pingpong=False, streamk=True),
 }
 SM80_CONFIGS = {
     "large": Sm80Config((128, 256, 32), (64, 64, 32), 3),
+    "large_short_k": Sm80Config((128, 256, 32), (64, 64, 32), 3),
+    "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
     "small": Sm80Config((128, 128, 32), (64, 64, 32), 4),
 }
 # 2-byte alignment: cp.async copies 4, 8 or 16 bytes, so this class takes CUTLASS's two-stage register-staged
@@ -281,8 +294,10 @@ def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, bool,
 
 
 def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
-             swizzle: int = 1) -> None:
+             swizzle: int | None = None) -> None:
     device = out.get_device()
+    ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
+    swizzle = swizzle or config.swizzle
     workspace = None
     sms = sm_count(device)
     if config.streamk:
@@ -441,6 +456,7 @@ def compile_backward_in_background(a, b, bias, activation, out_dtype) -> None:
 
 def _load_quietly(request, target, index, context) -> None:
     try:
+        ensure_context(index)
         runtime.get_kernel(request, target, index, context)
     except Exception as exc:  # noqa: BLE001 - the backward reports it when it needs the kernel
         log.debug("background compile of %s failed: %s", request.label(), exc)
