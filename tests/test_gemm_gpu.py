@@ -5,6 +5,9 @@ opcheck and torch.compile; and the CUTLASS 2 (sm_80 family) kernels run on whate
 The calls are data (gemm_cases.py) so that benchmarks/prebuild_gemm.py can build their kernels beforehand."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +18,18 @@ from jitops.ops.gemm import force_family
 from jitops.testing import check_backward, check_compile, check_forward, noncontiguous
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prebuilt_kernels():
+    """JITOPS_GEMM_PREBUILT: read-only cache roots holding kernels built beforehand (benchmarks/prebuild_gemm.py
+    on a machine without a GPU); conftest gives each test session an empty cache, which would hide them."""
+    paths = tuple(Path(p) for p in os.environ.get("JITOPS_GEMM_PREBUILT", "").split(os.pathsep) if p)
+    if not paths:
+        yield
+        return
+    with jitops.config.scope(cache_path=paths):
+        yield
 
 # bf16 keeps 8 bits of mantissa: outputs of K-long sums round at ~2**-9 relative; fp16 at ~2**-12.
 TOLERANCES = {torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-3, 1e-3)}
