@@ -24,7 +24,7 @@ if [ $cold -eq 1 ]; then  # CPU only: runs beside the GPU work
   (timeout 500 python3 benchmarks/bench_gemm.py --cold-compile /tmp/jitops-cold > "$OUT/cold-compile.log" 2>&1 &)
 fi
 if [ $tests -eq 1 ]; then
-  JITOPS_RECORD="$OUT/compiled-in-tests.jsonl" timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  JITOPS_GEMM_STATS="$OUT/test-stats.json" timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gemm_gpu.py 2>&1 | tee "$OUT/gemm-gpu-tests.log" | grep -v "^  \|^$" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
@@ -37,5 +37,5 @@ if [ $cold -eq 1 ]; then
   for _ in $(seq 100); do grep -q cold_compile_seconds "$OUT/cold-compile.log" 2>/dev/null && break; sleep 3; done
   cat "$OUT/cold-compile.log"
 fi
-echo "kernels compiled during the tests: $(cat "$OUT/compiled-in-tests.jsonl" 2>/dev/null | wc -l)"
+echo "jitops stats of the test run: $(cat "$OUT/test-stats.json" 2>/dev/null)"
 exit $status

@@ -5,6 +5,7 @@ opcheck and torch.compile; and the CUTLASS 2 (sm_80 family) kernels run on whate
 The calls are data (gemm_cases.py) so that benchmarks/prebuild_gemm.py can build their kernels beforehand."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def _prebuilt_kernels():
         return
     with jitops.config.scope(cache_path=paths):
         yield
+    stats_file = os.environ.get("JITOPS_GEMM_STATS")
+    if stats_file:  # how many kernels the run still had to compile, for the session log
+        Path(stats_file).write_text(json.dumps(jitops.stats.as_dict()))
 
 # bf16 keeps 8 bits of mantissa: outputs of K-long sums round at ~2**-9 relative; fp16 at ~2**-12.
 TOLERANCES = {torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-3, 1e-3)}
