@@ -156,8 +156,10 @@ def test_alignment_classes(m, k, n, offset, align):
 
 
 def test_buckets_and_family():
-    assert G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None).bucket == "large"
-    assert G.shape_class(meta(128, 8192), meta(8192, 8192), None, None, None).bucket == "small"
+    bucket = lambda m, k, n: G.shape_class(meta(m, k), meta(k, n), None, None, None).bucket  # noqa: E731
+    assert bucket(4096, 4096, 4096) == "large" and bucket(8192, 1024, 8192) == "large_short_k"
+    assert bucket(128, 8192, 8192) == "skinny" and bucket(1000, 256, 384) == "small"
+    assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
     with G.force_family("sm80"):
@@ -251,6 +253,7 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
             done.set()
 
     monkeypatch.setattr(G.runtime, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(G, "ensure_context", lambda index: None)  # no GPU here
     monkeypatch.setattr(G._op.op, "target", lambda device_type, index: SM90)
     monkeypatch.setattr(G, "_background_started", set())
     a, b = meta(1000, 256).requires_grad_(), meta(256, 384).requires_grad_()
