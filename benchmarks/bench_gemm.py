@@ -150,6 +150,32 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
     return row.speedup
 
 
+def overhead(bench, target: Target, calls: int = 2000) -> None:
+    """Host cost of one call (a 128^3 problem, whose GPU time is far smaller): enqueue rate over many calls, for
+    jitops.gemm, its sm_90 run function alone, and torch.matmul."""
+    a, b, _ = shape_args(128, 128, 128, torch.bfloat16)
+    cls = G.shape_class(a, b, None, None, None)
+    paths = {"torch.matmul": lambda: torch.matmul(a, b), "jitops.gemm": lambda: jitops.gemm(a, b)}
+    if G.uses_sm90(cls, target):
+        config = G.SM90_CONFIGS[cls.bucket]
+        lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+        out = torch.empty(128, 128, device="cuda", dtype=torch.bfloat16)
+        paths["run_sm90 (ctypes + CUTLASS host code)"] = lambda: G.run_sm90(
+            lib, cls, config, a, b, out, None, 128, 128, 128, 128, 128, 0)
+    results = {}
+    for name, fn in paths.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        results[name] = round((time.perf_counter() - started) / calls * 1e6, 1)
+        torch.cuda.synchronize()
+    print("  host microseconds per call:", results, flush=True)
+    bench.note(host_us_per_call_128cubed=results)
+
+
 def tune(target: Target, time_cuda) -> None:
     """Candidate configurations and swizzles, bf16, against torch.matmul in the same run."""
     for bucket, configs in TUNE.items():
@@ -199,6 +225,7 @@ def main() -> None:
     fused = [bench_fused(bench, m, n, k, name, dtype) for name, dtype in DTYPES.items() for m, n, k in FUSED_SHAPES]
     bench.note(**{"fused bias+gelu geomean vs matmul+bias+gelu": round(
         math.exp(sum(map(math.log, fused)) / len(fused)), 3), "fused min": round(min(fused), 3)})
+    overhead(bench, target)
     if args.tune:
         tune(target, time_cuda)
     seconds = compile_seconds(target, requests(target).values())
