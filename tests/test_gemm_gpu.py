@@ -94,16 +94,6 @@ def test_bias_and_activations(case):
     run_case(case)
 
 
-@pytest.mark.parametrize("case", UNALIGNED, ids=lambda c: c.id)
-def test_unaligned(case):
-    run_case(case)
-
-
-@pytest.mark.parametrize("case", SM80, ids=lambda c: c.id)
-def test_sm80_family_kernels(case):
-    run_case(case)
-
-
 def test_opcheck_and_compile():
     a, b, bias, _, _ = Case(1000, 256, 384, bias=True).args("cuda")
     a.requires_grad_()
@@ -162,3 +152,14 @@ def test_bad_inputs_name_the_argument():
 
 def test_cases_are_unique():
     assert len({c.id for c in ALL}) == len(ALL)
+
+
+# Last: the CUTLASS 2 kernels (a fault there would take the CUDA context, and every later test, with it).
+@pytest.mark.parametrize("case", UNALIGNED, ids=lambda c: c.id)
+def test_unaligned(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", SM80, ids=lambda c: c.id)
+def test_sm80_family_kernels(case):
+    run_case(case)
