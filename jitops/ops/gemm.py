@@ -211,10 +211,11 @@ class Sm80Config(NamedTuple):
 
 
 # Size bucket -> configuration.  Measured on the lent H100: docs/benchmarks.md.
-# bf16 on the lent H100, 2026-11-22, `bench_gemm.py --tune` (TFLOP/s, torch.matmul in the same run):
+# bf16 on the lent H100, 2026-11-22, `bench_gemm.py --tune` (TFLOP/s; torch.matmul 630-695 in the same run):
 #   4096^3: 128x256 cooperative 2x1, swizzle 8: 693 (swizzle 1: 662; 256x128 1x2: 680; 128x128 ping-pong: 635);
 #   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
 #   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
+# 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607 in one run) than 8 (598 in the next): _swizzle.
 SM90_CONFIGS = {
     "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False, swizzle=8),
     "large_short_k": Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False),
@@ -293,11 +294,16 @@ def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, bool,
     return t, found[0], found[1]
 
 
+def _swizzle(config: Sm90Config, n: int) -> int:
+    """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile columns."""
+    return config.swizzle if -(-n // config.tile[1]) >= 16 else 1
+
+
 def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
              swizzle: int | None = None) -> None:
     device = out.get_device()
     ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
-    swizzle = swizzle or config.swizzle
+    swizzle = swizzle or _swizzle(config, n)
     workspace = None
     sms = sm_count(device)
     if config.streamk:
