@@ -262,3 +262,9 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
     assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
     G.compile_backward_in_background(a, b, None, None, None)  # the second call starts nothing
     assert len(requested) == 2
+
+
+def test_swizzle_follows_the_tile_columns():
+    large = G.SM90_CONFIGS["large"]
+    assert G._swizzle(large, 4096) == large.swizzle == 8  # 16 columns of 256
+    assert G._swizzle(large, 2048) == 1                   # 16384x2048x4096 measured better with 1
