@@ -111,7 +111,7 @@ def _address_units(t: torch.Tensor) -> int:
 
 
 def _bucket(m: int, n: int, k: int) -> str:
-    """Which tile configuration: measured on the lent H100 (docs/benchmarks_gemm.md)."""
+    """Which tile configuration: measured on the lent H100 (docs/benchmarks.md, gemm)."""
     tiles = -(-m // 128) * -(-n // 256)
     if tiles >= 264:  # two full waves of 128x256 tiles on 132 SMs, or more
         return "large_short_k" if k <= 1024 else "large"
