@@ -20,7 +20,7 @@ from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 install_handler()
 
 from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # noqa: E402 - registers the
-                  gelu_backward, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
+                  gelu_backward, gemm, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
                   layer_norm_forward)
 
 __version__ = "0.1.0"
@@ -43,7 +43,7 @@ def cuda_type(dtype) -> str:
 
 __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
-    "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "grouped_gemm",
+    "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",

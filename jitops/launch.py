@@ -67,9 +67,15 @@ class _Driver:
         lib.cuFuncSetAttribute.argtypes = [void_p, ctypes.c_int, ctypes.c_int]
         lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, void_p]
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(void_p)]
+        lib.cuCtxSetCurrent.argtypes = [void_p]
+        lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(void_p), ctypes.c_int]
+        lib.cuDevicePrimaryCtxRelease.argtypes = [ctypes.c_int]
         lib.cuLaunchKernel.argtypes = [void_p, uint, uint, uint, uint, uint, uint, uint, void_p, void_p, void_p]
         for fn in (lib.cuModuleLoadData, lib.cuModuleGetFunction, lib.cuFuncSetAttribute, lib.cuFuncGetAttribute,
-                   lib.cuLaunchKernel, lib.cuGetErrorName):
+                   lib.cuLaunchKernel, lib.cuGetErrorName, lib.cuCtxGetCurrent, lib.cuCtxSetCurrent, lib.cuDeviceGet,
+                   lib.cuDevicePrimaryCtxRetain, lib.cuDevicePrimaryCtxRelease):
             fn.restype = ctypes.c_int
         self.lib = lib
         ctypes_launch = lib.cuLaunchKernel
@@ -121,8 +127,34 @@ def _bind_context(device_index: int) -> None:
 
     torch creates the primary context but a thread that has made no runtime call yet (autograd's device
     threads, user threads) has no current context, and driver calls then fail with CUDA_ERROR_INVALID_CONTEXT.
-    cudaSetDevice binds it (and sets the device this thread already uses)."""
+    torch.cuda.set_device skips its cudaSetDevice when the device already reads as current (device 0 in a
+    fresh thread: seen in autograd's backward thread on the lent H100, where a CUTLASS host library's
+    cuTensorMapEncodeTiled failed with 201), so the primary context is bound through the driver if needed."""
     torch.cuda.set_device(device_index)
+    lib = _Driver.get().lib
+    current = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(current)) == 0 and current.value:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    _Driver.get().check("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(device), device_index))
+    _Driver.get().check("cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+    _Driver.get().check("cuCtxSetCurrent", lib.cuCtxSetCurrent(context))
+    lib.cuDevicePrimaryCtxRelease(device)  # torch holds its own reference: the context stays
+
+
+_threads = threading.local()
+
+
+def ensure_context(device_index: int) -> None:
+    """Before host code (a CudaLibrary) calls the CUDA runtime or driver: make sure this thread has a current
+    context for the device.  Checked once per thread and device (0.05 us after that)."""
+    if getattr(_threads, "device", None) == device_index:
+        return
+    lib = _Driver.get().lib
+    current = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(current)) != 0 or not current.value:
+        _bind_context(device_index)
+    _threads.device = device_index
 
 
 _SM_COUNTS: dict[int, int] = {}
@@ -228,6 +260,7 @@ class CudaFunction:
         self._driver.launch(self.handle, *grid, *block, shared_mem, stream, self._pointers_address, 0)
 
     def _raise_smem_limit(self, shared_mem: int) -> None:
+        ensure_context(self.device_index)
         with torch.cuda.device(self.device_index):
             self._driver.check("cuFuncSetAttribute", self._driver.lib.cuFuncSetAttribute(
                 self.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem))

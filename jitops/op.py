@@ -197,8 +197,11 @@ class Op:
             raise RuntimeError(f"jitops.{self.name}: backward returned {len(tensor_grads)} gradients for "
                                f"{len(self._differentiable)} tensor arguments")
         result: list[Any] = [None] * len(self.args)
+        # The dispatcher omits trailing defaulted arguments (AOTAutograd calls gemm(a, b) for gemm(a, b,
+        # bias=None)): those are no inputs, need no gradient, and the surplus Nones returned are allowed.
+        needs = ctx.needs_input_grad
         for position, grad in zip(self._differentiable, tensor_grads):
-            if ctx.needs_input_grad[position]:
+            if position < len(needs) and needs[position]:
                 result[position] = grad
         return tuple(result)
 

@@ -119,8 +119,9 @@ def test_prewarm_all_builtin_builds_every_prewarm_item(tmp_path, capsys):
     for item in PREWARM:
         op = jitops.find(item["op"])
         for dtype in item["dtypes"]:
-            for shapes in item["shapes"]:
-                args = op.example_args(dtype, shapes, item.get("kwargs", {}))
+            for index, shapes in enumerate(item["shapes"]):
+                strides = item["strides"][index] if "strides" in item else None  # gemm's transposed operands
+                args = op.example_args(dtype, shapes, item.get("kwargs", {}), strides)
                 expected |= {r.label() for r in op.requests_for(args, target).values()}
     code, report = cli_json(capsys, "prewarm", "--all-builtin", "--arch", "sm_80", "--cache-dir", tmp_path / "c",
                             "--jobs", "2")

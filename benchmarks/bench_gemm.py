@@ -1,0 +1,238 @@
+"""jitops.gemm against torch.matmul (cuBLAS), side by side in one run on one GPU.
+
+    python benchmarks/bench_gemm.py            # the six shapes x {bf16, fp16}; fused bias+gelu; compile seconds
+    python benchmarks/bench_gemm.py --tune     # also time candidate tile configurations and swizzles (bf16)
+    python benchmarks/bench_gemm.py --cold-compile DIR   # compile the main configurations into an empty cache DIR
+
+Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
+over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
+torch.matmul followed by the bias and gelu.  Compile seconds come from the cache entries' meta.json (the machine
+that built them) and, with --cold-compile, from compiling on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jitops
+
+G = importlib.import_module("jitops.ops.gemm")  # the module (jitops.ops.gemm is the function)
+from jitops.specs import Target
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
+          (8192, 8192, 1024)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FUSED_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (16384, 2048, 4096)]
+
+# Candidate configurations timed with --tune (bf16, row-major a and b), beside the ones in G.SM90_CONFIGS.
+TUNE = {
+    "large": [G.Sm90Config((256, 128, 64), (1, 2), pingpong=False, streamk=False),
+              G.Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False)],
+    "small": [G.Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),  # A multicast to 2 CTAs
+              G.Sm90Config((128, 64, 64), (1, 1), pingpong=False, streamk=False),
+              G.Sm90Config((128, 256, 64), (1, 1), pingpong=False, streamk=True)],
+}
+SWIZZLES = (1, 2, 4, 8)
+
+
+def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda", bias: bool = False):
+    if device == "meta":
+        make = lambda *s: torch.empty(s, dtype=dtype, device="meta")
+    else:
+        make = lambda *s: torch.randn(s, device=device, dtype=dtype)
+    return make(m, k), make(k, n), (make(n) if bias else None)
+
+
+def requests(target: Target, tune: bool = False) -> dict:
+    """Every kernel this benchmark loads on `target` (for benchmarks/prebuild_gemm.py)."""
+    found = {}
+    op = G.gemm.op
+    for dtype in DTYPES.values():
+        for m, n, k in SHAPES:
+            a, b, _ = shape_args(m, n, k, dtype, "meta")
+            for r in op.requests_for((a, b, None, None, None), target).values():
+                found[str(r.params)] = r
+        for m, n, k in FUSED_SHAPES:
+            a, b, bias = shape_args(m, n, k, dtype, "meta", bias=True)
+            for r in op.requests_for((a, b, bias, "gelu", None), target).values():
+                found[str(r.params)] = r
+    if tune:
+        for bucket, configs in TUNE.items():
+            m, n, k = (4096, 4096, 4096) if bucket == "large" else (128, 8192, 8192)
+            a, b, _ = shape_args(m, n, k, torch.bfloat16, "meta")
+            cls = G.shape_class(a, b, None, None, None)
+            for config in configs:
+                r = G.sm90_request(cls, config)
+                found[str(r.params)] = r
+    return found
+
+
+def compile_seconds(target: Target, reqs) -> dict:
+    """label -> compile seconds recorded in the cache entry (on the machine that built it)."""
+    out = {}
+    for r in reqs:
+        key, _ = jitops.runtime.key_for(r, target)
+        entry = jitops.runtime.find_entry(key, any_toolchain=True)
+        if entry is not None:
+            out[_describe(r)] = entry.meta.get("compile_seconds")
+    return out
+
+
+def _describe(r) -> str:
+    p = dict(r.params)
+    if r.backend == "nvcc":
+        return (f"sm90 {p['GEMM_T'].split('::')[-1]}->{p['GEMM_OUT'].split('::')[-1]} "
+                f"A{'K' if p['GEMM_A_KMAJOR'] == '1' else 'M'} B{'K' if p['GEMM_B_KMAJOR'] == '1' else 'N'} "
+                f"{p['GEMM_TILE_M']}x{p['GEMM_TILE_N']}x{p['GEMM_TILE_K']} c{p['GEMM_CLUSTER_M']}x{p['GEMM_CLUSTER_N']} "
+                f"{'pingpong' if p['GEMM_PINGPONG'] == '1' else 'coop'}{' streamK' if p['GEMM_STREAMK'] == '1' else ''}"
+                f"{' fused' if p['GEMM_FUSED'] == '1' else ''}")
+    return f"sm80 {r.entry}"
+
+
+def cold_compile(directory: Path, target: Target) -> None:
+    """Compile one sm_90a configuration and one sm_80-family configuration into an empty cache, timing each
+    (the runtime's own compile path: nvcc, NVRTC)."""
+    a, b, _ = shape_args(4096, 4096, 4096, torch.bfloat16, "meta")
+    cls = G.shape_class(a, b, None, None, None)
+    sm90 = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    chosen = {_describe(sm90): sm90,
+              "same, host code at -O1": dataclasses.replace(sm90, options=(*sm90.options, "-Xcompiler=-O1")),
+              "sm80 large (NVRTC)": G.sm80_request(cls._replace(family="sm80"), G.SM80_CONFIGS["large"])}
+    results = {}
+    with jitops.config.scope(cache_dir=directory, cache_path=()):
+        for what, r in chosen.items():
+            started = time.perf_counter()
+            jitops.runtime.prewarm(r, target)
+            results[what] = round(time.perf_counter() - started, 1)
+    print(json.dumps({"cold_compile_seconds": results, "cpus": os.cpu_count()}))
+
+
+def tflops(m, n, k, ms):
+    return 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def check_close(got, want, what):
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    if not err < 1e-2:
+        raise SystemExit(f"bench_gemm: {what} differs from torch by {err:.2e}")
+
+
+def bench_shape(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) -> float:
+    a, b, _ = shape_args(m, n, k, dtype)
+    check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} {name}")
+    cls = G.shape_class(a, b, None, None, None)
+    row = bench.compare(op="gemm", shape=f"{m}x{n}x{k}", dtype=name, ours=lambda: jitops.gemm(a, b),
+                        baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=2 * m * n * k,
+                        config=str(G.SM90_CONFIGS.get(cls.bucket)))
+    return row.speedup
+
+
+def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) -> float:
+    a, b, bias = shape_args(m, n, k, dtype, bias=True)
+    check_close(jitops.gemm(a, b, bias=bias, activation="gelu"), F.gelu(a @ b + bias), f"fused {m}x{n}x{k} {name}")
+    row = bench.compare(op="gemm+bias+gelu", shape=f"{m}x{n}x{k}", dtype=name,
+                        ours=lambda: jitops.gemm(a, b, bias=bias, activation="gelu"),
+                        baseline=lambda: F.gelu(torch.matmul(a, b) + bias), baseline_name="matmul+bias+gelu",
+                        flops=2 * m * n * k)
+    return row.speedup
+
+
+def overhead(bench, target: Target, calls: int = 2000) -> None:
+    """Host cost of one call (128 x 4096 x 128: the skinny bucket's data-parallel kernel, whose GPU time is far
+    smaller): enqueue rate over many calls, for jitops.gemm, its sm_90 run function alone, and torch.matmul."""
+    m, n, k = 128, 4096, 128
+    a, b, _ = shape_args(m, n, k, torch.bfloat16)
+    cls = G.shape_class(a, b, None, None, None)
+    paths = {"torch.matmul": lambda: torch.matmul(a, b), "jitops.gemm": lambda: jitops.gemm(a, b)}
+    if G.uses_sm90(cls, target):
+        config = G.SM90_CONFIGS[cls.bucket]
+        lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        paths["run_sm90 (ctypes + CUTLASS host code)"] = lambda: G.run_sm90(
+            lib, cls, config, a, b, out, None, m, n, k, k, n, 0)
+    results = {}
+    for name, fn in paths.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        results[name] = round((time.perf_counter() - started) / calls * 1e6, 1)
+        torch.cuda.synchronize()
+    print("  host microseconds per call:", results, flush=True)
+    bench.note(host_us_per_call_128x4096x128=results)
+
+
+def tune(target: Target, time_cuda) -> None:
+    """Candidate configurations and swizzles, bf16, against torch.matmul in the same run."""
+    for bucket, configs in TUNE.items():
+        shapes = [(4096, 4096, 4096), (8192, 8192, 1024), (4000, 4000, 4000)] if bucket == "large" else \
+            [(128, 8192, 8192)]
+        for config in [G.SM90_CONFIGS[bucket], *configs]:
+            for m, n, k in shapes:
+                tune_one(target, time_cuda, bucket, config, m, n, k)
+
+
+def tune_one(target: Target, time_cuda, bucket: str, config, m: int, n: int, k: int) -> None:
+    a, b, _ = shape_args(m, n, k, torch.bfloat16)
+    cls = G.shape_class(a, b, None, None, None)
+    lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    base_ms = time_cuda(lambda: torch.matmul(a, b))
+    name = (f"{config.tile} c{config.cluster} {'pingpong' if config.pingpong else 'coop'}"
+            f"{' streamK' if config.streamk else ''}")
+    for swizzle in SWIZZLES:
+        def call(swizzle=swizzle):
+            G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, swizzle)
+        call()
+        check_close(out, a @ b, f"tune {name} {m}x{n}x{k}")
+        ms = time_cuda(call)
+        print(f"  tune {bucket:5s} {m}x{n}x{k} {name} swizzle {swizzle}: {tflops(m, n, k, ms):6.1f} TFLOP/s "
+              f"(torch.matmul {tflops(m, n, k, base_ms):6.1f})", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--cold-compile", type=Path)
+    args = parser.parse_args()
+    if args.cold_compile:
+        cold_compile(args.cold_compile, Target.parse("sm_90"))
+        return
+
+    from harness import Bench, time_cuda
+
+    bench = Bench("gemm")
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    for name, dtype in DTYPES.items():
+        ratios = [bench_shape(bench, m, n, k, name, dtype) for m, n, k in SHAPES]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        bench.note(**{f"{name} geomean vs torch.matmul": round(geo, 3),
+                      f"{name} min vs torch.matmul": round(min(ratios), 3)})
+    fused = [bench_fused(bench, m, n, k, name, dtype) for name, dtype in DTYPES.items() for m, n, k in FUSED_SHAPES]
+    bench.note(**{"fused bias+gelu geomean vs matmul+bias+gelu": round(
+        math.exp(sum(map(math.log, fused)) / len(fused)), 3), "fused min": round(min(fused), 3)})
+    overhead(bench, target)
+    if args.tune:
+        tune(target, time_cuda)
+    seconds = compile_seconds(target, requests(target).values())
+    bench.note(compile_seconds_on_build_machine=seconds)
+    bench.finish()
+
+
+if __name__ == "__main__":
+    main()

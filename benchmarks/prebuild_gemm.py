@@ -1,0 +1,67 @@
+"""Build, on a machine without a GPU, every gemm kernel the GPU tests and bench_gemm.py load, so that a session
+on the lent GPU compiles nothing: ship the cache directory as a read-only root (JITOPS_CACHE_PATH).
+
+    JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune] [--jobs 2] [--list]
+
+Builds for the H100 (compute capability 9.0): sm_90a libraries through nvcc, and the CUTLASS 2 kernels that the
+tests run there (unaligned shapes, force_family("sm80")) as sm_90 cubins through NVRTC.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "tests")]
+
+import jitops
+from jitops.specs import Target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--tune", action="store_true", help="also the candidate configurations of bench --tune")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--list", action="store_true", help="print what would be built, build nothing")
+    parser.add_argument("--only", choices=["nvcc", "nvrtc"], help="build only this backend's kernels")
+    args = parser.parse_args()
+
+    import bench_gemm
+    import gemm_cases
+
+    target = Target.parse(args.arch)
+    wanted = {}
+    for case in gemm_cases.ALL:
+        wanted.update(gemm_cases.requests(case, target))
+    for r in bench_gemm.requests(target, tune=args.tune).values():
+        wanted[r.label() + " " + str(r.params)] = r
+    unique = {}
+    for r in wanted.values():
+        unique.setdefault((r.backend, r.kernel, r.entry, r.params, r.dtype), r)
+    todo = sorted(unique.values(), key=lambda r: (r.backend != "nvcc", str(r.params)))
+    if args.only:
+        todo = [r for r in todo if r.backend == args.only]
+    print(f"{len(todo)} kernels: {sum(r.backend == 'nvcc' for r in todo)} nvcc, "
+          f"{sum(r.backend == 'nvrtc' for r in todo)} nvrtc", flush=True)
+    if args.list:
+        for r in todo:
+            print(" ", r.backend, bench_gemm._describe(r) if r.kernel.startswith("gemm") else r.label())
+        return
+
+    def build(r):
+        started = time.perf_counter()
+        outcome = jitops.runtime.prewarm(r, target)
+        what = bench_gemm._describe(r) if r.kernel.startswith("gemm") else r.label()
+        print(f"  {outcome:8s} {time.perf_counter() - started:6.1f} s  {what}", flush=True)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for future in [pool.submit(build, r) for r in todo]:
+            future.result()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,511 @@
+"""jitops.gemm(a, b, *, bias=None, activation=None | "relu" | "gelu", out_dtype=None)
+
+    out = act(a @ b + bias)        a: (M, K), b: (K, N), bias: (N,), out: (M, N) row-major
+
+bf16 and fp16 on CUDA, accumulating in fp32; out_dtype is the inputs' dtype (default) or float32.  The bias and
+the activation run in the GEMM's epilogue ("gelu" is the exact erf form, torch's default).
+
+Layouts come from the strides: each operand may be row- or column-major (a transposed view such as `w.t()`
+costs no copy), with any leading dimension.  Only a view with no unit stride (e.g. `x[::2, ::2]`) is copied.
+
+Kernels (sources in kernels/gemm/):
+- sm_90: CUTLASS 3 warp-specialized TMA + wgmma kernels, built by nvcc for sm_90a with -DNDEBUG into a small C
+  library (CudaLibrary): the CUTLASS 3 host API builds the TMA descriptors.  One configuration per translation
+  unit.  TMA needs 16-byte aligned rows and addresses; other shapes take the sm_80 kernels below.
+- sm_80, sm_86, sm_89 (and unaligned shapes on sm_90): CUTLASS 2 tensor-op kernels compiled by NVRTC in seconds;
+  a __global__ wrapper builds CUTLASS 2's Params on the device, so there is no host code to compile.  An
+  alignment class (8, 4, 2 or 1 elements) serves K or N that are not multiples of 8.
+
+The shape class is (dtype, out dtype, the two operand majors, alignment class, size bucket, fused epilogue,
+kernel family).  The size bucket picks the tile shape and schedule (SM90_CONFIGS, SM80_CONFIGS); the bias and
+activation are run-time arguments of one "fused" kernel per configuration, so they add one build, not four.
+
+Backward: dA = dC . B^T and dB = A^T . dC with the same kernels, the transposes being stride views (no copies);
+only the gradients that are needed are computed.  relu's mask comes from the saved output.  For "gelu" with a
+gradient needed, jitops.gemm runs the GEMM with the bias fused, keeps that pre-activation and applies
+jitops.gelu: one extra elementwise pass in the forward instead of a second GEMM in the backward (the op itself,
+reached directly through torch.ops, recomputes the pre-activation instead).  The first call that needs a
+gradient also starts compiling the backward's kernels in background threads while the forward runs.
+
+CPU: a reference path through ATen (torch.matmul in fp32, or fp64 for fp64 inputs), so CI exercises the op's
+registration and autograd wiring without a GPU; it accepts fp64, fp32, bf16 and fp16.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import shapes
+from ..launch import current_stream, ensure_context, sm_count
+from ..op import Impl, op
+from ..runtime import MissContext, runtime
+from ..specs import CudaKernel, CudaLibrary, Source, Target
+from .gelu import gelu, gelu_backward
+
+log = logging.getLogger("jitops")
+
+CUDA_DTYPES = (torch.bfloat16, torch.float16)
+CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
+CUTLASS_TYPES = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t", torch.float32: "float"}
+INT32_MAX = 2**31 - 1
+
+
+# ---- shape class ----------------------------------------------------------------------------------------------
+class GemmClass(NamedTuple):
+    dtype: torch.dtype
+    out_dtype: torch.dtype
+    a_kmajor: bool    # a is row-major (K contiguous); else column-major
+    b_kmajor: bool    # b is column-major (K contiguous); else row-major
+    align: int        # elements every row start, leading dimension and contiguous extent is a multiple of
+    bucket: str       # picks the tile configuration: large, large_short_k, skinny, small; empty and cpu: none
+    fused: bool       # bias and/or activation in the epilogue
+    family: str       # "auto": by the device's arch; "sm80": the CUTLASS 2 kernels on any arch (tests)
+
+
+_family = "auto"
+
+
+@contextlib.contextmanager
+def force_family(family: str) -> Iterator[None]:
+    """Run jitops.gemm with one kernel family on every arch: force_family("sm80") runs the CUTLASS 2 kernels on
+    an sm_90 GPU too (mma.sync runs on Hopper), which is how the GPU tests check that path on an H100."""
+    global _family
+    if family not in ("auto", "sm80"):
+        raise ValueError(f"jitops.gemm: unknown kernel family {family!r}; use 'auto' or 'sm80'")
+    previous, _family = _family, family
+    try:
+        yield
+    finally:
+        _family = previous
+
+
+def _layout(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, int] | None:
+    """(row_major, leading dimension) of a 2-D operand that a kernel can read in place, or None when it must be
+    copied.  A dimension of size 1 has no meaningful stride, so either layout may fit; the leading dimension
+    is then chosen 16-byte friendly."""
+    s0, s1 = t.stride()
+    if rows > 1 and cols > 1:
+        if s1 == 1 and s0 >= cols:
+            return True, s0
+        if s0 == 1 and s1 >= rows:
+            return False, s1
+        return None
+    if rows <= 1 and cols <= 1:
+        return True, 8
+    if rows <= 1:  # one row: row-major if its elements are adjacent, else a column-major "matrix" of ld s1
+        return (True, -(-cols // 8) * 8) if s1 == 1 else ((False, s1) if s1 >= 1 else None)
+    # one column
+    return (False, -(-rows // 8) * 8) if s0 == 1 else ((True, s0) if s0 >= 1 else None)
+
+
+def _address_units(t: torch.Tensor) -> int:
+    """The start address in elements' worth of alignment: 8 when 16-byte aligned (for 16-bit types)."""
+    return shapes.byte_alignment(t) // t.element_size()
+
+
+def _bucket(m: int, n: int, k: int) -> str:
+    """Which tile configuration: measured on the lent H100 (docs/benchmarks.md, gemm)."""
+    tiles = -(-m // 128) * -(-n // 256)
+    if tiles >= 264:  # two full waves of 128x256 tiles on 132 SMs, or more
+        return "large_short_k" if k <= 1024 else "large"
+    if m <= 256 and n >= 4096:  # a few rows against a wide matrix: streaming b is the cost
+        return "skinny"
+    return "small"
+
+
+def _check(a, b, bias, activation, out_dtype) -> None:
+    """The slow path of the shape class: say exactly what is wrong, naming the argument."""
+    shapes.check_tensor("gemm", "a", a)
+    shapes.check_tensor("gemm", "b", b)
+    if bias is not None:
+        shapes.check_tensor("gemm", "bias", bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"jitops.gemm: argument 'activation' is {activation!r}; use None, 'relu' or 'gelu'")
+    if a.dim() != 2:
+        raise ValueError(f"jitops.gemm: argument 'a' must be a 2-D (M, K) matrix, got shape {tuple(a.shape)}")
+    if b.dim() != 2:
+        raise ValueError(f"jitops.gemm: argument 'b' must be a 2-D (K, N) matrix, got shape {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"jitops.gemm: K mismatch: argument 'a' has shape {tuple(a.shape)} (K = {a.shape[1]}) but "
+                         f"'b' has shape {tuple(b.shape)} (K = {b.shape[0]}); b must be (K, N)")
+    allowed = CPU_DTYPES if a.is_cpu else CUDA_DTYPES
+    shapes.check_dtype("gemm", "a", a, allowed)
+    shapes.check_same_dtype("gemm", ("a", a), ("b", b), ("bias", bias))
+    if bias is not None and tuple(bias.shape) != (b.shape[1],):
+        raise ValueError(f"jitops.gemm: argument 'bias' has shape {tuple(bias.shape)}, expected ({b.shape[1]},): "
+                         "one value per output column")
+    if out_dtype is not None and out_dtype not in (a.dtype, torch.float32):
+        raise TypeError(f"jitops.gemm: argument 'out_dtype' is {out_dtype}; use None (the inputs' dtype "
+                        f"{a.dtype}) or torch.float32")
+    if max(a.shape[0], a.shape[1], b.shape[1]) > INT32_MAX:
+        raise ValueError(f"jitops.gemm: M, N and K must each be below 2**31, got {tuple(a.shape)} x "
+                         f"{tuple(b.shape)}")
+    raise AssertionError("jitops.gemm: _check found nothing wrong")  # pragma: no cover - callers saw a problem
+
+
+def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
+    # Runs on every call: plain comparisons first, _check (which builds the messages) only on failure.
+    if (type(a) is not torch.Tensor and not isinstance(a, torch.Tensor)) or \
+            (type(b) is not torch.Tensor and not isinstance(b, torch.Tensor)) or \
+            a.dim() != 2 or b.dim() != 2 or activation not in ACTIVATIONS:
+        _check(a, b, bias, activation, out_dtype)
+    m, k = a.shape
+    k2, n = b.shape
+    dtype = a.dtype
+    out = dtype if out_dtype is None else out_dtype
+    if k != k2 or b.dtype != dtype or (bias is not None and (bias.dtype != dtype or bias.shape != (n,))) or \
+            (out is not dtype and out is not torch.float32) or m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
+        _check(a, b, bias, activation, out_dtype)
+    fused = bias is not None or activation is not None
+    if a.is_cpu:
+        if dtype not in CPU_DTYPES:
+            _check(a, b, bias, activation, out_dtype)
+        return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
+    if dtype is not torch.bfloat16 and dtype is not torch.float16:
+        _check(a, b, bias, activation, out_dtype)
+    if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
+        return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
+    # Every row start, leading dimension and contiguous extent, in elements; the output is (M, N) contiguous.
+    # An operand no kernel can read in place (None) is copied to a fresh contiguous (row-major) matrix.
+    la = _layout(a, m, k)
+    lb = _layout(b, k, n)
+    units = n | (la[1] | _address_units(a) if la is not None else k)
+    units |= lb[1] | _address_units(b) if lb is not None else n
+    a_kmajor = la is None or la[0]
+    b_kmajor = lb is not None and not lb[0]
+    units |= (k if a_kmajor else m) | (k if b_kmajor else n)
+    if bias is not None:
+        units |= _address_units(bias) if bias.stride(0) == 1 else 8
+    align = 8 if units % 8 == 0 else 4 if units % 4 == 0 else 2 if units % 2 == 0 else 1
+    return GemmClass(dtype, out, a_kmajor, b_kmajor, align, _bucket(m, n, k), fused, _family)
+
+
+# ---- kernels --------------------------------------------------------------------------------------------------
+class Sm90Config(NamedTuple):
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int]
+    pingpong: bool
+    streamk: bool
+    swizzle: int = 1  # a run-time argument of the tile scheduler (not part of the build)
+
+
+class Sm80Config(NamedTuple):
+    tile: tuple[int, int, int]
+    warp: tuple[int, int, int]
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return (self.tile[0] // self.warp[0]) * (self.tile[1] // self.warp[1]) * 32
+
+    def smem_bytes(self, element_size: int = 2) -> int:
+        tm, tn, tk = self.tile
+        return self.stages * (tm * tk + tk * tn) * element_size
+
+
+# Size bucket -> configuration.  Measured on the lent H100: docs/benchmarks.md.
+# bf16 on the lent H100, 2026-11-22, `bench_gemm.py --tune` (TFLOP/s; torch.matmul 630-695 in the same run):
+#   4096^3: 128x256 cooperative 2x1, swizzle 8: 693 (swizzle 1: 662; 256x128 1x2: 680; 128x128 ping-pong: 635);
+#   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
+#   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
+# 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607 in one run) than 8 (598 in the next): _swizzle.
+SM90_CONFIGS = {
+    "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False, swizzle=8),
+    "large_short_k": Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False),
+    "skinny": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
+    "small": Sm90Config((128, 128, 64), (1, 1), pingpong=False, streamk=True),
+}
+SM80_CONFIGS = {
+    "large": Sm80Config((128, 256, 32), (64, 64, 32), 3),
+    "large_short_k": Sm80Config((128, 256, 32), (64, 64, 32), 3),
+    "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+    "small": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+}
+# 2-byte alignment: cp.async copies 4, 8 or 16 bytes, so this class takes CUTLASS's two-stage register-staged
+# mainloop, with smaller warp tiles (64x64 spilled at 255 registers).
+SM80_ALIGN1 = Sm80Config((128, 128, 32), (64, 32, 32), 2)
+
+SM90_GEMM = CudaLibrary(
+    "gemm_sm90", Source.file("gemm/sm90_gemm.cu"),
+    functions={
+        "jitops_gemm_run": (("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i64", "i64", "i64", "i32", "i32",
+                             "i32", "ptr", "ptr"), "i32"),
+        "jitops_gemm_workspace": (("i32", "i32", "i32", "i32", "i32"), "i64"),
+    },
+    arch_specific=True)
+SM80_GEMM = CudaKernel(
+    "gemm_sm80", Source.file("gemm/sm80_gemm.cu"),
+    "jitops_gemm::gemm_sm80<{T}, {OUT}, {A_KMAJOR}, {B_KMAJOR}, {TM}, {TN}, {TK}, {WM}, {WN}, {WK}, {STAGES}, "
+    "{ALIGN}, {SMEM}>",
+    "ptr ptr ptr ptr i32 i32 i32 i64 i64 i64 i32")
+
+
+def sm90_request(cls: GemmClass, config: Sm90Config):
+    (tm, tn, tk), (cm, cn) = config.tile, config.cluster
+    return SM90_GEMM.bind(
+        shapes.dtype_name(cls.dtype), GEMM_T=CUTLASS_TYPES[cls.dtype], GEMM_OUT=CUTLASS_TYPES[cls.out_dtype],
+        GEMM_A_KMAJOR=int(cls.a_kmajor), GEMM_B_KMAJOR=int(cls.b_kmajor), GEMM_TILE_M=tm, GEMM_TILE_N=tn,
+        GEMM_TILE_K=tk, GEMM_CLUSTER_M=cm, GEMM_CLUSTER_N=cn, GEMM_PINGPONG=int(config.pingpong),
+        GEMM_STREAMK=int(config.streamk), GEMM_FUSED=int(cls.fused))
+
+
+def sm80_config(cls: GemmClass) -> Sm80Config:
+    return SM80_ALIGN1 if cls.align == 1 else SM80_CONFIGS[cls.bucket]
+
+
+def sm80_request(cls: GemmClass, config: Sm80Config):
+    (tm, tn, tk), (wm, wn, wk) = config.tile, config.warp
+    return SM80_GEMM.bind(
+        shapes.dtype_name(cls.dtype), T=CUTLASS_TYPES[cls.dtype], OUT=CUTLASS_TYPES[cls.out_dtype],
+        A_KMAJOR=str(cls.a_kmajor).lower(), B_KMAJOR=str(cls.b_kmajor).lower(), TM=tm, TN=tn, TK=tk, WM=wm,
+        WN=wn, WK=wk, STAGES=config.stages, ALIGN=cls.align, SMEM=config.smem_bytes())
+
+
+def uses_sm90(cls: GemmClass, target: Target) -> bool:
+    return cls.family == "auto" and target.capability is not None and target.capability[0] == 9 and cls.align == 8
+
+
+def cuda_kernels(cls: GemmClass, target: Target):
+    if cls.bucket == "empty":
+        return {}
+    if uses_sm90(cls, target):
+        return {"sm90": sm90_request(cls, SM90_CONFIGS[cls.bucket])}
+    return {"sm80": sm80_request(cls, sm80_config(cls))}
+
+
+# ---- running on the GPU ---------------------------------------------------------------------------------------
+_STATUS = ["success", "misaligned operand", "invalid data type", "invalid layout", "invalid problem",
+           "not supported", "workspace null", "internal error", "arch mismatch", "insufficient driver",
+           "memory allocation", "invalid"]
+
+
+def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, bool, int]:
+    found = _layout(t, rows, cols)
+    if found is None:
+        t = t.contiguous()
+        return t, True, cols
+    return t, found[0], found[1]
+
+
+def _swizzle(config: Sm90Config, n: int) -> int:
+    """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile columns."""
+    return config.swizzle if -(-n // config.tile[1]) >= 16 else 1
+
+
+def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
+             swizzle: int | None = None) -> None:
+    device = out.get_device()
+    ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
+    swizzle = swizzle or _swizzle(config, n)
+    workspace = None
+    sms = sm_count(device)
+    if config.streamk:
+        size = lib.jitops_gemm_workspace(m, n, k, swizzle, sms)
+        if size > 0:
+            workspace = torch.empty(size, dtype=torch.uint8, device=out.device)
+    status = lib.jitops_gemm_run(a, b, out, bias, m, n, k, lda, ldb, n, activation, swizzle, sms, workspace,
+                                 current_stream(device))
+    if status:
+        what = _STATUS[status] if status < len(_STATUS) else f"CUDA error {status - 1000}"
+        raise RuntimeError(f"jitops.gemm: the sm_90 kernel {config} for {cls} failed on a ({m}, {k}) x ({k}, {n}) "
+                           f"problem: {what} (status {status})")
+
+
+def sm80_grid(m: int, n: int, config: Sm80Config) -> tuple[int, int, int]:
+    """GemmIdentityThreadblockSwizzle<8>::get_grid_shape: tiles along M, interleaved by 2**log_tile along N."""
+    tiles_m, tiles_n = -(-m // config.tile[0]), -(-n // config.tile[1])
+    log_tile = 3 if tiles_n >= 6 else 2 if tiles_n >= 3 else 1 if tiles_n >= 2 else 0
+    return tiles_m << log_tile, (tiles_n + (1 << log_tile) - 1) >> log_tile, 1
+
+
+def run_sm80(kernel, cls: GemmClass, config: Sm80Config, a, b, out, bias, m, n, k, lda, ldb,
+             activation: int) -> None:
+    if bias is not None and bias.dtype != out.dtype:
+        bias = bias.to(out.dtype)  # the bias is the epilogue's source operand, which has the output's type
+    kernel.launch(sm80_grid(m, n, config), config.threads, a, b, out, bias, m, n, k, lda, ldb, n, activation,
+                  shared_mem=config.smem_bytes())
+
+
+def _epilogue_only(out: torch.Tensor, bias, activation) -> torch.Tensor:
+    """K = 0: the product is zero and only the epilogue remains."""
+    z = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    if bias is not None:
+        z = z + bias.float()
+    out.copy_(_activate(z, activation))
+    return out
+
+
+def run_cuda(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
+    cls = kernels.shape_class
+    m, k = a.shape
+    n = b.shape[1]
+    out = torch.empty((m, n), dtype=cls.out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return _epilogue_only(out, bias, activation)
+    a, _, lda = _operand(a, m, k)
+    b, _, ldb = _operand(b, k, n)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    lib = kernels.__dict__.get("sm90")
+    if lib is not None:
+        run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+    else:
+        run_sm80(kernels.sm80, cls, sm80_config(cls), a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+    return out
+
+
+# ---- CPU (ATen) -----------------------------------------------------------------------------------------------
+def _activate(z: torch.Tensor, activation) -> torch.Tensor:
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return F.gelu(z)
+    return z
+
+
+def run_cpu(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
+    """The reference semantics through ATen: fp32 accumulation (fp64 for fp64), one rounding at the end."""
+    cls = kernels.shape_class
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    z = torch.matmul(a.to(acc), b.to(acc))
+    if bias is not None:
+        z = z + bias.to(acc)
+    return _activate(z, activation).to(cls.out_dtype).contiguous()
+
+
+def cpu_kernels(cls: GemmClass, target: Target):
+    return {}  # ATen: nothing to compile
+
+
+def fake(a, b, bias, activation, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+# ---- autograd -------------------------------------------------------------------------------------------------
+def setup_context(ctx, inputs, output) -> None:
+    a, b, bias, activation, out_dtype = inputs
+    ctx.activation = activation
+    ctx.out_dtype = out_dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    # dA needs B, dB needs A; relu's mask comes from the output; gelu recomputes its pre-activation.  (Only
+    # tensors are saved: AOTAutograd drops saved Nones.)
+    extra = output if activation == "relu" else bias if activation == "gelu" and bias is not None else None
+    ctx.save_for_backward(a, b, *([] if extra is None else [extra]))
+
+
+def backward(ctx, grad: torch.Tensor):
+    a, b, *extra = ctx.saved_tensors
+    out = extra[0] if ctx.activation == "relu" else None
+    bias = extra[0] if ctx.activation == "gelu" and extra else None
+    # Under AOTAutograd an omitted trailing bias is not an input at all: pad to (a, b, bias).
+    need_a, need_b, need_bias = (tuple(ctx.needs_input_grad) + (False, False, False))[:3]
+    if ctx.activation == "relu":
+        grad = torch.where(out > 0, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    elif ctx.activation == "gelu":  # reached through torch.ops only; jitops.gemm keeps the pre-activation
+        z = _op(a, b, bias=bias, out_dtype=ctx.out_dtype)
+        grad = torch.ops.aten.gelu_backward(grad, z) if grad.is_cpu else gelu_backward(grad, z, "none")
+    grad_in = grad if grad.dtype == a.dtype else grad.to(a.dtype)
+    grad_a = _op(grad_in, b.t()) if need_a else None    # (M, N) x (N, K): B^T is a stride view
+    grad_b = _op(a.t(), grad_in) if need_b else None    # (K, M) x (M, N): A^T is a stride view
+    grad_bias = grad.sum(0, dtype=torch.float32 if grad.dtype != torch.float64 else torch.float64).to(
+        ctx.bias_dtype) if need_bias else None
+    return grad_a, grad_b, grad_bias
+
+
+# ---- compiling the backward's kernels while the forward runs --------------------------------------------------
+_background_started: set = set()
+_background_lock = threading.Lock()
+
+
+def _backward_calls(a, b, out_dtype):
+    """The (args) of the GEMMs a backward will run, assuming a contiguous (M, N) output gradient."""
+    m, n = a.shape[0], b.shape[1]
+    grad = torch.empty((m, n), dtype=a.dtype, device="meta")
+    calls = []
+    if a.requires_grad:
+        calls.append((grad, b.detach().t(), None, None, None))
+    if b.requires_grad:
+        calls.append((a.detach().t(), grad, None, None, None))
+    return calls
+
+
+def compile_backward_in_background(a, b, bias, activation, out_dtype) -> None:
+    """Start loading (compiling, on a cold cache) the kernels of this forward's backward in daemon threads, so
+    their nvcc runs overlap the forward's own compile.  Once per forward shape class; errors are left for the
+    backward itself to raise."""
+    declared = _op.op
+    index = a.get_device()
+    key = (index, a.requires_grad, b.requires_grad, declared.shape_class(a, b, bias, activation, out_dtype))
+    if key in _background_started:
+        return
+    with _background_lock:
+        if key in _background_started:
+            return
+        _background_started.add(key)
+    target = declared.target("cuda", index)
+    for args in _backward_calls(a, b, out_dtype):
+        cls = declared.shape_class(*args)
+        context = MissContext("gemm", cls, declared.manifest_item(args))
+        for request in cuda_kernels(cls, target).values():
+            threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
+                             name=f"jitops-gemm-backward-{request.kernel}").start()
+
+
+def _load_quietly(request, target, index, context) -> None:
+    try:
+        ensure_context(index)
+        runtime.get_kernel(request, target, index, context)
+    except Exception as exc:  # noqa: BLE001 - the backward reports it when it needs the kernel
+        log.debug("background compile of %s failed: %s", request.label(), exc)
+
+
+# ---- declaration ----------------------------------------------------------------------------------------------
+_op = op(
+    "jitops::gemm(Tensor a, Tensor b, Tensor? bias=None, str? activation=None, ScalarType? out_dtype=None) -> Tensor",
+    shape_class=shape_class,
+    cuda=Impl(cuda_kernels, run_cuda),
+    cpu=Impl(cpu_kernels, run_cpu),
+    fake=fake,
+    setup_context=setup_context,
+    backward=backward,
+    keyword_only=("bias", "activation", "out_dtype"),
+    doc=__doc__,
+)
+
+
+def gemm(a, b, *, bias=None, activation=None, out_dtype=None):
+    try:
+        needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or
+                                                  (bias is not None and bias.requires_grad))
+    except AttributeError:  # not tensors: the op names the argument
+        needs_grad = False
+    if needs_grad and not a.is_cpu and not torch.compiler.is_compiling():
+        compile_backward_in_background(a, b, bias, activation, out_dtype)
+    if needs_grad and activation == "gelu" and not a.is_cpu:
+        return gelu(_op(a, b, bias=bias, out_dtype=out_dtype), "none")
+    return _op(a, b, bias=bias, activation=activation, out_dtype=out_dtype)
+
+
+gemm.__doc__ = __doc__
+gemm.op = _op.op  # type: ignore[attr-defined]
+
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): a
+# large bf16 layer's forward (x @ w) and its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one nvcc build
+# on sm_90a (about a minute on 2 cores), so the list stays short; other classes compile on first use.
+PREWARM = [
+    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
+     "kwargs": {"activation": None, "out_dtype": None}},
+    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
+     "strides": [[[4096, 1], [1, 4096], None]], "kwargs": {"activation": None, "out_dtype": None}},
+    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[4096, 8192], [8192, 4096], None]],
+     "strides": [[[1, 4096], [4096, 1], None]], "kwargs": {"activation": None, "out_dtype": None}},
+]

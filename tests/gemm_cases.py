@@ -1,0 +1,119 @@
+"""The jitops.gemm calls the GPU tests make, as data: the tests run them, and benchmarks/prebuild_gemm.py builds
+their kernels (forward and backward) on a machine without a GPU, so the lent GPU compiles nothing."""
+from __future__ import annotations
+
+import importlib
+import itertools
+from dataclasses import dataclass, replace
+
+import torch
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    k: int
+    n: int
+    dtype: torch.dtype = BF16
+    a_t: bool = False           # a is the transposed view of a (K, M) matrix: column-major
+    b_t: bool = False           # b is the transposed view of an (N, K) matrix: column-major
+    bias: bool = False
+    activation: str | None = None
+    out_dtype: torch.dtype | None = None
+    offset: int = 0             # a starts this many elements into its buffer (misaligned address)
+    family: str = "auto"
+    grad: bool = True
+
+    @property
+    def id(self) -> str:
+        parts = [f"{self.m}x{self.k}x{self.n}", str(self.dtype).removeprefix("torch.")]
+        parts.append(("T" if self.a_t else "N") + ("T" if self.b_t else "N"))
+        if self.bias:
+            parts.append("bias")
+        if self.activation:
+            parts.append(self.activation)
+        if self.out_dtype is not None:
+            parts.append("out_" + str(self.out_dtype).removeprefix("torch."))
+        if self.offset:
+            parts.append(f"offset{self.offset}")
+        if self.family != "auto":
+            parts.append(self.family)
+        return "-".join(parts)
+
+    def args(self, device: str | torch.device, seed: int = 0) -> tuple:
+        """(a, b, bias, activation, out_dtype) on `device` ("meta" for shape classes only)."""
+        generator = torch.Generator().manual_seed(seed)
+
+        def randn(*shape: int) -> torch.Tensor:
+            if str(device) == "meta":
+                return torch.empty(shape, dtype=self.dtype, device="meta")
+            return torch.randn(shape, generator=generator).to(device, self.dtype)
+
+        if self.offset:
+            base = randn(self.m * self.k + self.offset)
+            a = base[self.offset:].view(self.k, self.m).t() if self.a_t else base[self.offset:].view(self.m, self.k)
+        else:
+            a = randn(self.k, self.m).t() if self.a_t else randn(self.m, self.k)
+        b = randn(self.n, self.k).t() if self.b_t else randn(self.k, self.n)
+        bias = randn(self.n) if self.bias else None
+        return a, b, bias, self.activation, self.out_dtype
+
+
+LAYOUTS = list(itertools.product([False, True], repeat=2))
+
+# Every transpose combination, both dtypes (small size bucket).
+TRANSPOSES = [Case(256, 320, 384, dtype, a_t, b_t) for dtype in (BF16, FP16) for a_t, b_t in LAYOUTS]
+# Awkward M; the backward of each runs the other layouts of TRANSPOSES.
+AWKWARD_M = [Case(m, 256, 512) for m in (1, 7, 1000, 4097)]
+# The large-tile buckets (K > 1024 and K <= 1024) and the skinny one (few rows, wide b).
+LARGE = [Case(4096, 512, 4096, BF16), Case(4096, 512, 4096, FP16, grad=False), Case(4096, 1536, 4096, grad=False),
+         Case(64, 512, 4096)]
+# Bias and activations in the epilogue, and an fp32 output.
+EPILOGUES = [Case(1000, 256, 384, dtype, bias=bias, activation=act)
+             for dtype in (BF16, FP16) for bias in (False, True) for act in (None, "relu", "gelu")
+             if bias or act] + \
+    [Case(1000, 256, 384, BF16, out_dtype=torch.float32),
+     Case(1000, 256, 384, BF16, bias=True, activation="relu", out_dtype=torch.float32)]
+# K or N not a multiple of 8, and a misaligned start address: the alignment classes 4, 2 and 1.
+UNALIGNED = [Case(64, 132, 100), Case(64, 130, 96, FP16), Case(100, 129, 77), Case(100, 129, 77, a_t=True, b_t=True),
+             Case(33, 256, 64, offset=1), Case(100, 129, 77, bias=True, activation="gelu")]
+# The CUTLASS 2 (sm_80 family) kernels, run on the GPU at hand whatever its arch.
+SM80 = [replace(c, family="sm80") for c in TRANSPOSES] + \
+    [Case(4096, 512, 4096, family="sm80", grad=False),
+     Case(1000, 256, 384, bias=True, activation="gelu", family="sm80"),
+     Case(1000, 256, 384, bias=True, activation="relu", out_dtype=torch.float32, family="sm80")]
+
+ALL = TRANSPOSES + AWKWARD_M + LARGE + EPILOGUES + UNALIGNED + SM80
+
+
+def requests(case: Case, target) -> dict:
+    """Every kernel build a call of `case` needs on `target`, its backward's included (label -> BuildRequest).
+    Mirrors jitops.gemm's forward (the gelu split when a gradient is needed) and backward."""
+    import jitops
+    G = importlib.import_module("jitops.ops.gemm")
+
+    found: dict = {}
+
+    def add(op_name: str, args: tuple) -> None:
+        for request in jitops.find(op_name).requests_for(args, target).values():
+            found[request.label() + " " + str(request.params)] = request
+
+    with G.force_family(case.family):
+        a, b, bias, activation, out_dtype = case.args("meta")
+        out = out_dtype or case.dtype
+        m, n = case.m, case.n
+        grad_out = torch.empty((m, n), dtype=out, device="meta")
+        if case.grad and activation == "gelu":
+            add("gemm", (a, b, bias, None, out_dtype))
+            z = torch.empty((m, n), dtype=out, device="meta")
+            add("gelu", (z, "none"))
+            add("gelu_backward", (grad_out, z, "none"))
+        else:
+            add("gemm", (a, b, bias, activation, out_dtype))
+        if case.grad:
+            g = torch.empty((m, n), dtype=case.dtype, device="meta")
+            add("gemm", (g, b.t(), None, None, None))
+            add("gemm", (a.t(), g, None, None, None))
+    return found

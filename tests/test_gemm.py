@@ -1,0 +1,270 @@
+"""jitops.gemm without a GPU: the CPU path (ATen) against a float64 reference for every transpose combination,
+bias, activation and out_dtype, gradients of every input (gradcheck in float64), opcheck and
+torch.compile(fullgraph=True); input errors; the shape classes and kernel choices for each arch (on meta
+tensors); and builds of the CUDA sources here (NVRTC for sm_80, nvcc for one sm_90a configuration)."""
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import jitops
+from jitops.specs import Target
+from jitops.testing import check_op
+
+G = importlib.import_module("jitops.ops.gemm")  # the module (jitops.ops.gemm is the public function)
+
+
+def gemm_positional(a, b, bias, activation, out_dtype):
+    return jitops.gemm(a, b, bias=bias, activation=activation, out_dtype=out_dtype)
+
+
+gemm_positional.op = jitops.gemm.op  # check_op runs opcheck on the op behind the function
+
+
+def reference(a, b, bias, activation, out_dtype):
+    z = a @ b
+    if bias is not None:
+        z = z + bias
+    return torch.relu(z) if activation == "relu" else F.gelu(z) if activation == "gelu" else z
+
+
+def matrix(rows, cols, transposed, dtype, generator):
+    """A (rows, cols) operand, as a transposed view of a (cols, rows) matrix when `transposed`."""
+    if transposed:
+        return torch.randn(cols, rows, generator=generator, dtype=dtype).t()
+    return torch.randn(rows, cols, generator=generator, dtype=dtype)
+
+
+def samples(dtype, device):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for (a_t, b_t), (m, k, n) in itertools.product(itertools.product([False, True], repeat=2),
+                                                  [(7, 33, 5), (1, 8, 16)]):
+        out.append((matrix(m, k, a_t, dtype, g).to(device), matrix(k, n, b_t, dtype, g).to(device), None, None, None))
+    for bias, activation in itertools.product([False, True], [None, "relu", "gelu"]):
+        out.append((torch.randn(9, 13, generator=g, dtype=dtype), torch.randn(13, 6, generator=g, dtype=dtype),
+                    torch.randn(6, generator=g, dtype=dtype) if bias else None, activation, None))
+    if dtype != torch.float64:  # an fp32 output of fp64 inputs would only lose precision in gradcheck
+        out.append((torch.randn(4, 3, generator=g, dtype=dtype), torch.randn(3, 5, generator=g, dtype=dtype),
+                    torch.randn(5, generator=g, dtype=dtype), "relu", torch.float32))
+    return out
+
+
+def test_gemm_cpu_against_float64_reference():
+    report = check_op(gemm_positional, reference, samples=samples, dtypes=[torch.float32, torch.float64],
+                      device="cpu", compile=True)
+    assert len(report.checked) > 50
+
+
+def test_gemm_cpu_half_types():
+    for dtype in (torch.bfloat16, torch.float16):
+        g = torch.Generator().manual_seed(1)
+        a = torch.randn(17, 40, generator=g).to(dtype)
+        b = torch.randn(40, 9, generator=g).to(dtype).t().contiguous().t()
+        bias = torch.randn(9, generator=g).to(dtype)
+        out = jitops.gemm(a, b, bias=bias, activation="gelu")
+        assert out.dtype == dtype
+        want = reference(a.double(), b.double(), bias.double(), "gelu", None)
+        torch.testing.assert_close(out.double(), want, rtol=1.6e-2, atol=1.6e-2 * want.abs().max().item())
+        out32 = jitops.gemm(a, b, out_dtype=torch.float32)
+        assert out32.dtype == torch.float32
+        torch.testing.assert_close(out32.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, False), (False, False, True),
+                                   (True, True, True)])
+def test_only_needed_gradients(needs, monkeypatch):
+    a, b, bias = (torch.randn(s, dtype=torch.float64) for s in ((6, 4), (4, 3), (3,)))
+    leaves = [t.requires_grad_(n) for t, n in zip((a, b, bias), needs)]
+    calls = []
+    real = G._op
+    monkeypatch.setattr(G, "_op", lambda *args, **kw: calls.append(args) or real(*args, **kw))
+    out = jitops.gemm(a, b, bias=bias, activation="relu")
+    assert out.grad_fn is not None
+    calls.clear()
+    out.sum().backward()
+    assert [t.grad is not None for t in leaves] == list(needs)
+    assert len(calls) == int(needs[0]) + int(needs[1])  # one GEMM per operand gradient, none for the bias
+
+
+def test_gelu_gradient_through_the_op_recomputes_the_preactivation():
+    a, b, bias = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in ((5, 7), (7, 3), (3,)))
+    assert torch.autograd.gradcheck(lambda *t: torch.ops.jitops.gemm(*t, "gelu", None), (a, b, bias))
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda a, b: jitops.gemm(a, b[:3]), ValueError, r"K mismatch.*'a'.*'b'"),
+    (lambda a, b: jitops.gemm(a, b.double()), TypeError, r"'b' has dtype float64 but 'a' has float32"),
+    (lambda a, b: jitops.gemm(a.int(), b.int()), TypeError, r"'a' has dtype int32 on cpu"),
+    (lambda a, b: jitops.gemm(a, b, bias=torch.zeros(3)), ValueError, r"'bias' has shape \(3,\), expected \(5,\)"),
+    (lambda a, b: jitops.gemm(a, b, bias=torch.zeros(5, dtype=torch.float64)), TypeError, r"'bias' has dtype"),
+    (lambda a, b: jitops.gemm(a, b, activation="tanh"), ValueError, r"'activation' is 'tanh'"),
+    (lambda a, b: jitops.gemm(a, b, out_dtype=torch.float16), TypeError, r"'out_dtype'"),
+    (lambda a, b: jitops.gemm(a[None], b), ValueError, r"'a' must be a 2-D"),
+    (lambda a, b: jitops.gemm(a, b.to("meta")), ValueError, r"'b' is on meta but 'a' is on cpu"),
+    (lambda a, b: jitops.gemm(a, 3), TypeError, r"'b' must be a torch.Tensor"),
+])
+def test_bad_inputs_name_the_argument(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call(torch.randn(4, 6), torch.randn(6, 5))
+
+
+# ---- shape classes and kernel choices (meta tensors: no GPU, no memory) ----------------------------------------
+SM90, SM80, SM89 = Target.parse("sm_90a"), Target.parse("sm_80"), Target.parse("sm_89")
+
+
+def meta(rows, cols, dtype=torch.bfloat16, transposed=False, offset=0):
+    """A (rows, cols) meta tensor starting `offset` elements into its storage (row- or column-major)."""
+    base = torch.empty(rows * cols + offset, dtype=dtype, device="meta")
+    strides = (1, rows) if transposed else (cols, 1)
+    return base.as_strided((rows, cols), strides, offset)
+
+
+@pytest.mark.parametrize("a_t, b_t", list(itertools.product([False, True], repeat=2)))
+def test_transposed_views_are_read_in_place(a_t, b_t):
+    a, b = meta(256, 512, transposed=a_t), meta(512, 384, transposed=b_t)
+    assert G._layout(a, 256, 512) is not None and G._layout(b, 512, 384) is not None  # no copy
+    cls = G.shape_class(a, b, None, None, None)
+    assert (cls.a_kmajor, cls.b_kmajor) == (not a_t, b_t) and cls.align == 8
+    request = G.cuda_kernels(cls, SM90)["sm90"]
+    assert request.backend == "nvcc" and request.arch(SM90) == "sm_90a"
+    assert dict(request.params)["GEMM_A_KMAJOR"] == str(int(not a_t))
+
+
+def test_views_without_a_unit_stride_are_copied():
+    a = torch.empty(64, 64, dtype=torch.bfloat16, device="meta")[::2, ::2]
+    assert G._layout(a, 32, 32) is None
+    cls = G.shape_class(a, meta(32, 16), None, None, None)
+    assert cls.a_kmajor and cls.align == 8  # as the contiguous copy run_cuda makes
+
+
+@pytest.mark.parametrize("m, k, n, offset, align", [
+    (64, 128, 64, 0, 8), (64, 132, 100, 0, 4), (64, 130, 96, 0, 2), (100, 129, 77, 0, 1), (33, 256, 64, 1, 1),
+    (33, 256, 64, 4, 4)])
+def test_alignment_classes(m, k, n, offset, align):
+    cls = G.shape_class(meta(m, k, offset=offset), meta(k, n), None, None, None)
+    assert cls.align == align
+    kernels = G.cuda_kernels(cls, SM90)
+    assert list(kernels) == (["sm90"] if align == 8 else ["sm80"])  # TMA needs 16-byte rows and addresses
+
+
+def test_buckets_and_family():
+    bucket = lambda m, k, n: G.shape_class(meta(m, k), meta(k, n), None, None, None).bucket  # noqa: E731
+    assert bucket(4096, 4096, 4096) == "large" and bucket(8192, 1024, 8192) == "large_short_k"
+    assert bucket(128, 8192, 8192) == "skinny" and bucket(1000, 256, 384) == "small"
+    assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
+    cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
+    assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
+    with G.force_family("sm80"):
+        forced = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
+    assert forced != cls and list(G.cuda_kernels(forced, SM90)) == ["sm80"]
+    assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
+
+
+def test_epilogue_variants_share_one_fused_kernel():
+    a, b, bias = meta(1000, 256), meta(256, 384), torch.empty(384, dtype=torch.bfloat16, device="meta")
+    classes = {G.shape_class(a, b, bias_, act, None) for bias_ in (None, bias) for act in (None, "relu", "gelu")}
+    assert len(classes) == 2  # plain, and one fused class for every bias/activation combination
+
+
+def test_sm80_launch_geometry():
+    config = G.SM80_CONFIGS["large"]
+    assert config.threads == 256 and config.smem_bytes() == 3 * (128 * 32 + 32 * 256) * 2
+    assert G.sm80_grid(4096, 4096, config) == (32 * 8, 2, 1)   # 16 N-tiles interleaved by 8
+    assert G.sm80_grid(100, 77, config) == (1, 1, 1)
+
+
+def test_backward_kernels_are_known_before_the_backward_runs():
+    a = meta(1000, 256).requires_grad_()
+    b = meta(256, 384).requires_grad_()
+    calls = G._backward_calls(a, b, None)
+    classes = [G.shape_class(*args) for args in calls]
+    # dA = dC . B^T reads B^T in place (K-major B); dB = A^T . dC reads A^T in place (M-major A).
+    assert [(c.a_kmajor, c.b_kmajor) for c in classes] == [(True, True), (False, False)]
+
+
+def test_prewarm_items_resolve_without_a_gpu():
+    op = jitops.gemm.op
+    for item in G.PREWARM:
+        for dtype in item["dtypes"]:
+            for index, shapes in enumerate(item["shapes"]):
+                strides = item.get("strides", [None])[index] if "strides" in item else None
+                args = op.example_args(dtype, shapes, item["kwargs"], strides)
+                assert list(op.requests_for(args, SM90)) == ["sm90"]
+                assert list(op.requests_for(args, SM80)) == ["sm80"]
+
+
+# ---- the sources build here ------------------------------------------------------------------------------------
+def test_sm80_kernel_builds_with_nvrtc(fresh_cache):
+    cls = G.shape_class(meta(100, 129), meta(129, 77), torch.empty(77, dtype=torch.bfloat16, device="meta"),
+                        "gelu", None)
+    request = G.cuda_kernels(cls, SM80)["sm80"]
+    assert jitops.runtime.prewarm(request, SM80) == "compiled"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"),
+                    reason="needs nvcc")
+def test_one_sm90a_configuration_builds_with_nvcc_and_uses_wgmma(fresh_cache):
+    """One representative sm_90a build (about a minute on 2 cores); JITOPS_TEST_GEMM_SWEEP=1 builds them all."""
+    cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
+    request = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    assert jitops.runtime.prewarm(request, SM90) == "compiled"
+    key, _ = jitops.runtime.key_for(request, SM90)
+    entry = jitops.runtime.find_entry(key, any_toolchain=False)
+    log = (entry.path / "compile.log").read_text() if (entry.path / "compile.log").exists() else ""
+    assert "C7510" not in log  # wgmma not serialized (-DNDEBUG)
+    cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    if os.path.exists(cuobjdump):
+        sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.so")], capture_output=True,
+                              text=True, check=True).stdout
+        assert "HGMMA" in sass
+
+
+@pytest.mark.skipif(os.environ.get("JITOPS_TEST_GEMM_SWEEP") != "1", reason="set JITOPS_TEST_GEMM_SWEEP=1 "
+                    "to build every sm_90a configuration (about a minute each on 2 cores)")
+def test_every_sm90a_configuration_builds(fresh_cache):
+    a, b = meta(4096, 4096), meta(4096, 4096)
+    for bucket, config in G.SM90_CONFIGS.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            for fused in (False, True):
+                cls = G.shape_class(meta(4096, 4096, dtype), meta(4096, 4096, dtype), None, None, None)
+                cls = cls._replace(bucket=bucket, fused=fused)
+                assert jitops.runtime.prewarm(G.sm90_request(cls, config), SM90) == "compiled"
+    del a, b
+
+
+def test_first_training_call_starts_the_backward_kernels_in_background(monkeypatch):
+    """A forward that needs gradients loads (compiles, when cold) dA's and dB's kernels in daemon threads, once
+    per forward shape class, so their builds overlap the forward's own."""
+    import threading
+
+    requested, done = [], threading.Event()
+
+    def fake_get_kernel(request, target, index, context):
+        requested.append((dict(request.params)["GEMM_A_KMAJOR"], dict(request.params)["GEMM_B_KMAJOR"]))
+        if len(requested) == 2:
+            done.set()
+
+    monkeypatch.setattr(G.runtime, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(G, "ensure_context", lambda index: None)  # no GPU here
+    monkeypatch.setattr(G._op.op, "target", lambda device_type, index: SM90)
+    monkeypatch.setattr(G, "_background_started", set())
+    a, b = meta(1000, 256).requires_grad_(), meta(256, 384).requires_grad_()
+    G.compile_backward_in_background(a, b, None, None, None)
+    assert done.wait(10)
+    assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
+    G.compile_backward_in_background(a, b, None, None, None)  # the second call starts nothing
+    assert len(requested) == 2
+
+
+def test_swizzle_follows_the_tile_columns():
+    large = G.SM90_CONFIGS["large"]
+    assert G._swizzle(large, 4096) == large.swizzle == 8  # 16 columns of 256
+    assert G._swizzle(large, 2048) == 1                   # 16384x2048x4096 measured better with 1

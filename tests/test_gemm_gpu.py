@@ -1,0 +1,165 @@
+"""jitops.gemm on a real GPU: every transpose combination, both dtypes, bias and activations, fp32 output,
+unaligned K/N and addresses, awkward M, both size buckets, gradients of every input against an fp64 reference,
+opcheck and torch.compile; and the CUTLASS 2 (sm_80 family) kernels run on whatever GPU is present.
+
+The calls are data (gemm_cases.py) so that benchmarks/prebuild_gemm.py can build their kernels beforehand."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemm_cases import ALL, AWKWARD_M, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, Case
+
+import jitops
+from jitops.ops.gemm import force_family
+from jitops.testing import check_backward, check_compile, check_forward, noncontiguous
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prebuilt_kernels():
+    """JITOPS_GEMM_PREBUILT: read-only cache roots holding kernels built beforehand (benchmarks/prebuild_gemm.py
+    on a machine without a GPU); conftest gives each test session an empty cache, which would hide them."""
+    paths = tuple(Path(p) for p in os.environ.get("JITOPS_GEMM_PREBUILT", "").split(os.pathsep) if p)
+    if not paths:
+        yield
+        return
+    with jitops.config.scope(cache_path=paths):
+        yield
+    stats_file = os.environ.get("JITOPS_GEMM_STATS")
+    if stats_file:  # how many kernels the run still had to compile, for the session log
+        Path(stats_file).write_text(json.dumps(jitops.stats.as_dict()))
+
+# bf16 keeps 8 bits of mantissa: outputs of K-long sums round at ~2**-9 relative; fp16 at ~2**-12.
+TOLERANCES = {torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-3, 1e-3)}
+
+
+def reference(a, b, bias, activation, out_dtype):
+    z = a @ b
+    if bias is not None:
+        z = z + bias
+    if activation == "relu":
+        z = torch.relu(z)
+    elif activation == "gelu":
+        z = F.gelu(z)
+    return z
+
+
+def _tolerances(case: Case) -> dict:
+    # An fp32 output of bf16 inputs is still a bf16-input product; the reference is exact.
+    tol = TOLERANCES[case.dtype]
+    return {torch.bfloat16: tol, torch.float16: tol, torch.float32: tol}
+
+
+def gemm_positional(a, b, bias, activation, out_dtype):
+    """check_forward/check_backward call fn(*args): a positional front for the keyword-only public function."""
+    return jitops.gemm(a, b, bias=bias, activation=activation, out_dtype=out_dtype)
+
+
+def run_case(case: Case, *, grads: bool = True, variants: bool = False) -> None:
+    args = case.args("cuda", seed=hash(case.id) % 1000)
+    dtype = case.out_dtype or case.dtype
+    with force_family(case.family):
+        out = check_forward(gemm_positional, reference, args, dtype, case.id, _tolerances(case))
+        assert out.is_contiguous() and out.dtype == dtype and out.shape == (case.m, case.n)
+        if grads and case.grad:
+            check_backward(gemm_positional, reference, args, dtype, case.id, _tolerances(case))
+        if variants:
+            strided = tuple(noncontiguous(t) if isinstance(t, torch.Tensor) else t for t in args)
+            check_forward(gemm_positional, reference, strided, dtype, case.id + " strided", _tolerances(case))
+
+
+@pytest.mark.parametrize("case", TRANSPOSES, ids=lambda c: c.id)
+def test_transpose_combinations(case):
+    run_case(case, variants=True)
+
+
+@pytest.mark.parametrize("case", AWKWARD_M, ids=lambda c: c.id)
+def test_awkward_m(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", LARGE, ids=lambda c: c.id)
+def test_large_tiles(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", EPILOGUES, ids=lambda c: c.id)
+def test_bias_and_activations(case):
+    run_case(case)
+
+
+def test_opcheck_and_compile():
+    a, b, bias, _, _ = Case(1000, 256, 384, bias=True).args("cuda")
+    a.requires_grad_()
+    b.requires_grad_()
+    bias.requires_grad_()
+    for activation in (None, "relu", "gelu"):
+        torch.library.opcheck(jitops.gemm.op.overload, (a, b, bias, activation, None))
+    torch.library.opcheck(jitops.gemm.op.overload, (a.detach(), b.detach(), None, None, torch.float32))
+    for activation in (None, "gelu"):
+        def fn(x, w, c, activation=activation):
+            return jitops.gemm(x, w, bias=c, activation=activation)
+        check_compile(fn, (a, b, bias), f"gemm {activation}")
+
+
+def test_gelu_through_the_dispatcher_recomputes_the_preactivation():
+    a, b, bias, _, _ = Case(256, 320, 384, bias=True).args("cuda")
+    leaves = [t.detach().requires_grad_() for t in (a, b, bias)]
+    out = torch.ops.jitops.gemm(*leaves, "gelu", None)
+    grads = torch.autograd.grad(out.float().sum(), leaves)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (a, b, bias)]
+    want = torch.autograd.grad(F.gelu(ref_leaves[0] @ ref_leaves[1] + ref_leaves[2]).sum(), ref_leaves)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g.double(), w, rtol=3e-2, atol=3e-2 * w.abs().max().item())
+
+
+def test_only_needed_gradients_are_computed():
+    a, b, _, _, _ = Case(256, 320, 384).args("cuda")
+    a.requires_grad_()
+    out = jitops.gemm(a, b)
+    assert out.grad_fn is not None
+    out.float().sum().backward()
+    assert a.grad is not None and b.grad is None
+
+
+def test_edge_sizes():
+    for m, k, n in ((0, 64, 64), (64, 0, 64), (64, 64, 0)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        out = jitops.gemm(a, b, bias=bias, activation="relu")
+        torch.testing.assert_close(out, torch.relu(a @ b + bias))
+
+
+def test_bad_inputs_name_the_argument():
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(32, 16, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="'b'.*cpu|'b' is on"):
+        jitops.gemm(a, b.cpu())
+    with pytest.raises(TypeError, match="'a' has dtype float32"):
+        jitops.gemm(a.float(), b.float())
+    with pytest.raises(TypeError, match="'b' has dtype float16"):
+        jitops.gemm(a, b.half())
+    with pytest.raises(ValueError, match="K mismatch"):
+        jitops.gemm(a, b[:16])
+
+
+def test_cases_are_unique():
+    assert len({c.id for c in ALL}) == len(ALL)
+
+
+# Last: the CUTLASS 2 kernels (a fault there would take the CUDA context, and every later test, with it).
+@pytest.mark.parametrize("case", UNALIGNED, ids=lambda c: c.id)
+def test_unaligned(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", SM80, ids=lambda c: c.id)
+def test_sm80_family_kernels(case):
+    run_case(case)
