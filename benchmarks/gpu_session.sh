@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
-#   bash benchmarks/gpu_session.sh [tests] [bench NAME...] [notebooks]     (default: tests and every benchmark)
+#   bash benchmarks/gpu_session.sh [prebuilt] [notebooks-bg] [tests] [wait] [bench NAME...] [notebooks]
+#   (default: tests and every benchmark)
+# prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
+#   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests read, so nvcc runs nowhere here.
+# notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
+#   a benchmark after it runs alone.
 # The machine has torch, CuPy, NVRTC, Triton and nvcc but no nvidia-cutlass or platformdirs, and no network:
 # their wheels travel in .wheels/ (carry it).  Results land in $OUT (or /tmp/jitops-out).
 set -uo pipefail
@@ -23,12 +28,27 @@ i=0
 while [ $i -lt ${#steps[@]} ]; do
   step=${steps[$i]}
   case "$step" in
+    prebuilt)
+      root=/tmp/jitops-prebuilt
+      for archive in .prebuilt-pack/*.tar*; do
+        python3 -m cache_tools --cache-dir "$root" import "$archive" || status=1
+      done
+      export JITOPS_TEST_CACHE_PATH=$root JITOPS_CONV2D_PREBUILT=$root JITOPS_GROUPED_PREBUILT=$root \
+        JITOPS_GEMM_PREBUILT=$root ;;
+    notebooks-bg)
+      (timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py > "$OUT/notebooks.log" 2>&1; \
+       echo "exit $?" >> "$OUT/notebooks.log") &
+      notebooks_pid=$! ;;
+    wait)
+      [ -n "${notebooks_pid:-}" ] && wait "$notebooks_pid"
+      tail -3 "$OUT/notebooks.log" 2>/dev/null
+      grep -q "^exit 0" "$OUT/notebooks.log" 2>/dev/null || status=1 ;;
     tests)
       python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ "${steps[$((i + 1))]}" != tests && "${steps[$((i + 1))]}" != bench && "${steps[$((i + 1))]}" != notebooks ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|notebooks|notebooks-bg|wait|prebuilt)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
