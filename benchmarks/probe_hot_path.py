@@ -75,6 +75,12 @@ def main() -> None:
         ("modes", lambda: torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
          or torch.autograd._profiler_enabled()),
         ("_cuda_getDevice", torch._C._cuda_getDevice),
+        ("_cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0)),
+        ("data_ptr", a.data_ptr),
+        ("driver.launch (CuPy or ctypes)", lambda: jitops.launch._Driver.get().launch(
+            kernels.forward.handle, 1, 1, 1, 256, 1, 1, 0, torch._C._cuda_getCurrentRawStream(0),
+            kernels.forward._pointers_address, 0)),
+        ("lambda: None", lambda: None),
     ]
     print(f"{'piece':36s} {'us/call':>8s}")
     for name, fn in rows:
