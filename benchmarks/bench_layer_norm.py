@@ -97,7 +97,7 @@ def compare(bench: Bench, rows: int, n: int, name: str, timing: str = "auto") ->
     bench.compare(op="layer_norm bwd", shape=shape, dtype=name, ours=ours_bwd, baseline=torch_bwd,
                   baseline_name="torch", bytes_moved=bwd_bytes, timing=timing,
                   bucket=f"vec{bc.vec} tpr{bc.tpr} iters{bc.iters} params{bc.params}")
-    del sets
+    sets = None  # frees the rotating inputs before the next shape
     torch.cuda.empty_cache()
 
 

@@ -51,7 +51,6 @@ def main() -> None:
     import torch
 
     import jitops
-    from jitops.ops import add as add_module
 
     add_module = sys.modules["jitops.ops.add"]
     a, b = torch.randn(1, device="cuda"), torch.randn(1, device="cuda")
