@@ -214,7 +214,36 @@ class CudaFunction:
         self._pointers_address = ctypes.addressof(self._pointers)
         self._lock = threading.Lock()
         self._dynamic_smem_limit = _MAX_STATIC_SMEM
-        self.launch = self._make_launcher()
+        self._is_ptr = tuple(kind == "ptr" for kind in self.signature)
+        self._launches = 0
+        # The first launches go through a generic launcher: generating the fast one compiles Python source,
+        # 0.2-0.5 ms a kernel (dev box; lent H100 host), which a warm first call (~4 ms) should not pay.
+        self.launch = self._launch_generic
+
+    def _launch_generic(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args: Any,
+                        shared_mem: int = 0) -> None:
+        """A kernel's first _TIER_UP_LAUNCHES launches: a loop over the arguments (about 1 us slower a call than
+        the generated launcher, which then replaces it).  Same stream, packing and errors."""
+        self._launches += 1
+        if self._launches == _TIER_UP_LAUNCHES:  # once: a caller may hold on to this bound method
+            self.launch = self._make_launcher()
+        if len(args) != len(self.signature):
+            raise TypeError(f"jitops: kernel {self.label} takes {len(self.signature)} arguments "
+                            f"({' '.join(self.signature)}), got {len(args)}")
+        if shared_mem > self._dynamic_smem_limit:
+            self._raise_smem_limit(shared_mem)
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
+        values = [(a.data_ptr() if isinstance(a, torch.Tensor) else (a or 0)) if is_ptr else a
+                  for is_ptr, a in zip(self._is_ptr, args)]
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
+        with self._lock:
+            self._struct.pack_into(self._buffer, 0, *values)
+            try:
+                self._driver.launch(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream,
+                                    self._pointers_address, 0)
+            except Exception as exc:  # noqa: BLE001 - _launch_failed re-raises what it cannot mend
+                self._launch_failed(exc, (gx, gy, gz), (bx, by, bz), shared_mem, stream)
 
     def _make_launcher(self) -> Any:
         """A launch function generated for this signature: one line packs every argument (a tensor passes its

@@ -6,8 +6,10 @@ into a BuildRequest for one shape class.  Pure data: nothing here compiles, load
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -65,47 +67,93 @@ class Source:
         checkout and in an installed wheel.  Includes that do not resolve under kernels/ (CUDA, CUTLASS, the
         C++ library) are versioned by the toolchain and CUTLASS components of the cache key instead.
         """
-        root = kernels_root()
-        digests: dict[str, str] = {}
-        if self.text is not None:
-            digests[f"<inline>/{self.name}"] = _sha256(self.text.encode())
-            _walk_includes(self.text, root, root, digests)
-        else:
-            _walk_file(self.path, root, digests)  # type: ignore[arg-type]
-        return digests
+        return dict(_closure(self).digests)
 
     def includes_external(self, prefixes: tuple[str, ...]) -> bool:
         """Whether the include closure names a header under one of `prefixes` (e.g. cutlass/, cute/)."""
-        texts = [self.read()]
-        root = kernels_root()
-        for rel in self.closure():
-            if not rel.startswith("<inline>/"):
-                texts.append((root / rel).read_text())
-        return any(m.group(2).startswith(prefixes) for text in texts for m in _INCLUDE.finditer(text))
+        return any(name.startswith(prefixes) for name in _closure(self).includes)
+
+
+@dataclass(frozen=True)
+class _Closure:
+    digests: dict[str, str]                      # relative path (or <inline>/name) -> sha256
+    includes: frozenset[str]                     # every #include name in the closure, resolved or not
+    stamps: tuple[tuple[str, int, int, int], ...]  # (path, mtime_ns, size, inode) of every file read
+
+
+# Every kernel's first load in a process needs its source closure for the cache key.  Walking it (read, hash,
+# regex, path checks) took 0.5-1 ms per source on the dev box, twice per kernel (key and CUTLASS check);
+# re-checking a remembered walk is one stat per file (~3 us).  A file edited while the process runs (a
+# notebook user working on kernels/) changes its stamp, and the walk runs again.  Timestamps are coarse (a few
+# ms), so two same-size writes in a row could share one: as in git's "racy" index rule, a walk that read a
+# file modified less than RACY_SECONDS before is not remembered.
+_CLOSURES: dict[tuple[Source, str], _Closure] = {}
+RACY_SECONDS = 2
+
+
+def _stamp(path: str) -> tuple[str, int, int, int]:
+    st = os.stat(path)
+    return (path, st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _closure(source: Source) -> _Closure:
+    root = str(kernels_root())
+    known = _CLOSURES.get((source, root))
+    if known is not None:
+        try:
+            if all(_stamp(s[0]) == s for s in known.stamps):
+                return known
+        except OSError:
+            pass
+    walk = _Walk(root)
+    if source.text is not None:
+        walk.digests[f"<inline>/{source.name}"] = _sha256(source.text.encode())
+        walk.includes_of(source.text, root)
+    else:
+        walk.file(os.path.join(root, source.relpath))  # type: ignore[arg-type]
+    closure = _Closure(walk.digests, frozenset(walk.includes), tuple(walk.stamps))
+    fresh = time.time_ns() - RACY_SECONDS * 10**9
+    if all(stamp[1] < fresh for stamp in walk.stamps):
+        _CLOSURES[(source, root)] = closure
+    return closure
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _walk_file(path: Path, root: Path, digests: dict[str, str]) -> None:
-    rel = path.resolve().relative_to(root.resolve()).as_posix()
-    if rel in digests:
-        return
-    data = path.read_bytes()
-    digests[rel] = _sha256(data)
-    _walk_includes(data.decode(errors="replace"), path.parent, root, digests)
+class _Walk:
+    """One walk of an include graph under kernels/ (paths as strings: pathlib's resolve() cost most of it)."""
 
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.digests: dict[str, str] = {}
+        self.includes: set[str] = set()
+        self.stamps: list[tuple[str, int, int, int]] = []
 
-def _walk_includes(text: str, directory: Path, root: Path, digests: dict[str, str]) -> None:
-    # Conditional includes are all followed: hashing a header too many is safe, one too few serves stale code.
-    for match in _INCLUDE.finditer(text):
-        quote, name = match.groups()
-        candidates = ([directory / name] if quote == '"' else []) + [root / name]
-        for candidate in candidates:
-            if candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
-                _walk_file(candidate, root, digests)
-                break
+    def file(self, path: str) -> None:
+        rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+        if rel in self.digests:
+            return
+        stamp = _stamp(path)
+        with open(path, "rb") as fh:
+            data = fh.read()
+        self.stamps.append(stamp)
+        self.digests[rel] = _sha256(data)
+        self.includes_of(data.decode(errors="replace"), os.path.dirname(path))
+
+    def includes_of(self, text: str, directory: str) -> None:
+        # Conditional includes are all followed: hashing a header too many is safe, one too few serves stale code.
+        inside = self.root + os.sep
+        for match in _INCLUDE.finditer(text):
+            quote, name = match.groups()
+            self.includes.add(name)
+            candidates = ([os.path.join(directory, name)] if quote == '"' else []) + [os.path.join(self.root, name)]
+            for candidate in candidates:
+                candidate = os.path.normpath(candidate)
+                if candidate.startswith(inside) and os.path.isfile(candidate):
+                    self.file(candidate)
+                    break
 
 
 @dataclass(frozen=True)

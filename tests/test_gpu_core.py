@@ -58,6 +58,24 @@ def test_misaligned_views_pick_a_narrower_vector_class(offset):
                                rtol=1.6e-2, atol=1.6e-2)
 
 
+def test_generic_then_generated_launcher_give_the_same_results():
+    """A kernel's first launches go through the generic launcher, later ones through the generated one (and
+    CuPy's driver binding once imported): every launch along the way computes the same thing."""
+    from jitops.launch import _TIER_UP_LAUNCHES
+
+    jitops.clear_memory_cache()
+    a = torch.randn(1 << 16, device="cuda", dtype=torch.float16)
+    b = torch.randn(1 << 16, device="cuda", dtype=torch.float16)
+    first = jitops.add(a, b)
+    kernel = jitops.add.op._memo[(0, jitops.add.op.shape_class(a, b))].forward
+    assert kernel.launch == kernel._launch_generic
+    outputs = [jitops.add(a, b) for _ in range(2 * _TIER_UP_LAUNCHES)]
+    assert kernel.launch != kernel._launch_generic
+    expected = (a.float() + b.float()).half()
+    for out in [first, *outputs]:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_runs_on_torchs_current_stream():
     x = torch.randn(1 << 22, device="cuda")
     stream = torch.cuda.Stream()

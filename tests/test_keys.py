@@ -126,3 +126,28 @@ def test_nvrtc_toolchain_identity_is_cheap_and_names_the_version():
     identity = runtime.key_for(gelu_request(), SM90)[0].toolchain
     assert identity["nvrtc"][0].isdigit()
     assert "cuda_headers" in identity
+
+
+def test_remembered_closure_sees_an_edit_of_the_same_size(tmp_path, monkeypatch):
+    """The closure walk is remembered per process and re-checked by file stamps; an old header rewritten with
+    content of the same size (new mtime) is hashed again, and a just-written one is never remembered."""
+    import os
+
+    root = tmp_path / "kernels"
+    root.mkdir()
+    header = root / "h.cuh"
+    (root / "k.cu").write_text('#include "h.cuh"\n')
+    header.write_text("// one\n")
+    old = 1_000_000_000
+    for path in (header, root / "k.cu"):
+        os.utime(path, (old, old))  # old files: the walk is remembered
+    monkeypatch.setattr("jitops.specs.kernels_root", lambda: root)
+    source = Source.file("k.cu")
+    first = source.closure()
+    assert jitops.specs._CLOSURES.get((source, str(root))) is not None
+    header.write_text("// two\n")  # same size, fresh mtime
+    second = source.closure()
+    assert second["h.cuh"] != first["h.cuh"]
+    assert jitops.specs._CLOSURES[(source, str(root))].digests["h.cuh"] == first["h.cuh"]  # racy: not stored
+    header.write_text("// six\n")  # a second same-size write right away: still seen
+    assert source.closure()["h.cuh"] not in (first["h.cuh"], second["h.cuh"])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -84,14 +83,25 @@ class HeaderSet:
 
 def _macro(path: Path, name: str, head: int = 65536) -> str | None:
     """A numeric #define from the first `head` bytes of a header (cuda.h is 1.1 MB; its CUDA_VERSION sits
-    near the top)."""
+    near the top).  A plain search, not a regex: compiling one pattern per macro cost ~0.3 ms of a warm first
+    call on the lent H100's host, where the whole first call takes ~4 ms."""
     try:
         with open(path, "rb") as fh:
-            text = fh.read(head).decode(errors="replace")
+            text = fh.read(head)
     except OSError:
         return None
-    match = re.search(rf"#\s*define\s+{name}\s+(\d+)", text)
-    return match.group(1) if match else None
+    needle = name.encode()
+    start = 0
+    while (at := text.find(needle, start)) >= 0:
+        start = at + len(needle)
+        line_start = text.rfind(b"\n", 0, at) + 1
+        head_of_line = text[line_start:at].replace(b" ", b"").replace(b"\t", b"")
+        end = text.find(b"\n", start)
+        rest = text[start:end if end >= 0 else len(text)]
+        tokens = rest.split()
+        if head_of_line == b"#define" and rest[:1] in (b" ", b"\t") and tokens and tokens[0].isdigit():
+            return tokens[0].decode()
+    return None
 
 
 def _system_header_set(home: Path) -> HeaderSet | None:
