@@ -21,7 +21,7 @@ install_handler()
 
 from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # noqa: E402 - registers the
                   gelu_backward, gemm, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
-                  layer_norm_forward)
+                  layer_norm_forward, layer_norm_inference)
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ def cuda_type(dtype) -> str:
 
 __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "layer_norm_inference",
     "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",

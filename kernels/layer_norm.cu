@@ -109,7 +109,7 @@ template <int TPR, typename V> __device__ __forceinline__ V group_allreduce(V v,
 
 }  // namespace ln
 
-// ---- forward: y = (x - mean) * rstd * w + b; stats[row] = mean, stats[rows + row] = rstd ----------------------
+// ---- forward: y = (x - mean) * rstd * w + b; stats[row] = mean, stats[rows + row] = rstd (if stats) --------------
 template <typename T, int VEC, int TPR, int ITERS, typename I>
 __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
     layer_norm_forward(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
     parity ^= 1;
     const A mean = m.mean;
     const A rstd = ln::rsqrt_of(m.m2 / A(n) + eps);
-    if (valid && t == 0) {
+    if (valid && t == 0 && stats != nullptr) {  // null: inference, nobody saves the statistics
       stats[row] = mean;
       stats[rows + row] = rstd;
     }

@@ -223,3 +223,28 @@ def test_layer_norm_backward_op_opcheck_cpu():
     _, stats = jitops.layer_norm_forward(x, [30], w, None, 1e-5)
     for mask in ((True, True, True), (True, False, False), (False, True, True)):
         torch.library.opcheck(jitops.layer_norm_backward.op.overload, (torch.randn_like(x), x, stats, w, [30], *mask))
+
+
+def test_layer_norm_without_grad_uses_the_inference_op_with_the_same_result():
+    """No gradient to record: jitops.layer_norm goes through layer_norm_inference (no statistics saved), with
+    the forward op's result; with one, through layer_norm_forward (autograd node named after it)."""
+    x = torch.randn(6, 30, dtype=torch.float64)
+    w, b = torch.randn(30, dtype=torch.float64), torch.randn(30, dtype=torch.float64)
+    y = jitops.layer_norm(x, [30], w, b)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, jitops.layer_norm_forward(x, [30], w, b, 1e-5)[0], rtol=0, atol=0)
+    torch.testing.assert_close(jitops.layer_norm_inference(x, [30], w, b), F.layer_norm(x, [30], w, b))
+    assert "layer_norm_forward" in type(jitops.layer_norm(x, [30], w.requires_grad_(), b).grad_fn).__name__
+    with torch.no_grad():
+        assert jitops.layer_norm(x, [30], w, b).grad_fn is None
+    for args in ((x, [30], w.detach(), b, 1e-5), (x.view(6, 5, 6), [5, 6], None, None, 1e-3),
+                 (x[:, ::2], [15], None, None, 1e-5)):
+        torch.library.opcheck(jitops.layer_norm_inference.op.overload, args)
+
+
+def test_layer_norm_inference_checks_its_inputs_like_the_forward():
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="layer_norm: argument 'weight'"):
+        jitops.layer_norm_inference(x, [10], torch.randn(9))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        jitops.layer_norm(x, [11])

@@ -148,3 +148,25 @@ def test_backward_grid_comes_from_the_drivers_occupancy_calculator():
     kernels = jitops.layer_norm_backward.op._memo[(0, cls)]
     blocks = kernels.backward.max_active_blocks(ln._threads(cls.tpr), 0)
     assert 1 <= blocks <= 2048 // ln._threads(cls.tpr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_short_path_shape_class_matches_the_checked_one(dtype):
+    """The forward's shape class takes a short path for the common call; on every kind of call it must give
+    what the full checks give (or leave the call to them)."""
+    base = torch.randn(300 * 1024 + 16, device="cuda", dtype=dtype)
+    calls = []
+    for rows, n in ((1, 128), (3, 7), (300, 1024), (2, 4097)):
+        x = base[: rows * n].view(rows, n)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        b = torch.randn(n, device="cuda", dtype=dtype)
+        calls += [(x, [n], w, b), (x, [n], None, b), (x, [n], w, None), (x, [n], None, None), (x, n and (n,), w, b)]
+        calls.append((base[1: 1 + rows * n].view(rows, n), [n], w, b))       # misaligned x
+        calls.append((x, [n], torch.randn(n + 1, device="cuda", dtype=dtype)[1:], b))  # misaligned weight
+        calls.append((x.t().contiguous().t() if rows > 1 else x, [n], w, b))  # non-contiguous x
+    calls.append((base[:24].view(2, 3, 4), [3, 4], None, None))               # two normalized dimensions
+    for x, ns, w, b in calls:
+        assert ln.shape_class(x, ns, w, b, 1e-5) == ln._checked_shape_class(x, ns, w, b, 1e-5), (x.shape, ns)
+        torch.testing.assert_close(jitops.layer_norm(x, ns, w, b).float(),
+                                   F.layer_norm(x.float(), ns, *(t.float() if t is not None else None for t in (w, b))),
+                                   rtol=2e-2, atol=2e-2)
