@@ -33,3 +33,20 @@ def test_gelu_backward_op_matches_torch_in_bf16():
         ours = jitops.gelu_backward(dy, x, approximate)
         theirs = torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
         torch.testing.assert_close(ours, theirs, rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_short_path_shape_class_matches_the_checked_one(dtype):
+    """gelu's shape class takes a short path for a contiguous CUDA tensor: it must give what the general
+    checks give, for every alignment, and leave everything else to them."""
+    import importlib
+
+    gelu_module = importlib.import_module("jitops.ops.gelu")
+    base = torch.randn(4096 + 16, device="cuda", dtype=dtype)
+    for x in (base[:1], base[:4096], base[1:4001], base[2:], base[3:7], base[:4096].view(64, 64).t(), base[:0]):
+        for approximate in ("none", "tanh"):
+            assert gelu_module.shape_class(x, approximate) == gelu_module._class_for("gelu", [("x", x)], approximate)
+            torch.testing.assert_close(jitops.gelu(x, approximate).float(),
+                                       F.gelu(x.float(), approximate=approximate), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="approximate"):
+        jitops.gelu(base, "fast")
