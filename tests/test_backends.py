@@ -102,3 +102,14 @@ def test_cpu_extension_identity_names_torch_and_the_compiler():
     key, can_compile = runtime.key_for(ADD_CPU.bind("fp32", SCALAR_T="float"), Target("cpu"))
     assert can_compile and key.toolchain["torch"] == torch.__version__ and key.toolchain["cxx"]
     assert key.request["machine"] and key.arch == "cpu"
+
+
+def test_header_macros_are_read_from_define_lines_only(tmp_path):
+    """The toolchain identity reads numeric #defines (CUDA_VERSION, CCCL_VERSION) without regexes: only a
+    `#define NAME value` line counts, however it is spaced, and a longer name or a comment does not."""
+    header = tmp_path / "h.h"
+    header.write_text("// CUDA_VERSION 5\n#define CUDA_VERSIONX 7\nint CUDA_VERSION 9;\n"
+                      "#  define\tCUDA_VERSION   13020 // comment\n#define CUDA_VERSION 1\n")
+    assert toolkit._macro(header, "CUDA_VERSION") == "13020"
+    assert toolkit._macro(header, "CCCL_VERSION") is None
+    assert toolkit._macro(tmp_path / "missing.h", "CUDA_VERSION") is None
