@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
-#   bash benchmarks/gpu_session.sh [prebuilt] [notebooks-bg] [tests] [wait] [bench NAME...] [notebooks]
+#   bash benchmarks/gpu_session.sh [prebuilt] [notebooks-bg] [tests] [wait] [bench NAME...] [probe] [notebooks]
 #   (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
 #   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests read, so nvcc runs nowhere here.
+# probe: benchmarks/probe_hot_path.py (where first-call and hot-call time goes).
 # notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
 #   a benchmark after it runs alone.
 # The machine has torch, CuPy, NVRTC, Triton and nvcc but no nvidia-cutlass or platformdirs, and no network:
@@ -48,15 +49,19 @@ while [ $i -lt ${#steps[@]} ]; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|notebooks|notebooks-bg|wait|prebuilt)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
       for name in "${names[@]}"; do
         echo "=== benchmark $name"
-        python3 "benchmarks/bench_$name.py" 2>&1 | tee "$OUT/bench-$name.log"
+        # BENCH_ARGS (e.g. "--methods jitops,layer_norm") goes to every benchmark of the call.
+        python3 "benchmarks/bench_$name.py" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-$name.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
+    probe)
+      python3 benchmarks/probe_hot_path.py 2>&1 | tee "$OUT/probe.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     notebooks)
       python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py 2>&1 | tee "$OUT/notebooks.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
