@@ -488,4 +488,41 @@ __global__ void __launch_bounds__(32 * REDUCE_ROWS)
   }
 }
 
+// dweight/dbias straight from dy, x and the statistics, for a few rows (PARAMS 3 on the Python side: the row
+// kernel then computes dx only): 32 columns a block, REDUCE_ROWS threads down each column (rows ty, ty +
+// REDUCE_ROWS, ...), then their sums in order, so the result is deterministic.  One kernel reading 2 x rows x n
+// elements, where the row kernel's per-block sums plus layer_norm_reduce_partials wrote and re-read 2 x rows x n
+// floats (at (64, 1024) 16-bit: 512 KB against 256 KB).  A null output is skipped.
+template <typename T>
+__global__ void __launch_bounds__(32 * REDUCE_ROWS)
+    layer_norm_param_grads(const T* __restrict__ dy, const T* __restrict__ x, const acc_t<T>* __restrict__ stats,
+                           T* __restrict__ dw, T* __restrict__ db, i64 rows, i64 n) {
+  using A = acc_t<T>;
+  __shared__ A sums[2][REDUCE_ROWS][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const i64 col = (i64)blockIdx.x * 32 + tx;
+  A sw = A(0), sb = A(0);
+  if (col < n) {
+#pragma unroll 4
+    for (i64 r = ty; r < rows; r += REDUCE_ROWS) {
+      const A d = load_as<A>(dy[r * n + col]);
+      sw += d * ((load_as<A>(x[r * n + col]) - stats[r]) * stats[rows + r]);
+      sb += d;
+    }
+  }
+  sums[0][ty][tx] = sw;
+  sums[1][ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && col < n) {
+    A tw = A(0), tb = A(0);
+#pragma unroll
+    for (int r = 0; r < REDUCE_ROWS; ++r) {
+      tw += sums[0][r][tx];
+      tb += sums[1][r][tx];
+    }
+    if (dw) dw[col] = store_as<T>(tw);
+    if (db) db[col] = store_as<T>(tb);
+  }
+}
+
 }  // namespace jitops

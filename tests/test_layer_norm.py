@@ -158,7 +158,7 @@ def test_few_rows_spread_each_row_over_more_threads(n, expected):
     assert (cls.tpr, cls.iters) == expected
     back = ln.backward_shape_class(meta((64, n)), meta((64, n)), meta((2, 64), torch.float32), None, [n], True,
                                    True, True)
-    assert back.tpr <= ln.BACKWARD_MAX_TPR and back.params == 1
+    assert back.tpr <= ln.BACKWARD_MAX_TPR and back.params == 3  # 64 rows: dweight/dbias by columns
 
 
 def test_vector_width_follows_alignment_of_every_pointer():
@@ -178,6 +178,17 @@ def test_backward_buckets(n, dtype, params):
     x = meta((4096, n), dtype)
     cls = ln.backward_shape_class(x, x, meta((2, 4096), torch.float32), None, [n], True, True, True)
     assert cls.params == params and cls.tpr <= ln.BACKWARD_MAX_TPR
+
+
+@pytest.mark.parametrize("rows, params", [(1, 1), (2, 3), (64, 3), (65, 1), (4096, 1)])
+def test_a_few_rows_sum_the_parameter_gradients_by_columns(rows, params):
+    """From 2 to FEW_ROWS rows, dweight/dbias come from layer_norm_param_grads (params 3); one row keeps the
+    row kernel's own sums (one kernel), more rows the partial sums."""
+    x = meta((rows, 1024), torch.bfloat16)
+    cls = ln.backward_shape_class(x, x, meta((2, rows), torch.float32), None, [1024], True, True, True)
+    assert cls.params == params
+    names = set(ln.backward_cuda_kernels(cls, Target.parse("sm_90")))
+    assert names == ({"backward", "param_grads"} if params == 3 else {"backward", "reduce"})
 
 
 def test_index_width_switches_at_2_to_the_30():
@@ -200,10 +211,11 @@ def test_nvrtc_compiles_every_layer_norm_variant(fresh_cache, arch):
         ns = {"normalized_shape": [n]}
         requests = list(forward.requests_for(forward.example_args(dtype, [[8, n], [n], [n]], {**ns, "eps": 1e-5}),
                                              target).values())
-        bargs = backward.example_args(dtype, [[8, n], [8, n], [2, 8], [n]],
-                                      {**ns, "need_dx": True, "need_dweight": True, "need_dbias": True})
-        params_seen.add(backward.shape_class(*bargs).params)
-        requests += list(backward.requests_for(bargs, target).values())
+        for rows in (8, 512):  # a few rows (layer_norm_param_grads) and more
+            bargs = backward.example_args(dtype, [[rows, n], [rows, n], [2, rows], [n]],
+                                          {**ns, "need_dx": True, "need_dweight": True, "need_dbias": True})
+            params_seen.add(backward.shape_class(*bargs).params)
+            requests += list(backward.requests_for(bargs, target).values())
         for request in requests:
             if request in seen:
                 continue
@@ -212,9 +224,9 @@ def test_nvrtc_compiles_every_layer_norm_variant(fresh_cache, arch):
             key, _ = runtime.key_for(request, target)
             cubin = runtime.find_entry(key, any_toolchain=False).file("kernel.cubin").read_bytes()
             assert cubin_sm(cubin) == target.capability[0] * 10 + target.capability[1]
-    assert params_seen == {0, 1, 2}
+    assert params_seen == {0, 1, 2, 3}
     assert {r.kernel for r in seen} == {"layer_norm_forward", "layer_norm_backward", "layer_norm_backward_columns",
-                                        "layer_norm_reduce_partials"}
+                                        "layer_norm_reduce_partials", "layer_norm_param_grads"}
 
 
 def test_layer_norm_backward_op_opcheck_cpu():

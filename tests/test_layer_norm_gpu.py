@@ -19,8 +19,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 CASES = [((3, 1), [1]), ((9, 7), [7]), ((33, 128), [128]), ((4, 1000), [1000]), ((3, 4097), [4097]),
          ((5, 8192), [8192]), ((2, 3, 4, 50), [4, 50]), ((0, 64), [64]), ((1, 2048), [2048])]
 # The backward strategies: (rows, n, dtype) -> params 1 (registers), 2 (shared memory), 0 (columns kernel).
-STRATEGIES = [(300, 1024, torch.bfloat16, 1), (70, 16384, torch.float32, 2), (40, 65536, torch.bfloat16, 0),
-              (40, 65536, torch.float32, 0), (20, 8192, torch.float64, 2), (6, 20000, torch.float64, 0)]
+STRATEGIES = [(300, 1024, torch.bfloat16, 1), (70, 16384, torch.float32, 2), (100, 65536, torch.bfloat16, 0),
+              (100, 65536, torch.float32, 0), (80, 8192, torch.float64, 2), (70, 20000, torch.float64, 0),
+              # a few rows: layer_norm_param_grads
+              (64, 1024, torch.float16, 3), (40, 65536, torch.bfloat16, 3), (2, 7, torch.float32, 3),
+              (20, 8192, torch.float64, 3), (6, 20000, torch.float64, 3)]
 
 
 def reference(x, normalized_shape, weight, bias, eps):
@@ -81,7 +84,7 @@ def test_layer_norm_many_rows_and_the_longest_rows(shape):
 
 @pytest.mark.parametrize("rows, n, dtype", [(4096, 1024, torch.bfloat16), (300, 8192, torch.bfloat16),
                                             (70, 16384, torch.float32), (40, 65536, torch.float16),
-                                            (1000, 96, torch.float32)])
+                                            (1000, 96, torch.float32), (64, 1024, torch.bfloat16)])
 def test_layer_norm_backward_is_deterministic(rows, n, dtype):
     x, w, b = make((rows, n), [n], dtype, seed=1)
     dy = torch.randn(rows, n, device="cuda", dtype=dtype)

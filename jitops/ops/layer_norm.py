@@ -31,7 +31,8 @@ or 64 when 128 would leave the GPU too few threads; backward 64; fewer than SMAL
 thread, for latency), rows longer than the largest block's tiles streaming twice (the second pass from L2); and
 the index width (32-bit below 2^30 elements).  The backward adds where dweight/dbias are summed: registers (rows
 that fit in one tile), shared memory, or a column kernel for rows too long for either (n above about 20000 in
-fp32/bf16/fp16, 10000 in fp64).  The benchmark set's buckets were measured on the lent H100:
+fp32/bf16/fp16, 10000 in fp64); and from 2 to FEW_ROWS (64) rows, a kernel that sums them column by column
+straight from dy and x (no partial sums to write and reduce).  The benchmark set's buckets were measured on the lent H100:
 docs/benchmarks.md.  See kernels/layer_norm.cu.
 """
 from __future__ import annotations
@@ -70,6 +71,11 @@ BACKWARD_TILE_BYTES = 64
 FORWARD_MAX_TPR = 1024
 BACKWARD_MAX_TPR = 512
 SMALL_ROWS = 256
+# From 2 to FEW_ROWS rows the backward's dweight/dbias come from layer_norm_param_grads (reads dy and x again,
+# column-wise) instead of per-block partial sums plus their reduction (writes and re-reads 2 x rows x n floats).
+# The last H100 run before it: (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only rows of
+# the benchmark set slower than torch.  One row keeps its one-kernel path (the row kernel writes them itself).
+FEW_ROWS = 64
 # dweight/dbias sums in shared memory ([2][n] of float) up to this size; sm_80 allows 163 KB a block.
 PARAMS_SMEM_LIMIT = 160 * 1024
 FORWARD_BLOCKS_PER_SM = 16  # grid cap of the (grid-stride) forward, in blocks per SM
@@ -92,6 +98,7 @@ class BackwardClass(NamedTuple):
     iters: int
     index: str
     params: int   # where dweight/dbias are summed: 1 registers, 2 shared memory, 0 layer_norm_backward_columns
+    #               (all three + layer_norm_reduce_partials), 3 layer_norm_param_grads (few rows)
 
 
 def _threads(tpr: int) -> int:
@@ -132,13 +139,15 @@ def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -
     return pair[0] if wide else pair[1]
 
 
-def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str) -> BackwardClass:
-    key = (dtype, n, vec, small, index)
+def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str, few: bool = False) -> BackwardClass:
+    key = (dtype, n, vec, small, index, few)
     cls = _BACKWARD_CLASSES.get(key)
     if cls is None:
         tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], BACKWARD_TILE_BYTES, BACKWARD_MAX_TPR, small)
         acc_size = 8 if dtype == torch.float64 else 4
-        if n // vec <= tpr * iters:
+        if few:
+            params = 3
+        elif n // vec <= tpr * iters:
             params = 1
         elif 2 * (_threads(tpr) // tpr) * n * acc_size <= PARAMS_SMEM_LIMIT:
             params = 2
@@ -274,6 +283,8 @@ LN_COLUMNS = CudaKernel("layer_norm_backward_columns", Source.file("layer_norm.c
                         "jitops::layer_norm_backward_columns<{T}, {VEC}, {I}>", "ptr ptr ptr ptr i64 i64 i64")
 LN_REDUCE = CudaKernel("layer_norm_reduce_partials", Source.file("layer_norm.cu"),
                        "jitops::layer_norm_reduce_partials<{T}>", "ptr ptr ptr i64 i64")
+LN_PARAM_GRADS = CudaKernel("layer_norm_param_grads", Source.file("layer_norm.cu"),
+                            "jitops::layer_norm_param_grads<{T}>", "ptr ptr ptr ptr ptr i64 i64")
 LN_CPU = CppExtension("layer_norm_cpu", Source.file("cpu/layer_norm.cpp"),
                       functions=("layer_norm_forward", "layer_norm_backward"))
 
@@ -387,11 +398,15 @@ def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
         return BackwardClass(x.dtype, 0, 0, 0, "", 0)
     aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
     return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
-                          "int" if numel < INT32_LIMIT else "long long")
+                          "int" if numel < INT32_LIMIT else "long long", 1 < rows <= FEW_ROWS)
 
 
 def backward_cuda_kernels(cls: BackwardClass, target: Target):
     dtype, ctype = shapes.dtype_name(cls.dtype), shapes.CUDA_TYPES[cls.dtype]
+    if cls.params == 3:  # the row kernel computes dx only; layer_norm_param_grads does dweight/dbias
+        return {"backward": LN_BACKWARD.bind(dtype, T=ctype, VEC=cls.vec, TPR=cls.tpr, ITERS=cls.iters, I=cls.index,
+                                             PARAMS=0),
+                "param_grads": LN_PARAM_GRADS.bind(dtype, T=ctype)}
     kernels = {
         "backward": LN_BACKWARD.bind(dtype, T=ctype, VEC=cls.vec, TPR=cls.tpr, ITERS=cls.iters, I=cls.index,
                                      PARAMS=cls.params),
@@ -443,7 +458,7 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     device = x.get_device()
     threads = _threads(cls.tpr)
     rpb = threads // cls.tpr
-    fused = params and cls.params  # dweight/dbias summed by the main kernel
+    fused = params and cls.params in (1, 2)  # dweight/dbias summed by the main kernel
     partial, parts = None, 0
     if need_dx or fused:
         shared = 2 * rpb * n * stats.element_size() if fused and (cls.params == 2 or rpb > 1) else 0
@@ -455,6 +470,10 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
         k.backward.launch(grid, threads, grad, x, stats, weight, dx if need_dx else None, partial,
                           dw if direct and need_dweight else None, db if direct and need_dbias else None, rows, n,
                           shared_mem=shared)
+    if params and cls.params == 3:
+        k.param_grads.launch(-(-n // 32), 32 * REDUCE_ROWS, grad, x, stats, dw if need_dweight else None,
+                             db if need_dbias else None, rows, n)
+        return dx, dw, db
     if params and not cls.params:
         column_blocks = -(-(n // cls.vec) // COLUMN_THREADS)
         parts = max(1, min(rows, 65535, -(-4 * sm_count(device) // column_blocks)))
