@@ -188,18 +188,12 @@ def host_overhead_us(calls: int = 2000) -> dict[str, float]:
     side (TMA descriptors) and the launch for ours; the dispatcher and cuDNN's plan cache for torch."""
     x = torch.randn(1, 64, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    result = {}
-    for name, fn in (("jitops.conv2d", lambda: jitops.conv2d(x, w, None, 1, 1)),
-                     ("torch conv2d (cuDNN)", lambda: torch.nn.functional.conv2d(x, w, None, 1, 1))):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        result[name] = round((time.perf_counter() - started) / calls * 1e6, 1)
-    return result
+    paths = {"jitops.conv2d": lambda: jitops.conv2d(x, w, None, 1, 1),
+             "torch conv2d (cuDNN)": lambda: torch.nn.functional.conv2d(x, w, None, 1, 1)}
+    from harness import host_us
+
+    times = host_us(*paths.values(), calls=calls, rounds=3, warmup=50)
+    return {name: round(us, 1) for name, us in zip(paths, times)}
 
 
 def cold_compile_seconds() -> dict[str, float]:

@@ -163,16 +163,10 @@ def overhead(bench, target: Target, calls: int = 2000) -> None:
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         paths["run_sm90 (ctypes + CUTLASS host code)"] = lambda: G.run_sm90(
             lib, cls, config, a, b, out, None, m, n, k, k, n, 0)
-    results = {}
-    for name, fn in paths.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        results[name] = round((time.perf_counter() - started) / calls * 1e6, 1)
-        torch.cuda.synchronize()
+    from harness import host_us
+
+    times = host_us(*paths.values(), calls=calls, rounds=3, warmup=50)
+    results = {name: round(us, 1) for name, us in zip(paths, times)}
     print("  host microseconds per call:", results, flush=True)
     bench.note(host_us_per_call_128x4096x128=results)
 

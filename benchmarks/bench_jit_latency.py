@@ -174,31 +174,10 @@ def child(method: str, cache: str) -> dict:
     return result
 
 
-def hot_us(fn, calls: int = 20000) -> float:
-    return hot_pair(fn, None, calls)[0]
+def hot_pair(fn, baseline) -> tuple[float, float]:
+    from harness import host_us
 
-
-def hot_pair(fn, baseline, calls: int = 20000, rounds: int = 7) -> tuple[float, float]:
-    """Best-of-rounds microseconds per call for fn and baseline, their rounds interleaved (A B A B ...) so that
-    clock or neighbour drift during the run hits both alike."""
-    import torch
-
-    for f in (fn, baseline):
-        if f is not None:
-            for _ in range(2000):
-                f()
-    torch.cuda.synchronize()
-    best = [float("inf"), float("inf")]
-    for _ in range(rounds):
-        for slot, f in enumerate((fn, baseline)):
-            if f is None:
-                continue
-            started = time.perf_counter()
-            for _ in range(calls):
-                f()
-            torch.cuda.synchronize()
-            best[slot] = min(best[slot], (time.perf_counter() - started) / calls * 1e6)
-    return best[0], best[1]
+    return tuple(host_us(fn, baseline))  # type: ignore[return-value]
 
 
 def run_child(method: str, cache: str) -> dict:

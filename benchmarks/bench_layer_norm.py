@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Bench, copy_bandwidth, rotate  # noqa: E402
+from harness import Bench, copy_bandwidth, host_us, rotate  # noqa: E402
 
 import jitops  # noqa: E402
 
@@ -101,20 +100,6 @@ def compare(bench: Bench, rows: int, n: int, name: str, timing: str = "auto") ->
     torch.cuda.empty_cache()
 
 
-def hot_us(fn, calls: int = 3000) -> float:
-    for _ in range(300):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - started) / calls * 1e6)
-    return best
-
-
 def host_overhead(bench: Bench) -> None:
     """Per-call wall time on tiny tensors (the host's cost: launch, checks, allocation)."""
     x = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
@@ -132,7 +117,7 @@ def host_overhead(bench: Bench) -> None:
     results = {}
     print("\n| call on a (1, 128) bf16 tensor | jitops (us) | torch (us) | ratio |\n| --- | --- | --- | --- |")
     for label, (ours, theirs) in rows.items():
-        o, t = hot_us(ours), hot_us(theirs)
+        o, t = host_us(ours, theirs, calls=5000 if "backward" in label else 20000)
         results[label] = {"jitops_us": round(o, 2), "torch_us": round(t, 2), "ratio": round(o / t, 2)}
         print(f"| {label} | {o:.2f} | {t:.2f} | {o / t:.2f} |", flush=True)
     bench.note(host_overhead=results)
