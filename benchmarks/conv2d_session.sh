@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests"
 export JITOPS_CACHE_DIR=/tmp/jitops-cache JITOPS_CACHE_PATH="$PWD/prebuilt" JITOPS_OFFLINE=1
-export JITOPS_CONV2D_PREBUILT="$PWD/prebuilt" JITOPS_BENCH_OUT="$OUT"
+export JITOPS_TEST_CACHE_PATH="$PWD/prebuilt" JITOPS_BENCH_OUT="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 status=0
 for step in "$@"; do

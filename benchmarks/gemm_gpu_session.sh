@@ -16,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1 JITOPS_BENCH_OUT="$OUT"
 export JITOPS_CACHE_PATH="$PWD/prebuilt" JITOPS_CACHE_DIR=/tmp/jitops-cache
-export JITOPS_GEMM_PREBUILT="$PWD/prebuilt:/tmp/jitops-cache"  # the tests' view (conftest empties the cache)
+export JITOPS_TEST_CACHE_PATH="$PWD/prebuilt:/tmp/jitops-cache"  # the tests' view (conftest empties the cache)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 timeout 150 python3 benchmarks/prebuild_gemm.py $tune --jobs 16 2>&1 | grep -v "cached\|compiling" | cut -c1-160
 status=0

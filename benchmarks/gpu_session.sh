@@ -34,8 +34,7 @@ while [ $i -lt ${#steps[@]} ]; do
       for archive in .prebuilt-pack/*.tar*; do
         python3 -m cache_tools --cache-dir "$root" import "$archive" || status=1
       done
-      export JITOPS_TEST_CACHE_PATH=$root JITOPS_CONV2D_PREBUILT=$root JITOPS_GROUPED_PREBUILT=$root \
-        JITOPS_GEMM_PREBUILT=$root ;;
+      export JITOPS_TEST_CACHE_PATH=$root ;;  # tests/conftest.py: the tests' read-only root
     notebooks-bg)
       (timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py > "$OUT/notebooks.log" 2>&1; \
        echo "exit $?" >> "$OUT/notebooks.log") &

@@ -1,13 +1,11 @@
 """jitops.conv2d on the GPU (Hopper): fp16 and bf16 against an fp32 reference on the issue's cases, NCHW and
 channels_last inputs, channels_last output strides, gradients, opcheck, torch.compile, streams and errors.
 
-Set JITOPS_CONV2D_PREBUILT to a cache root of prebuilt kernels (benchmarks/bench_conv2d.py --prewarm) to use
-it read-only and offline, so that nothing compiles on the GPU machine (benchmarks/conv2d_session.sh)."""
+Set JITOPS_TEST_CACHE_PATH (tests/conftest.py) to a cache root of prebuilt kernels (benchmarks/bench_conv2d.py
+--prewarm) to read them there, so that nvcc does not run on the GPU machine (benchmarks/gpu_session.sh)."""
 from __future__ import annotations
 
 import importlib
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,22 +17,13 @@ from test_conv2d import CASES, IDS, channels_last_strides, make_args
 
 # Compiling the 22 kernel configurations these tests use takes about 15 minutes of nvcc; on the lent GPU that is
 # device time.  Build them anywhere with nvcc (benchmarks/bench_conv2d.py --prewarm sm_90a, no GPU needed) and
-# point JITOPS_CONV2D_PREBUILT at that cache; without it the tests compile what they need (slow, but they run).
+# point JITOPS_TEST_CACHE_PATH at that cache (conftest.py); without it the tests compile what they need (slow, but
+# they run).
 pytestmark = pytest.mark.gpu
 conv_module = importlib.import_module("jitops.ops.conv2d")
 DTYPES = [torch.float16, torch.bfloat16]
 # Relative Frobenius error against the fp32 reference: half-precision outputs and operands.
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def prebuilt_kernels():
-    root = os.environ.get("JITOPS_CONV2D_PREBUILT")
-    if not root:
-        yield
-        return
-    with jitops.config.scope(cache_path=(Path(root),), offline=True):  # a missing kernel fails, never compiles
-        yield
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

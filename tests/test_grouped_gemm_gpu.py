@@ -4,8 +4,6 @@ opcheck and torch.compile.  Every kernel class used here is in bench_grouped_gem
 from __future__ import annotations
 
 import importlib
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,18 +13,8 @@ from jitops.testing import check_compile, check_op
 
 pytestmark = pytest.mark.gpu
 gg = importlib.import_module("jitops.ops.grouped_gemm")
-# A read-only cache root holding these tests' kernels, built elsewhere (bench_grouped_gemm.py --prebuild): the GPU
-# session sets it, since conftest.py gives every session an empty cache and nvcc takes ~50 s a kernel.
-PREBUILT = os.environ.get("JITOPS_GROUPED_PREBUILT")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def prebuilt_kernels():
-    if not PREBUILT:
-        yield
-        return
-    with jitops.config.scope(cache_path=(Path(PREBUILT),)):
-        yield
+# nvcc takes ~50 s a kernel: the GPU session reads them prebuilt (bench_grouped_gemm.py --prebuild) from the
+# read-only roots in JITOPS_TEST_CACHE_PATH (conftest.py).
 DTYPES = [torch.bfloat16, torch.float16]
 # An empty group, one row, sizes on and off the 64/128-row tiles.
 SIZES = [0, 37, 128, 129, 1, 256, 200, 63]
