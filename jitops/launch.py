@@ -169,6 +169,10 @@ def sm_count(device_index: int) -> int:
 
 
 _GRID_CAPS: dict[tuple[int, int], int] = {}
+# Grids of at most this many blocks are under every cap the ops use (8 or 16 blocks an SM) on a GPU with at least
+# 16 SMs, so small calls, where every query shows, launch them without asking the device for its SM count.  (On
+# a smaller GPU such a grid only exceeds a cap that is there for speed: grid-stride loops stay correct.)
+UNCAPPED_GRID = 128
 
 
 def elementwise_grid(vectors: int, block: int, device_index: int, waves: int = 8) -> int:

@@ -23,6 +23,8 @@ CUDA_TYPES: dict[torch.dtype, str] = {
     torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16", torch.float64: "double",
 }
 CPU_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double"}
+# Bytes per element of the dtypes CUDA kernels take; a lookup doubles as the dtype check on hot paths.
+CUDA_ITEMSIZE: dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in CUDA_TYPES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

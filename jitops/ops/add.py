@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
-from ..launch import elementwise_grid
+from ..launch import UNCAPPED_GRID, elementwise_grid
 from ..op import Impl, op
 from ..specs import CppExtension, CudaKernel, Source, Target
 
@@ -27,7 +27,7 @@ class AddClass(NamedTuple):
 
 
 _CLASSES: dict[tuple[torch.dtype, int, bool], AddClass] = {}
-_WIDEST = {dtype: 16 // dtype.itemsize for dtype in CUDA_DTYPES}
+_WIDEST = {dtype: 16 // size for dtype, size in shapes.CUDA_ITEMSIZE.items()}
 _Tensor = torch.Tensor
 
 
@@ -66,11 +66,6 @@ def cuda_kernels(cls: AddClass, target: Target):
     return {"forward": ADD_CUDA.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec)}
 
 
-# Grids up to this many blocks are under elementwise_grid's cap on any GPU (8 blocks an SM, at least 16 SMs):
-# small calls, where every query shows, skip it.
-_SMALL_GRID = 128
-
-
 def run_cuda(k, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     cls = k.shape_class
     if not cls.contiguous:
@@ -79,7 +74,7 @@ def run_cuda(k, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = a.numel()
     if n:
         grid = (n // cls.vec + BLOCK - 1) // BLOCK or 1
-        if grid > _SMALL_GRID:
+        if grid > UNCAPPED_GRID:
             grid = elementwise_grid(n // cls.vec or 1, BLOCK, a.get_device())
         k.forward.launch(grid, BLOCK, a, b, out, n)
     return out

@@ -141,7 +141,7 @@ gelu_backward = op(
 
 
 # ---- jitops::gelu ----------------------------------------------------------------------------------------------
-_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}  # the CUDA dtypes
+_ITEMSIZE = shapes.CUDA_ITEMSIZE
 _CLASSES: dict[tuple, GeluClass] = {}
 _Tensor = torch.Tensor
 
@@ -151,16 +151,17 @@ def shape_class(x: torch.Tensor, approximate: str) -> GeluClass:
     a remembered class: building a NamedTuple costs 0.3 us); anything else, bad inputs included, takes
     _class_for, which gives the same class or the error."""
     if type(x) is _Tensor and x.is_cuda and x.is_contiguous():
-        itemsize = _ITEMSIZE.get(x.dtype)
+        dtype = x.dtype
+        itemsize = _ITEMSIZE.get(dtype)
         if itemsize is not None and approximate in APPROXIMATIONS:
             width = 16 // itemsize
             address = x.data_ptr()
             while width > 1 and address % (width * itemsize):
                 width >>= 1
-            key = (x.dtype, width, approximate, x.numel() < INT32_LIMIT)
+            key = (dtype, width, approximate, x.numel() < INT32_LIMIT)
             cls = _CLASSES.get(key)
             if cls is None:
-                cls = _CLASSES[key] = GeluClass(x.dtype, width, approximate, "int" if key[3] else "long long")
+                cls = _CLASSES[key] = GeluClass(dtype, width, approximate, "int" if key[3] else "long long")
             return cls
     return _class_for("gelu", [("x", x)], approximate)
 

@@ -32,8 +32,8 @@ thread, for latency), rows longer than the largest block's tiles streaming twice
 the index width (32-bit below 2^30 elements).  The backward adds where dweight/dbias are summed: registers (rows
 that fit in one tile), shared memory, or a column kernel for rows too long for either (n above about 20000 in
 fp32/bf16/fp16, 10000 in fp64); and from 2 to FEW_ROWS (64) rows, a kernel that sums them column by column
-straight from dy and x (no partial sums to write and reduce).  The benchmark set's buckets were measured on the lent H100:
-docs/benchmarks.md.  See kernels/layer_norm.cu.
+straight from dy and x (no partial sums to write and reduce).  The benchmark set's buckets were measured on the
+lent H100: docs/benchmarks.md.  See kernels/layer_norm.cu.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
-from ..launch import sm_count
+from ..launch import UNCAPPED_GRID, sm_count
 from ..op import Impl, op
 from ..specs import CppExtension, CudaKernel, Source, Target
 
@@ -118,7 +118,7 @@ def _bucket(n: int, vec: int, itemsize: int, tile_bytes: int, max_tpr: int, smal
     return tpr, max(1, min(iters_max, -(-chunks // tpr)))
 
 
-_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
+_ITEMSIZE = shapes.CUDA_ITEMSIZE
 _Tensor = torch.Tensor
 _FORWARD_CLASSES: dict[tuple, tuple["ForwardClass", "ForwardClass"]] = {}
 _BACKWARD_CLASSES: dict[tuple, "BackwardClass"] = {}
@@ -306,11 +306,6 @@ def _row_length_unchecked(normalized_shape) -> int:
     return normalized_shape[0] if len(normalized_shape) == 1 else math.prod(normalized_shape)
 
 
-# Any GPU has at least 8 SMs, so a grid this small is under the forward's cap (FORWARD_BLOCKS_PER_SM an SM)
-# without asking the device (small calls are the ones where every query shows).
-_SMALL_GRID = 8 * FORWARD_BLOCKS_PER_SM
-
-
 def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool):
     """y, and the statistics if save_stats (else None: the kernel skips writing them)."""
     cls = k.shape_class
@@ -332,7 +327,7 @@ def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float
         tpr = cls.tpr
         threads = tpr if tpr > 128 else 128  # _threads(tpr), inline
         grid = -(-rows // (threads // tpr))
-        if grid > _SMALL_GRID:
+        if grid > UNCAPPED_GRID:
             grid = min(grid, sm_count(x.get_device()) * FORWARD_BLOCKS_PER_SM)
         k.forward.launch(grid, threads, x, weight, bias, y, stats, rows, n, eps)
     return y, stats
