@@ -73,9 +73,10 @@ def time_cuda_graph(fn: Callable[[], Any], *, calls: int | None = None, reps: in
     torch.cuda.synchronize()
     if calls is None:
         estimate = time_cuda(fn, warmup=2, reps=20, min_ms=5.0)
-        # At least 100 calls a graph: a replay costs ~15 us of launch, and an estimate thrown high by a host
-        # hiccup once gave 2 calls a graph and a 5 us kernel timed at 20.8 us (layer_norm (1, 16384) fp32, lent
-        # H100, 2026-11-22; 5.0 us in the runs before and after).
+        # At least 100 calls a graph, so a replay's own launch is spread thin: a 5 us kernel once timed at 20.8
+        # us (layer_norm (1, 16384) fp32, lent H100, 2026-11-22; 5.0 us in the runs before and after), and
+        # gemm 128x8192x8192 at 76.8 us against 52.8 after this floor, most likely graphs of a call or two sized
+        # from an estimate that caught a host hiccup or first-call work.
         calls = max(100, min(2000, int(target_ms / max(estimate, 1e-4))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

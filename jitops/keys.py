@@ -37,8 +37,8 @@ class CacheKey:
     request: dict[str, Any]
     toolchain: dict[str, Any]
 
-    # Digests are computed once per key (canonical JSON of the whole request is ~0.1 ms): a warm first call
-    # reads each several times.  The key's dicts are never mutated after construction.
+    # Digests are computed once per key (each is canonical JSON plus sha256 of a whole key half): a warm
+    # first call reads each several times.  The key's dicts are never mutated after construction.
     @cached_property
     def request_hash(self) -> str:
         return digest(self.request)

@@ -221,13 +221,14 @@ class CudaFunction:
         self._is_ptr = tuple(kind == "ptr" for kind in self.signature)
         self._launches = 0
         # The first launches go through a generic launcher: generating the fast one compiles Python source,
-        # 0.2-0.5 ms a kernel (dev box; lent H100 host), which a warm first call (~4 ms) should not pay.
+        # 0.18-0.25 ms a kernel on the dev box (about 1 ms under cProfile on the lent H100's host), which a warm
+        # first call (2.7-3.6 ms there, bench_jit_latency.py, 2026-11-22) should not pay.
         self.launch = self._launch_generic
 
     def _launch_generic(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args: Any,
                         shared_mem: int = 0) -> None:
-        """A kernel's first _TIER_UP_LAUNCHES launches: a loop over the arguments (about 1 us slower a call than
-        the generated launcher, which then replaces it).  Same stream, packing and errors."""
+        """A kernel's first _TIER_UP_LAUNCHES launches: a loop over the arguments (a list built per launch; the
+        generated launcher, which then replaces it, packs in one line).  Same stream, packing and errors."""
         self._launches += 1
         if self._launches == _TIER_UP_LAUNCHES:  # once: a caller may hold on to this bound method
             self.launch = self._make_launcher()
