@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
-#   bash benchmarks/gpu_session.sh [prebuilt] [notebooks-bg] [tests] [wait] [bench NAME...] [probe] [notebooks]
-#   (default: tests and every benchmark)
+#   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [notebooks-bg] [tests] [wait] [bench NAME...] [probe]
+#                                  [notebooks]          (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
-#   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests read, so nvcc runs nowhere here.
+#   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests and benchmarks read, so nvcc runs
+#   nowhere here.
+# build-gemm: build jitops.gemm's sm_90a kernels here instead (16 cores: about 3 minutes, against an hour or more
+#   on the 2-core development box), those the tests and bench_gemm.py load and, in a second root, the other
+#   candidates of bench_gemm.py --tune; both are exported to $OUT (gemm.tar.gz, gemm-tune.tar.gz) to be carried
+#   in .prebuilt-pack/ next time.
+# bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS.
 # probe: benchmarks/probe_hot_path.py (where first-call and hot-call time goes).
 # notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
 #   a benchmark after it runs alone.
@@ -34,7 +40,22 @@ while [ $i -lt ${#steps[@]} ]; do
       for archive in .prebuilt-pack/*.tar*; do
         python3 -m cache_tools --cache-dir "$root" import "$archive" || status=1
       done
-      export JITOPS_TEST_CACHE_PATH=$root ;;  # tests/conftest.py: the tests' read-only root
+      export JITOPS_TEST_CACHE_PATH=$root JITOPS_CACHE_PATH=$root ;;  # read-only roots (tests/conftest.py)
+    build-gemm)
+      roots=${JITOPS_CACHE_PATH:-}
+      JITOPS_CACHE_DIR=/tmp/jitops-gemm python3 benchmarks/prebuild_gemm.py --jobs 10 > "$OUT/build-gemm.log" 2>&1 &
+      main_build=$!
+      JITOPS_CACHE_DIR=/tmp/jitops-gemm-tune python3 benchmarks/prebuild_gemm.py --tune-only --jobs 8 \
+        > "$OUT/build-gemm-tune.log" 2>&1
+      wait $main_build || status=1
+      tail -2 "$OUT/build-gemm.log" "$OUT/build-gemm-tune.log"
+      grep -h FAILED "$OUT"/build-gemm*.log
+      for part in gemm gemm-tune; do
+        env -u JITOPS_CACHE_PATH python3 -m cache_tools --cache-dir "/tmp/jitops-$part" export "$OUT/$part.tar.gz" \
+          || status=1
+      done
+      roots=${roots:+$roots:}/tmp/jitops-gemm:/tmp/jitops-gemm-tune
+      export JITOPS_TEST_CACHE_PATH=$roots JITOPS_CACHE_PATH=$roots ;;
     notebooks-bg)
       (timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py > "$OUT/notebooks.log" 2>&1; \
        echo "exit $?" >> "$OUT/notebooks.log") &
@@ -48,14 +69,15 @@ while [ $i -lt ${#steps[@]} ]; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt|build-gemm)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
       for name in "${names[@]}"; do
         echo "=== benchmark $name"
-        # BENCH_ARGS (e.g. "--methods jitops,layer_norm") goes to every benchmark of the call.
-        python3 "benchmarks/bench_$name.py" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-$name.log"
+        # BENCH_ARGS_NAME (e.g. BENCH_ARGS_gemm=--tune-only), else BENCH_ARGS, goes to the benchmark NAME.
+        args_var="BENCH_ARGS_$name"
+        python3 "benchmarks/bench_$name.py" ${!args_var:-${BENCH_ARGS:-}} 2>&1 | tee "$OUT/bench-$name.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     probe)

@@ -1,7 +1,7 @@
 """Build, on a machine without a GPU, every gemm kernel the GPU tests and bench_gemm.py load, so that a session
 on the lent GPU compiles nothing: ship the cache directory as a read-only root (JITOPS_CACHE_PATH).
 
-    JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune] [--jobs 2] [--list]
+    JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune | --tune-only] [--jobs 2] [--list]
 
 Builds for the H100 (compute capability 9.0): sm_90a libraries through nvcc, and the CUTLASS 2 kernels that the
 tests run there (unaligned shapes, force_family("sm80")) as sm_90 cubins through NVRTC.
@@ -25,6 +25,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--tune", action="store_true", help="also the candidate configurations of bench --tune")
+    parser.add_argument("--tune-only", action="store_true",
+                        help="only the candidates of bench --tune that nothing else loads (a second build root)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print what would be built, build nothing")
     parser.add_argument("--only", choices=["nvcc", "nvrtc"], help="build only this backend's kernels")
@@ -37,8 +39,11 @@ def main() -> None:
     wanted = {}
     for case in gemm_cases.ALL:
         wanted.update(gemm_cases.requests(case, target))
-    for r in bench_gemm.requests(target, tune=args.tune).values():
+    for r in bench_gemm.requests(target).values():
         wanted[r.label() + " " + str(r.params)] = r
+    if args.tune or args.tune_only:
+        tune = {r.label() + " " + str(r.params): r for r in bench_gemm.requests(target, tune=True).values()}
+        wanted = {key: r for key, r in tune.items() if key not in wanted} if args.tune_only else {**wanted, **tune}
     unique = {}
     for r in wanted.values():
         unique.setdefault((r.backend, r.kernel, r.entry, r.params, r.dtype), r)
@@ -52,15 +57,24 @@ def main() -> None:
             print(" ", r.backend, bench_gemm._describe(r) if r.kernel.startswith("gemm") else r.label())
         return
 
+    failed = []
+
     def build(r):
         started = time.perf_counter()
-        outcome = jitops.runtime.prewarm(r, target)
         what = bench_gemm._describe(r) if r.kernel.startswith("gemm") else r.label()
+        try:
+            outcome = jitops.runtime.prewarm(r, target)
+        except Exception as exc:  # noqa: BLE001 - one failed configuration must not stop the others' builds
+            failed.append(what)
+            outcome = "FAILED"
+            print(f"  {what}: {str(exc)[-2000:]}", flush=True)
         print(f"  {outcome:8s} {time.perf_counter() - started:6.1f} s  {what}", flush=True)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in [pool.submit(build, r) for r in todo]:
             future.result()
+    if failed:
+        raise SystemExit(f"prebuild_gemm: {len(failed)} of {len(todo)} builds failed: {failed}")
 
 
 if __name__ == "__main__":

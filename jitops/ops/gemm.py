@@ -193,7 +193,8 @@ class Sm90Config(NamedTuple):
     cluster: tuple[int, int]
     pingpong: bool
     streamk: bool
-    swizzle: int = 1  # a run-time argument of the tile scheduler (not part of the build)
+    swizzle: int = 1  # run-time arguments of the tile scheduler (not part of the build): tile swizzle, and
+    raster: int = 0   # the order tiles are visited in: 0 CUTLASS's heuristic (along the shorter side), 1 M, 2 N
 
 
 class Sm80Config(NamedTuple):
@@ -236,8 +237,8 @@ SM90_GEMM = CudaLibrary(
     "gemm_sm90", Source.file("gemm/sm90_gemm.cu"),
     functions={
         "jitops_gemm_run": (("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i64", "i64", "i64", "i32", "i32",
-                             "i32", "ptr", "ptr"), "i32"),
-        "jitops_gemm_workspace": (("i32", "i32", "i32", "i32", "i32"), "i64"),
+                             "i32", "i32", "ptr", "ptr"), "i32"),
+        "jitops_gemm_workspace": (("i32", "i32", "i32", "i32", "i32", "i32"), "i64"),
     },
     arch_specific=True)
 SM80_GEMM = CudaKernel(
@@ -300,18 +301,19 @@ def _swizzle(config: Sm90Config, n: int) -> int:
 
 
 def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
-             swizzle: int | None = None) -> None:
+             swizzle: int | None = None, raster: int | None = None) -> None:
     device = out.get_device()
     ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
     swizzle = swizzle or _swizzle(config, n)
+    raster = config.raster if raster is None else raster
     workspace = None
     sms = sm_count(device)
     if config.streamk:
-        size = lib.jitops_gemm_workspace(m, n, k, swizzle, sms)
+        size = lib.jitops_gemm_workspace(m, n, k, swizzle, raster, sms)
         if size > 0:
             workspace = torch.empty(size, dtype=torch.uint8, device=out.device)
-    status = lib.jitops_gemm_run(a, b, out, bias, m, n, k, lda, ldb, n, activation, swizzle, sms, workspace,
-                                 current_stream(device))
+    status = lib.jitops_gemm_run(a, b, out, bias, m, n, k, lda, ldb, n, activation, swizzle, raster, sms,
+                                 workspace, current_stream(device))
     if status:
         what = _STATUS[status] if status < len(_STATUS) else f"CUDA error {status - 1000}"
         raise RuntimeError(f"jitops.gemm: the sm_90 kernel {config} for {cls} failed on a ({m}, {k}) x ({k}, {n}) "

@@ -121,7 +121,7 @@ StrideD stride_d(long long ldd) {
 
 typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, const void* bias, int m, int n,
                                          int k, long long lda, long long ldb, long long ldd, int activation,
-                                         int swizzle, int sm_count) {
+                                         int swizzle, int raster, int sm_count) {
   typename GemmKernel::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {m, n, k, 1};
@@ -144,6 +144,8 @@ typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, 
   args.hw_info.device_id = 0;  // only sm_count is read by the schedulers
   args.hw_info.sm_count = sm_count;
   args.scheduler.max_swizzle_size = swizzle;
+  // 0: CUTLASS's heuristic (along the dimension with fewer tiles), 1: along M, 2: along N.
+  args.scheduler.raster_order = static_cast<decltype(args.scheduler.raster_order)>(raster);
   return args;
 }
 
@@ -152,8 +154,8 @@ typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, 
 using namespace jitops_gemm;
 
 // Workspace bytes the configuration needs for this problem (stream-K partials; 0 for data-parallel tiles).
-JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, int sm_count) {
-  auto args = arguments(nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 0, swizzle, sm_count);
+JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, int raster, int sm_count) {
+  auto args = arguments(nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 0, swizzle, raster, sm_count);
   return static_cast<long long>(GemmKernel::get_workspace_size(args));
 }
 
@@ -161,9 +163,9 @@ JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, 
 // run with this configuration, or 1000 + a cudaError_t when a CUDA call failed.
 JITOPS_EXPORT int jitops_gemm_run(const void* a, const void* b, void* d, const void* bias, int m, int n, int k,
                                   long long lda, long long ldb, long long ldd, int activation, int swizzle,
-                                  int sm_count, void* workspace, void* stream_ptr) {
+                                  int raster, int sm_count, void* workspace, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  auto args = arguments(a, b, d, bias, m, n, k, lda, ldb, ldd, activation, swizzle, sm_count);
+  auto args = arguments(a, b, d, bias, m, n, k, lda, ldb, ldd, activation, swizzle, raster, sm_count);
   if (!GemmKernel::can_implement(args)) {
     return static_cast<int>(cutlass::Status::kErrorInvalidProblem);
   }
