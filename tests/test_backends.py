@@ -113,3 +113,45 @@ def test_header_macros_are_read_from_define_lines_only(tmp_path):
     assert toolkit._macro(header, "CUDA_VERSION") == "13020"
     assert toolkit._macro(header, "CCCL_VERSION") is None
     assert toolkit._macro(tmp_path / "missing.h", "CUDA_VERSION") is None
+
+
+def _c_kind(declaration: str) -> str:
+    """ptr / i32 / i64 for one C parameter or return type, as CudaLibrary's functions name them."""
+    if "*" in declaration:
+        return "ptr"
+    if "long long" in declaration or "int64_t" in declaration:
+        return "i64"
+    if "int" in declaration:  # int, int32_t
+        return "i32"
+    raise AssertionError(f"no ctypes kind for C type {declaration!r}")
+
+
+def _exported_signatures(text: str) -> dict[str, tuple[tuple[str, ...], str]]:
+    """name -> (argument kinds, return kind) of every extern "C" function a library source exports (through
+    its EXPORT-style macro)."""
+    import re
+
+    macros = re.findall(r'#define\s+(\w+)\s+extern\s+"C"', text)
+    found = {}
+    for macro in macros:
+        for ret, name, params in re.findall(rf"^{macro}\s+([\w\s\*]+?)\s*\b(\w+)\(([^)]*)\)", text, re.M):
+            kinds = tuple(_c_kind(p) for p in params.split(",") if p.strip() and p.strip() != "void")
+            found[name] = (kinds, _c_kind(ret))
+    return found
+
+
+def test_every_cuda_library_declares_the_c_signatures_its_source_exports():
+    """ctypes cannot check a call against the C function: a Python-side signature that lags the source (an
+    argument added in the .cu, say) would pass the wrong stack and crash on the GPU.  Compare them here."""
+    import importlib
+
+    libraries = [importlib.import_module("jitops.ops.gemm").SM90_GEMM,
+                 importlib.import_module("jitops.ops.grouped_gemm").GROUPED_GEMM,
+                 *importlib.import_module("jitops.ops.conv2d").CONV_SPECS.values()]
+    for library in libraries:
+        exported = _exported_signatures(library.source.read())
+        for name, (args, ret) in library.functions.items():
+            assert name in exported, f"{library.name}: {name} is not exported by {library.source.name}"
+            assert exported[name] == (tuple(args), ret), (
+                f"{library.name}: {name} is declared {(tuple(args), ret)} but {library.source.name} has "
+                f"{exported[name]}")
