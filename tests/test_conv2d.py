@@ -325,6 +325,24 @@ class FakeConvLibrary:
         return 0
 
 
+class FakeReduceKernel:
+    """kernels/conv/wgrad_reduce.cu's launch, computed with ATen: it checks the arguments against the tensors
+    (slice size, padded channels, dw's KRSC memory) and writes dw as the kernel would."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def launch(self, grid, block, partial, dw, splits, slice_elements, rows, channels, channels_padded):
+        self.calls.append(dict(splits=splits, rows=rows, channels=channels, padded=channels_padded))
+        assert partial.is_contiguous() and partial.dtype == torch.float32 and partial.shape[0] == splits
+        assert partial[0].numel() == slice_elements and slice_elements % channels_padded == 0
+        assert slice_elements // channels_padded >= rows and channels <= channels_padded
+        assert dw.is_contiguous(memory_format=torch.channels_last) and dw.numel() == rows * channels
+        krsc = dw.permute(0, 2, 3, 1).reshape(rows, channels)  # a view: dw's own memory
+        summed = partial.reshape(splits, -1, channels_padded).double().sum(0)
+        krsc.copy_(summed[:rows, :channels])
+
+
 @pytest.fixture
 def cuda_path_on_cpu(monkeypatch):
     monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
@@ -335,7 +353,10 @@ def cuda_path_on_cpu(monkeypatch):
         meta = [a.to(device="meta", dtype=torch.float16) if isinstance(a, torch.Tensor) else a for a in args]
         cls = fn.op.shape_class(*meta)
         cls = cls._replace(tile=tile or cls.tile, splits=splits or cls.splits)
-        return SimpleNamespace(shape_class=cls, **{op_name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])})
+        stand_ins = {op_name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])}
+        if op_name == "wgrad":
+            stand_ins["reduce"] = FakeReduceKernel()
+        return SimpleNamespace(shape_class=cls, **stand_ins)
     return kernels
 
 
@@ -367,6 +388,7 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     dw = conv_module.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
+    assert [call["splits"] for call in kern.reduce.calls] == [call["splits"] for call in kern.wgrad.calls]
 
 
 def test_plans_give_every_split_work_and_follow_the_gemm_shape():

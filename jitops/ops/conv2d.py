@@ -16,7 +16,9 @@ consumer warpgroups around CUTLASS's conv collectives; conv2d_sm90.cu: one confi
 Three operators, each compiled on first use per shape class:
 - fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
-- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums)
+- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums,
+                                                                                then one NVRTC kernel sums
+                                                                                them into dw's dtype)
 Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
 im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
 with the dtype, the channel alignment and the plan (tile, split count, im2col) picked for the GEMM shape.
@@ -49,7 +51,7 @@ import torch
 from .. import shapes
 from ..launch import current_stream, sm_count
 from ..op import Impl, op
-from ..specs import CudaLibrary, Source, Target
+from ..specs import CudaKernel, CudaLibrary, Source, Target
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -515,8 +517,27 @@ def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> 
     return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
 
 
+# The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu).
+WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.cu"),
+                          "jitops::conv2d_wgrad_reduce<{T}>", "ptr ptr i32 i64 i32 i32 i32")
+REDUCE_ROWS = 8  # warps per block, one (k, tap) row each
+
+
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
-    return _request("wgrad", cls, target)
+    kernels = _request("wgrad", cls, target)
+    if kernels:
+        kernels["reduce"] = WGRAD_REDUCE.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
+    return kernels
+
+
+def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, channels: int, sms: int) -> None:
+    """dw (channels_last [K, C, R, S], i.e. KRSC memory) = the sum over partial's slices [splits][K8][taps][C8]
+    of its first K rows and `channels` channels per tap."""
+    rows = dw.shape[0] * taps
+    splits, slice_elements = partial.shape[0], partial[0].numel()
+    grid = min(-(-rows // REDUCE_ROWS), 8 * sms)  # a grid-stride loop over the rows: at most 8 blocks per SM
+    kern.reduce.launch(grid, (32, REDUCE_ROWS), partial, dw, splits, slice_elements, rows, channels,
+                       partial.shape[-1])
 
 
 def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
@@ -540,15 +561,13 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
         partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
-        total = partial[0] if splits == 1 else partial.sum(0)
-        dw.permute(0, 2, 3, 1).copy_(total[:k, 0, 0, :r * s * c].view(k, r, s, c))
+        _reduce_into(kern, partial, dw, 1, r * s * c, sms)  # the columns are (r, s, c): KRSC order
         return dw
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
           cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
-    total = partial[0] if splits == 1 else partial.sum(0)
-    dw.permute(0, 2, 3, 1).copy_(total[:k, :, :, :c])
+    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw, r * s, c, sms)
     return dw
 
 
