@@ -3,6 +3,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
 
     python benchmarks/bench_conv2d.py                 # every ResNet-50 layer, fprop/dgrad/wgrad, table + JSON
     python benchmarks/bench_conv2d.py --sweep         # also every tile configuration per layer (picks heuristics)
+    python benchmarks/bench_conv2d.py --wgrad-splits 1,2,4,8   # also wgrad with every tile at these split counts
     python benchmarks/bench_conv2d.py --prewarm sm_90a [--jobs 2]   # build every configuration, no GPU needed
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
 
@@ -36,6 +37,9 @@ from jitops.specs import Target  # noqa: E402
 
 conv_module = importlib.import_module("jitops.ops.conv2d")
 BATCH = 32
+# How often each of conv_module.RESNET50's layers occurs in the network (torchvision v1.5: 53 conv layers; the
+# downsample 1x1 convs share shapes with L3 and L7/L13/L19).
+OCCURRENCES = (1, 1, 3, 4, 2, 1, 1, 1, 3, 4, 3, 1, 1, 1, 5, 6, 5, 1, 1, 1, 2, 3, 2)
 # The issue's baseline shape (not a ResNet-50 layer): 3x3, C=K=256, 56x56.
 REFERENCE = (256, 256, 56, 3, 1, 1)
 
@@ -122,7 +126,8 @@ def time_graphed(calls, replays: int | None = None) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in times) / len(calls)
 
 
-def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True):
+def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
+                wgrad_splits=None):
     from torch.ops import aten
 
     out = conv_module.output_size(size, kernel, stride, padding, 1)
@@ -157,6 +162,10 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
     for name, (ours, base) in ops.items():
         base_ms = None
         configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
+        if wgrad_splits:  # wgrad only: every tile at each of these split counts
+            if name != "wgrad":
+                continue
+            configs = [(t, s) for t in conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
         for tile, splits in configs:
             conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
@@ -181,6 +190,26 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
             finally:
                 conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+def weighted_totals(rows) -> dict[str, str]:
+    """GPU time over the network's 53 conv layers (each layer's row times its OCCURRENCES), per operator, with
+    and without the stem (L0), against cuDNN's: the issue's goal is stated over the ResNet-50 layers."""
+    totals: dict[tuple[str, bool], list[float]] = {}
+    for row in rows:
+        extra = row.extra
+        layer = extra.get("layer", "")
+        if extra.get("timing") != "graph" or not row.op.endswith("gpu") or not layer.startswith("L"):
+            continue
+        weight = OCCURRENCES[int(layer[1:])]
+        for with_stem in (True, False):
+            if with_stem or layer != "L0":
+                sums = totals.setdefault((extra["operator"], with_stem), [0.0, 0.0])
+                sums[0] += weight * row.ours_ms
+                sums[1] += weight * row.baseline_ms
+    return {f"ResNet-50 {op} weighted by occurrence ({'with' if stem else 'without'} the stem)":
+            f"ours {ours:.3f} ms, cuDNN {base:.3f} ms, cuDNN time / ours {base / ours:.3f}"
+            for (op, stem), (ours, base) in totals.items()}
 
 
 def host_overhead_us(calls: int = 2000) -> dict[str, float]:
@@ -245,6 +274,8 @@ def main() -> int:
     parser.add_argument("--prewarm", metavar="ARCH", help="build every configuration for ARCH and exit (no GPU)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--sweep", action="store_true", help="time every tile configuration too")
+    parser.add_argument("--wgrad-splits", default="", help="comma-separated split counts: time wgrad alone with "
+                        "every tile at each (plan tuning), after the layer's automatic rows")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
@@ -281,6 +312,10 @@ def main() -> int:
         bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager)
         if args.sweep:
             bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=True, eager=False)
+        if args.wgrad_splits:
+            splits = [int(v) for v in args.wgrad_splits.split(",")]
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
+                        wgrad_splits=splits)
     for timing in ("graph", "eager"):
         totals = {}
         for row in bench.rows:
@@ -292,6 +327,8 @@ def main() -> int:
         for name, (ours, base) in totals.items():
             bench.note(**{f"ResNet-50 {name} total ({timing})": f"ours {ours:.3f} ms, cuDNN {base:.3f} ms, "
                                                                  f"cuDNN time / ours {base / ours:.3f}"})
+    for name, value in weighted_totals(bench.rows).items():
+        bench.note(**{name: value})
     bench.note(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
                cudnn_benchmark=True, batch=BATCH)
     bench.finish()

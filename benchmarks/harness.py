@@ -181,9 +181,15 @@ class Row:
 
 
 class Bench:
-    def __init__(self, name: str, roofline: float | None = None, min_ms: float = 200.0, reps: int = 100) -> None:
+    def __init__(self, name: str, roofline: float | None = None, min_ms: float = 200.0, reps: int = 100,
+                 rounds: int = 1) -> None:
         self.name = name
         self.min_ms, self.reps = min_ms, reps  # event timing: at least `reps` calls and `min_ms` in all
+        # Event timing in `rounds` alternating rounds (ours, baseline, then baseline, ours, ...), each side's time
+        # the median of its rounds: the clock of a power-bound GPU drifts over seconds (cuBLAS's bf16 4096^3
+        # read 645-708 TFLOP/s within one minute on the lent H100, 2026-11-22 11:55), which one back-to-back
+        # pair of timings turns into a ratio error.
+        self.rounds = rounds
         self.rows: list[Row] = []
         self.notes: dict[str, Any] = {}
         self.started = _dt.datetime.now(_dt.timezone.utc)
@@ -213,8 +219,13 @@ class Bench:
             ours_ms, base_ms = time_cuda_graph(ours), time_cuda_graph(baseline)
             extra["timing"] = "graph"
         else:
-            ours_ms = time_cuda(ours, min_ms=self.min_ms, reps=self.reps)
-            base_ms = time_cuda(baseline, min_ms=self.min_ms, reps=self.reps)
+            times: dict[Callable[[], Any], list[float]] = {ours: [], baseline: []}
+            for index in range(self.rounds):
+                for fn in ((ours, baseline) if index % 2 == 0 else (baseline, ours)):
+                    times[fn].append(time_cuda(fn, min_ms=self.min_ms / self.rounds, reps=self.reps))
+            ours_ms, base_ms = statistics.median(times[ours]), statistics.median(times[baseline])
+            if self.rounds > 1:
+                extra["rounds"] = self.rounds
         if flops is not None:
             metric, scale = "TFLOP/s", flops / 1e12
         else:
