@@ -166,8 +166,13 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             if name != "wgrad":
                 continue
             configs = [(t, s) for t in conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
+        elif name == "wgrad" and not sweep:
+            configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
         for tile, splits in configs:
-            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+            if tile == "torch-reduce":
+                conv_module.WGRAD_REDUCE_KERNEL = False
+            else:
+                conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
                 error = relative_error(ours(sets[0]), base(sets[0]))
                 cls = classes[name](sets[0])
@@ -175,9 +180,10 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                 if base_ms is None:
                     base_ms = time_graphed([lambda s=s: base(s) for s in sets])
                 ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
+                operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
                 row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
                                   base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
-                                  base_ms / ours_ms, dict(rel_error=error, layer=label, operator=name,
+                                  base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
                                                           tile=chosen, timing="graph"))
                 bench.rows.append(row)
                 print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
@@ -190,6 +196,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
             finally:
                 conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+                conv_module.WGRAD_REDUCE_KERNEL = True
 
 
 def weighted_totals(rows) -> dict[str, str]:
@@ -199,7 +206,8 @@ def weighted_totals(rows) -> dict[str, str]:
     for row in rows:
         extra = row.extra
         layer = extra.get("layer", "")
-        if extra.get("timing") != "graph" or not row.op.endswith("gpu") or not layer.startswith("L"):
+        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith("(torch reduce)")
+        if extra.get("timing") != "graph" or not automatic or not layer.startswith("L"):
             continue
         weight = OCCURRENCES[int(layer[1:])]
         for with_stem in (True, False):

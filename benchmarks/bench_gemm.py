@@ -60,6 +60,9 @@ TUNE = {
 TUNE_SHAPES = {"large": [s for s in SHAPES if s[0] > 256], "skinny": [s for s in SHAPES if s[0] <= 256]}
 SWIZZLES = (1, 2, 4, 8)
 ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench): the clock drifts between them
+# 128x8192x8192 (52 us) read 81 us with per-call events through jitops.gemm, 52 through its run function and 49
+# in a graph (torch.matmul 51 / 48; lent H100, 2026-11-22, benchmarks/probe_gemm_timing.py).
+GRAPH_BELOW_MS = 0.1
 RASTERS = (1, 2)  # along M, along N (CUTLASS's heuristic, 0, is one of these)
 
 
@@ -149,9 +152,11 @@ def bench_shape(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
     a, b, _ = shape_args(m, n, k, dtype)
     check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} {name}")
     cls = G.shape_class(a, b, None, None, None)
+    # GPU time: a call under GRAPH_BELOW_MS is timed in CUDA graphs (both sides), where per-call events would
+    # also time our host path (about 30 us a call) whenever it outlasts the kernel.
     row = bench.compare(op="gemm", shape=f"{m}x{n}x{k}", dtype=name, ours=lambda: jitops.gemm(a, b),
                         baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=2 * m * n * k,
-                        config=str(G.SM90_CONFIGS.get(cls.bucket)))
+                        timing="auto", graph_below_ms=GRAPH_BELOW_MS, config=str(G.SM90_CONFIGS.get(cls.bucket)))
     return row.speedup
 
 

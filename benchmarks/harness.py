@@ -216,16 +216,18 @@ class Bench:
                             time_cuda(baseline, warmup=3, reps=10, min_ms=2.0)) < graph_below_ms
             timing = "graph" if short else "events"
         if timing == "graph":
-            ours_ms, base_ms = time_cuda_graph(ours), time_cuda_graph(baseline)
             extra["timing"] = "graph"
+            timer = time_cuda_graph
         else:
-            times: dict[Callable[[], Any], list[float]] = {ours: [], baseline: []}
-            for index in range(self.rounds):
-                for fn in ((ours, baseline) if index % 2 == 0 else (baseline, ours)):
-                    times[fn].append(time_cuda(fn, min_ms=self.min_ms / self.rounds, reps=self.reps))
-            ours_ms, base_ms = statistics.median(times[ours]), statistics.median(times[baseline])
-            if self.rounds > 1:
-                extra["rounds"] = self.rounds
+            def timer(fn):
+                return time_cuda(fn, min_ms=self.min_ms / self.rounds, reps=self.reps)
+        times: dict[Callable[[], Any], list[float]] = {ours: [], baseline: []}
+        for index in range(self.rounds):
+            for fn in ((ours, baseline) if index % 2 == 0 else (baseline, ours)):
+                times[fn].append(timer(fn))
+        ours_ms, base_ms = statistics.median(times[ours]), statistics.median(times[baseline])
+        if self.rounds > 1:
+            extra["rounds"] = self.rounds
         if flops is not None:
             metric, scale = "TFLOP/s", flops / 1e12
         else:

@@ -334,6 +334,7 @@ class FakeReduceKernel:
 
     def launch(self, grid, block, partial, dw, splits, slice_elements, rows, channels, channels_padded):
         self.calls.append(dict(splits=splits, rows=rows, channels=channels, padded=channels_padded))
+        assert grid * block >= rows * channels
         assert partial.is_contiguous() and partial.dtype == torch.float32 and partial.shape[0] == splits
         assert partial[0].numel() == slice_elements and slice_elements % channels_padded == 0
         assert slice_elements // channels_padded >= rows and channels <= channels_padded
@@ -389,6 +390,13 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
     assert [call["splits"] for call in kern.reduce.calls] == [call["splits"] for call in kern.wgrad.calls]
+    conv_module.WGRAD_REDUCE_KERNEL = False  # the torch reduction the benchmarks compare it with
+    try:
+        dw = conv_module.run_weight_grad_cuda(kern, *args)
+    finally:
+        conv_module.WGRAD_REDUCE_KERNEL = True
+    assert dw.stride() == channels_last_strides(w.shape)
+    torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
 
 
 def test_plans_give_every_split_work_and_follow_the_gemm_shape():

@@ -149,3 +149,28 @@ def test_wrong_device_and_dtype_errors_name_the_argument():
         jitops.conv2d(x.float(), w.float().cuda())
     with pytest.raises(TypeError, match="argument 'weight' has dtype bfloat16 but 'x' has float16"):
         jitops.conv2d(x, w.cuda().bfloat16())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_wgrad_reduce_kernel_sums_slices_exactly_in_every_warp_split(dtype):
+    """kernels/conv/wgrad_reduce.cu against torch's sum over the slices, for 1 to 13 slices, odd and padded
+    channel counts, one and nine taps; every element of dw written (dw starts as NaN)."""
+    from types import SimpleNamespace
+
+    from jitops.specs import Target
+
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    reduce = jitops.runtime.get_kernel(conv_module.WGRAD_REDUCE.bind(
+        jitops.shapes.dtype_name(dtype), T=jitops.shapes.CUDA_TYPES[dtype]), target, 0)
+    kern = SimpleNamespace(reduce=reduce)
+    for splits in (1, 2, 3, 5, 8, 13):
+        for k, taps, c, c8 in ((24, 9, 40, 40), (64, 1, 147, 152), (5, 9, 3, 8), (300, 1, 64, 64)):
+            k8 = -(-k // 8) * 8
+            partial = torch.randn(splits, k8, taps, c8, device="cuda")
+            dw = torch.full((k, c, 1, taps), float("nan"), dtype=dtype, device="cuda").contiguous(
+                memory_format=torch.channels_last)
+            conv_module._reduce_into(kern, partial, dw, taps, c)
+            want = partial.double().sum(0)[:k, :, :c]                      # [k, taps, c]
+            got = dw.permute(0, 2, 3, 1).reshape(k, taps, c).double()
+            assert not torch.isnan(got).any(), (splits, k, taps, c)
+            assert relative_error(got, want) < TOLERANCE[dtype], (splits, k, taps, c)

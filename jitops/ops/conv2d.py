@@ -517,10 +517,12 @@ def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> 
     return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
 
 
-# The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu).
+# The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu);
+# False: torch's sum over the slices, then a copy into dw (benchmarks time both: bench_conv2d.py).
+WGRAD_REDUCE_KERNEL = True
 WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.cu"),
                           "jitops::conv2d_wgrad_reduce<{T}>", "ptr ptr i32 i64 i32 i32 i32")
-REDUCE_ROWS = 8  # warps per block, one (k, tap) row each
+REDUCE_BLOCK = 256
 
 
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
@@ -530,14 +532,22 @@ def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
     return kernels
 
 
-def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, channels: int, sms: int) -> None:
+def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, channels: int) -> None:
     """dw (channels_last [K, C, R, S], i.e. KRSC memory) = the sum over partial's slices [splits][K8][taps][C8]
     of its first K rows and `channels` channels per tap."""
-    rows = dw.shape[0] * taps
-    splits, slice_elements = partial.shape[0], partial[0].numel()
-    grid = min(-(-rows // REDUCE_ROWS), 8 * sms)  # a grid-stride loop over the rows: at most 8 blocks per SM
-    kern.reduce.launch(grid, (32, REDUCE_ROWS), partial, dw, splits, slice_elements, rows, channels,
-                       partial.shape[-1])
+    k = dw.shape[0]
+    splits = partial.shape[0]
+    if not WGRAD_REDUCE_KERNEL:
+        total = partial[0] if splits == 1 else partial.sum(0)
+        dw.permute(0, 2, 3, 1).copy_(total.view(partial.shape[1], taps, -1)[:k, :, :channels].view(dw.permute(
+            0, 2, 3, 1).shape))
+        return
+    rows = k * taps
+    if rows * channels >= 2**31:
+        raise ValueError(f"jitops.conv2d_weight_grad: the weight gradient has {rows * channels} elements; the "
+                         "reduction kernel indexes it with 32 bits (at most 2**31 - 1)")
+    kern.reduce.launch(-(-rows * channels // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits, partial[0].numel(),
+                       rows, channels, partial.shape[-1])
 
 
 def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
@@ -561,13 +571,13 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
         partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
-        _reduce_into(kern, partial, dw, 1, r * s * c, sms)  # the columns are (r, s, c): KRSC order
+        _reduce_into(kern, partial, dw, 1, r * s * c)  # the columns are (r, s, c): KRSC order
         return dw
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
           cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
-    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw, r * s, c, sms)
+    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw, r * s, c)
     return dw
 
 
