@@ -389,7 +389,8 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     dw = conv_module.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
-    assert [call["splits"] for call in kern.reduce.calls] == [call["splits"] for call in kern.wgrad.calls]
+    assert [call["splits"] for call in kern.reduce.calls] == [call["splits"] for call in kern.wgrad.calls
+                                                              if call["splits"] > 1]
     conv_module.WGRAD_REDUCE_KERNEL = False  # the torch reduction the benchmarks compare it with
     try:
         dw = conv_module.run_weight_grad_cuda(kern, *args)

@@ -517,8 +517,11 @@ def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> 
     return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
 
 
-# The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu);
-# False: torch's sum over the slices, then a copy into dw (benchmarks time both: bench_conv2d.py).
+# The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu),
+# for plans of two or more slices; one slice is copied into dw by torch.  False: torch's sum over the slices,
+# then a copy, for every plan (bench_conv2d.py times both).  Lent H100, 2026-11-22 12:18, ResNet-50 at batch 32
+# (benchmarks/results/conv2d_run7.json): split layers 0.7-3.4 us faster each with the kernel (L9 28.4 against
+# 31.7 us), unsplit ones 1.7-3.8 us slower (L20 40.2 against 36.4: torch's copy moves 4 elements a thread).
 WGRAD_REDUCE_KERNEL = True
 WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.cu"),
                           "jitops::conv2d_wgrad_reduce<{T}>", "ptr ptr i32 i64 i32 i32 i32")
@@ -537,7 +540,7 @@ def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, chann
     of its first K rows and `channels` channels per tap."""
     k = dw.shape[0]
     splits = partial.shape[0]
-    if not WGRAD_REDUCE_KERNEL:
+    if not WGRAD_REDUCE_KERNEL or splits == 1:
         total = partial[0] if splits == 1 else partial.sum(0)
         dw.permute(0, 2, 3, 1).copy_(total.view(partial.shape[1], taps, -1)[:k, :, :channels].view(dw.permute(
             0, 2, 3, 1).shape))
