@@ -7,7 +7,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --prewarm sm_90a [--jobs 2]   # build every configuration, no GPU needed
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
 
-Timing needs prebuilt kernels (JITOPS_CACHE_PATH; benchmarks/conv2d_session.sh sets it up) or
+Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
 
 cuDNN's dgrad and wgrad are torch.ops.aten.convolution_backward with output_mask (True, False, False) and
@@ -300,7 +300,7 @@ def main() -> int:
         # benchmarks/gpu_session.sh runs every benchmark: without prebuilt kernels this one would spend ~15
         # minutes of the GPU lease in nvcc.
         print("bench_conv2d: skipped: no prebuilt kernels (JITOPS_CACHE_PATH); build them with --prewarm sm_90a "
-              "on any machine with nvcc (benchmarks/conv2d_session.sh), or set JITOPS_CONV2D_COMPILE_HERE=1")
+              "on any machine with nvcc (benchmarks/gpu_session.sh prebuilt), or set JITOPS_CONV2D_COMPILE_HERE=1")
         return 0
 
     import functools

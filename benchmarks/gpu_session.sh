@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
-#   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [notebooks-bg] [tests] [wait] [bench NAME...] [probe]
-#                                  [notebooks]          (default: tests and every benchmark)
+#   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [smoke] [notebooks-bg] [tests] [wait] [bench NAME...]
+#                                  [probe] [notebooks]          (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
 #   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests and benchmarks read, so nvcc runs
 #   nowhere here.
@@ -9,7 +9,11 @@
 #   on the 2-core development box), those the tests and bench_gemm.py load and, in a second root, the other
 #   candidates of bench_gemm.py --tune; both are exported to $OUT (gemm.tar.gz, gemm-tune.tar.gz) to be carried
 #   in .prebuilt-pack/ next time.
+# smoke: benchmarks/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
+#   or a hang in a new kernel costs one step, not the call).
 # bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS.
+# (This script absorbed conv2d_session.sh, gemm_gpu_session.sh and gpu_norm_session.sh, which the earlier runs
+# in docs/ name: the same install, roots and steps.)
 # probe: benchmarks/probe_hot_path.py (where first-call and hot-call time goes).
 # notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
 #   a benchmark after it runs alone.
@@ -56,6 +60,11 @@ while [ $i -lt ${#steps[@]} ]; do
       done
       roots=${roots:+$roots:}/tmp/jitops-gemm:/tmp/jitops-gemm-tune
       export JITOPS_TEST_CACHE_PATH=$roots JITOPS_CACHE_PATH=$roots ;;
+    smoke)
+      for op in fprop dgrad wgrad; do
+        timeout 60 python3 benchmarks/conv2d_smoke.py "$op" 2>&1 | tee -a "$OUT/smoke.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     notebooks-bg)
       (timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py > "$OUT/notebooks.log" 2>&1; \
        echo "exit $?" >> "$OUT/notebooks.log") &
@@ -69,7 +78,7 @@ while [ $i -lt ${#steps[@]} ]; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt|build-gemm)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))

@@ -74,18 +74,8 @@ def test_transpose_combinations(case):
     run_case(case, variants=True)
 
 
-@pytest.mark.parametrize("case", AWKWARD_M, ids=lambda c: c.id)
-def test_awkward_m(case):
-    run_case(case)
-
-
-@pytest.mark.parametrize("case", LARGE, ids=lambda c: c.id)
-def test_large_tiles(case):
-    run_case(case)
-
-
-@pytest.mark.parametrize("case", EPILOGUES, ids=lambda c: c.id)
-def test_bias_and_activations(case):
+@pytest.mark.parametrize("case", AWKWARD_M + LARGE + EPILOGUES, ids=lambda c: c.id)
+def test_awkward_m_large_tiles_bias_and_activations(case):
     run_case(case)
 
 
@@ -150,11 +140,6 @@ def test_cases_are_unique():
 
 
 # Last: the CUTLASS 2 kernels (a fault there would take the CUDA context, and every later test, with it).
-@pytest.mark.parametrize("case", UNALIGNED, ids=lambda c: c.id)
-def test_unaligned(case):
-    run_case(case)
-
-
-@pytest.mark.parametrize("case", SM80, ids=lambda c: c.id)
-def test_sm80_family_kernels(case):
+@pytest.mark.parametrize("case", UNALIGNED + SM80, ids=lambda c: c.id)
+def test_unaligned_and_sm80_family_kernels(case):
     run_case(case)
