@@ -454,10 +454,34 @@ __global__ void __launch_bounds__(COLUMN_THREADS)
   reinterpret_cast<VA*>(partial + ((i64)gridDim.y + blockIdx.y) * n)[c] = pb;
 }
 
-// dweight[i] = sum_p partial[0][p][i], dbias[i] = sum_p partial[1][p][i], p = 0..parts-1 in a fixed order:
-// 32 columns a block, REDUCE_ROWS threads down each column, then their sums in order.  A null output is skipped.
+// The column kernels below: 32 columns a block, REDUCE_ROWS threads down each column.
 constexpr int REDUCE_ROWS = 16;
 
+namespace ln {
+// The end of both column kernels: each thread's sums of its column (its rows ty, ty + REDUCE_ROWS, ...) through
+// shared memory, added in the order of ty by the first row of threads, converted and written.  A null output is
+// skipped.
+template <typename T, typename A>
+__device__ __forceinline__ void finish_columns(A (&sums)[2][REDUCE_ROWS][33], A sw, A sb, int tx, int ty, i64 col,
+                                               i64 n, T* __restrict__ dw, T* __restrict__ db) {
+  sums[0][ty][tx] = sw;
+  sums[1][ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && col < n) {
+    A tw = A(0), tb = A(0);
+#pragma unroll
+    for (int r = 0; r < REDUCE_ROWS; ++r) {
+      tw += sums[0][r][tx];
+      tb += sums[1][r][tx];
+    }
+    if (dw) dw[col] = store_as<T>(tw);
+    if (db) db[col] = store_as<T>(tb);
+  }
+}
+}  // namespace ln
+
+// dweight[i] = sum_p partial[0][p][i], dbias[i] = sum_p partial[1][p][i], p = 0..parts-1 in a fixed order:
+// 32 columns a block, REDUCE_ROWS threads down each column, then their sums in order.  A null output is skipped.
 template <typename T>
 __global__ void __launch_bounds__(32 * REDUCE_ROWS)
     layer_norm_reduce_partials(const acc_t<T>* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db,
@@ -473,19 +497,7 @@ __global__ void __launch_bounds__(32 * REDUCE_ROWS)
       if (db) sb += partial[(parts + p) * n + col];
     }
   }
-  sums[0][ty][tx] = sw;
-  sums[1][ty][tx] = sb;
-  __syncthreads();
-  if (ty == 0 && col < n) {
-    A tw = A(0), tb = A(0);
-#pragma unroll
-    for (int r = 0; r < REDUCE_ROWS; ++r) {
-      tw += sums[0][r][tx];
-      tb += sums[1][r][tx];
-    }
-    if (dw) dw[col] = store_as<T>(tw);
-    if (db) db[col] = store_as<T>(tb);
-  }
+  ln::finish_columns(sums, sw, sb, tx, ty, col, n, dw, db);
 }
 
 // dweight/dbias straight from dy, x and the statistics, for a few rows (PARAMS 3 on the Python side: the row
@@ -510,19 +522,7 @@ __global__ void __launch_bounds__(32 * REDUCE_ROWS)
       sb += d;
     }
   }
-  sums[0][ty][tx] = sw;
-  sums[1][ty][tx] = sb;
-  __syncthreads();
-  if (ty == 0 && col < n) {
-    A tw = A(0), tb = A(0);
-#pragma unroll
-    for (int r = 0; r < REDUCE_ROWS; ++r) {
-      tw += sums[0][r][tx];
-      tb += sums[1][r][tx];
-    }
-    if (dw) dw[col] = store_as<T>(tw);
-    if (db) db[col] = store_as<T>(tb);
-  }
+  ln::finish_columns(sums, sw, sb, tx, ty, col, n, dw, db);
 }
 
 }  // namespace jitops
