@@ -173,7 +173,7 @@ def test_wgrad_reduce_kernel_sums_slices_exactly_in_every_warp_split(dtype):
                 reduce.launch(-(-k * taps * c // conv_module.REDUCE_BLOCK), conv_module.REDUCE_BLOCK, partial, dw,
                               1, partial[0].numel(), k * taps, c, c8)
             else:
-                conv_module._reduce_into(kern, partial, dw, taps, c)
+                conv_module._reduce_into(kern, partial, dw)
             want = partial.double().sum(0)[:k, :, :c]                      # [k, taps, c]
             got = dw.permute(0, 2, 3, 1).reshape(k, taps, c).double()
             assert not torch.isnan(got).any(), (splits, k, taps, c)

@@ -530,20 +530,20 @@ REDUCE_BLOCK = 256
 
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
     kernels = _request("wgrad", cls, target)
-    if kernels:
+    if kernels and cls.splits > 1:  # a single slice needs no reduction kernel (_reduce_into)
         kernels["reduce"] = WGRAD_REDUCE.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
     return kernels
 
 
-def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, channels: int) -> None:
-    """dw (channels_last [K, C, R, S], i.e. KRSC memory) = the sum over partial's slices [splits][K8][taps][C8]
-    of its first K rows and `channels` channels per tap."""
+def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
+    """dw (channels_last [K, C, R, S], i.e. KRSC memory, seen as [K, taps, channels]) = the sum over partial's
+    slices [splits][K8][taps][padded channels] of its first K rows and `channels` channels per tap."""
+    splits, _, taps, _ = partial.shape
     k = dw.shape[0]
-    splits = partial.shape[0]
+    channels = dw.numel() // (k * taps)
     if not WGRAD_REDUCE_KERNEL or splits == 1:
         total = partial[0] if splits == 1 else partial.sum(0)
-        dw.permute(0, 2, 3, 1).copy_(total.view(partial.shape[1], taps, -1)[:k, :, :channels].view(dw.permute(
-            0, 2, 3, 1).shape))
+        dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(total[:k, :, :channels])
         return
     rows = k * taps
     if rows * channels >= 2**31:
@@ -574,13 +574,13 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
         partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
-        _reduce_into(kern, partial, dw, 1, r * s * c)  # the columns are (r, s, c): KRSC order
+        _reduce_into(kern, partial.view(splits, k8, 1, width), dw)  # the columns are (r, s, c): KRSC order
         return dw
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
           cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
-    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw, r * s, c)
+    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw)
     return dw
 
 
