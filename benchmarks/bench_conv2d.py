@@ -5,6 +5,8 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --sweep         # also every tile configuration per layer (picks heuristics)
     python benchmarks/bench_conv2d.py --wgrad-splits 1,2,4,8   # also wgrad with every tile at these split counts
     python benchmarks/bench_conv2d.py --prewarm sm_90a [--jobs 2]   # build every configuration, no GPU needed
+    python benchmarks/bench_conv2d.py --tiles 128x128c2x1,64x128 --operators wgrad   # candidate tiles too
+    python benchmarks/bench_conv2d.py --prewarm sm_90a --tiles 128x128c2x1 --operators wgrad   # build those
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
@@ -45,27 +47,33 @@ REFERENCE = (256, 256, 56, 3, 1, 1)
 
 
 def variants() -> list[tuple[str, str, int | None]]:
-    """(operator, tile, forced splits) of every compiled configuration: the tiles of each operator, and the
-    split-K variant of fprop and dgrad (forced to 2 and 4 slices in a sweep)."""
-    out = [(name, tile, 1 if name != "wgrad" else None)
-           for name in ("fprop", "dgrad", "wgrad") for tile in conv_module.OPERATOR_TILES[name]]
+    """(operator, tile, forced splits) of every compiled configuration: the tiles of each operator (wgrad's at
+    one slice, written directly, and at several), and the split-K variant of fprop and dgrad (forced to 2 and 4
+    slices in a sweep)."""
+    out = [(name, tile, splits) for name in ("fprop", "dgrad", "wgrad") for tile in conv_module.OPERATOR_TILES[name]
+           for splits in ((1, None) if name == "wgrad" else (1,))]
     return out + [(name, conv_module.SPLIT_TILE, s) for name in ("fprop", "dgrad") for s in (2, 4)]
 
 
-def all_requests(target: Target) -> dict[str, object]:
-    """Every compiled configuration, fp16 first, then bf16: what the sweep and the GPU tests use."""
+def all_requests(target: Target, tiles=(), operators=("fprop", "dgrad", "wgrad")) -> dict[str, object]:
+    """Every compiled configuration, fp16 first, then bf16: what the sweep and the GPU tests use.  With `tiles`,
+    only those candidate tiles (fp16, what --tiles times) for `operators`."""
     requests = {}
-    for dtype in (torch.float16, torch.bfloat16):
-        for name, tile, splits in variants():
-            cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile, splits or 1)
+    # wgrad: one slice (the direct variant) and several (fp32 slices) are different builds
+    configs = [(name, tile, s) for tile in tiles for name in operators for s in ((1, 2) if name == "wgrad" else (1,))] \
+        if tiles else variants()
+    for dtype in (torch.float16,) if tiles else (torch.float16, torch.bfloat16):
+        for name, tile, splits in configs:
+            cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
+                                        splits or (2 if name == "wgrad" else 1))
             for request in conv_module._request(name, cls, target).values():
                 requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
     return requests
 
 
-def prewarm(arch: str, jobs: int) -> None:
+def prewarm(arch: str, jobs: int, tiles=(), operators=("fprop", "dgrad", "wgrad")) -> None:
     target = Target.parse(arch)
-    requests = list(all_requests(target).values())
+    requests = list(all_requests(target, tiles, operators).values())
     print(f"prewarming {len(requests)} conv2d configurations for {arch} into {jitops.config.cache_dir}", flush=True)
 
     def build(request):
@@ -127,7 +135,7 @@ def time_graphed(calls, replays: int | None = None) -> float:
 
 
 def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
-                wgrad_splits=None):
+                wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad")):
     from torch.ops import aten
 
     out = conv_module.output_size(size, kernel, stride, padding, 1)
@@ -160,17 +168,22 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                "wgrad": lambda s: jitops.find("conv2d_weight_grad").shape_class(s[2], s[0], s[1].shape, *geometry)}
     shape = f"{label} {c}->{k} {size}x{size} k{kernel}s{stride}"
     for name, (ours, base) in ops.items():
+        if name not in operators:
+            continue
         base_ms = None
         configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
-        if wgrad_splits:  # wgrad only: every tile at each of these split counts
+        if wgrad_splits:  # wgrad only: every tile (or those of --tiles) at each of these split counts
             if name != "wgrad":
                 continue
-            configs = [(t, s) for t in conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
-        elif name == "wgrad" and not sweep:
+            configs = [(t, s) for t in tiles or conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
+        elif tiles:  # candidate tiles (conv_module.TILES), the plan's split count for each
+            configs = [(t, None) for t in tiles]
+        elif name == "wgrad" and not sweep and not tiles:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
         for tile, splits in configs:
-            if tile == "torch-reduce":
-                conv_module.WGRAD_REDUCE_KERNEL = False
+            if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
+                conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False
+                jitops.find("conv2d_weight_grad").clear_memory()  # the kernel set depends on the flag
             else:
                 conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
@@ -196,7 +209,9 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
             finally:
                 conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-                conv_module.WGRAD_REDUCE_KERNEL = True
+                if tile == "torch-reduce":
+                    conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = True
+                    jitops.find("conv2d_weight_grad").clear_memory()
 
 
 def weighted_totals(rows) -> dict[str, str]:
@@ -284,6 +299,9 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time every tile configuration too")
     parser.add_argument("--wgrad-splits", default="", help="comma-separated split counts: time wgrad alone with "
                         "every tile at each (plan tuning), after the layer's automatic rows")
+    parser.add_argument("--tiles", default="", help="comma-separated tile names (conv_module.TILES, e.g. "
+                        "128x128c2x1): time each for every operator, after the layer's automatic rows")
+    parser.add_argument("--operators", default="fprop,dgrad,wgrad", help="comma-separated operators to time")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
@@ -293,7 +311,7 @@ def main() -> int:
         print(report(args.report))
         return 0
     if args.prewarm:
-        prewarm(args.prewarm, args.jobs)
+        prewarm(args.prewarm, args.jobs, [t for t in args.tiles.split(",") if t], tuple(args.operators.split(",")))
         return 0
 
     if not (os.environ.get("JITOPS_CACHE_PATH") or os.environ.get("JITOPS_CONV2D_COMPILE_HERE")):
@@ -311,19 +329,28 @@ def main() -> int:
         REPLAYS["graph"] = 10
         harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
-    bench = harness.Bench("conv2d_sweep" if args.sweep else "conv2d")
+    name = "conv2d_sweep" if args.sweep else "conv2d"
+    if args.tiles:
+        name += "_tiles_" + args.operators.replace(",", "_")  # its own JSON beside the plain run's
+    bench = harness.Bench(name)
     layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
     if args.layers:
         wanted = set(args.layers.split(","))
         layers = [layer for layer in layers if layer[0] in wanted or layer[0].removeprefix("L") in wanted]
+    operators = tuple(args.operators.split(","))
     for label, c, k, size, kernel, stride, padding in layers:
-        bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager)
+        bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager,
+                    operators=operators)
+        if args.tiles and not args.wgrad_splits:
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
+                        tiles=args.tiles.split(","), operators=operators)
         if args.sweep:
-            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=True, eager=False)
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=True, eager=False,
+                        operators=operators)
         if args.wgrad_splits:
             splits = [int(v) for v in args.wgrad_splits.split(",")]
             bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
-                        wgrad_splits=splits)
+                        wgrad_splits=splits, tiles=[t for t in args.tiles.split(",") if t], operators=operators)
     for timing in ("graph", "eager"):
         totals = {}
         for row in bench.rows:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
 #   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [smoke] [notebooks-bg] [tests] [wait] [bench NAME...]
-#                                  [probe] [notebooks]          (default: tests and every benchmark)
+#                                  [probe] [ncu-wgrad] [notebooks]  (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
 #   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests and benchmarks read, so nvcc runs
 #   nowhere here.
@@ -15,6 +15,7 @@
 # (This script absorbed conv2d_session.sh, gemm_gpu_session.sh and gpu_norm_session.sh, which the earlier runs
 # in docs/ name: the same install, roots and steps.)
 # probe: benchmarks/probe_hot_path.py (where first-call and hot-call time goes).
+# ncu-wgrad: benchmarks/probe_conv_wgrad.py under Nsight Compute (DRAM/L2 bytes, L2 hit rate; $PROBE_ARGS).
 # notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
 #   a benchmark after it runs alone.
 # The machine has torch, CuPy, NVRTC, Triton and nvcc but no nvidia-cutlass or platformdirs, and no network:
@@ -78,7 +79,7 @@ while [ $i -lt ${#steps[@]} ]; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|ncu-wgrad|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
@@ -89,6 +90,14 @@ while [ $i -lt ${#steps[@]} ]; do
         python3 "benchmarks/bench_$name.py" ${!args_var:-${BENCH_ARGS:-}} 2>&1 | tee "$OUT/bench-$name.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
+    ncu-wgrad)
+      # Hardware counters of conv2d's weight gradient against cuDNN's (PROBE_ARGS: --layers, --tile).
+      ncu --query-metrics 2>/dev/null | grep -iE "gmma|pipe_tensor" | head -8
+      ncu --clock-control none --profile-from-start off --csv --metrics \
+        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+        python3 benchmarks/probe_conv_wgrad.py ${PROBE_ARGS:-} > "$OUT/ncu-wgrad.csv" 2> "$OUT/ncu-wgrad.err"
+      [ $? -eq 0 ] || { status=1; tail -20 "$OUT/ncu-wgrad.err"; }
+      grep "^call:" "$OUT/ncu-wgrad.csv" ;;
     probe)
       python3 benchmarks/probe_hot_path.py 2>&1 | tee "$OUT/probe.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

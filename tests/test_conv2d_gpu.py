@@ -91,7 +91,8 @@ def test_every_tile_and_split_configuration_is_correct():
              "wgrad": (lambda: jitops.conv2d_weight_grad(grad, x, w.shape, *geometry), dw_ref)}
     for name, (call, want) in calls.items():
         configs = [(t, None) for t in conv_module.OPERATOR_TILES[name]]
-        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5)]
+        # wgrad: the plan runs one slice here (written directly into dw); force slices too
+        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5), ("128x64", 2)]
         for tile, splits in configs:
             conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
@@ -99,6 +100,30 @@ def test_every_tile_and_split_configuration_is_correct():
                 assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
             finally:
                 conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_copy(dtype):
+    # 7x7 1x1 2048->512 at batch 4 (GEMM-K 196: one slice): the kernel's own KRSC store against its fp32 slice
+    # copied into dw by torch, the same accumulators rounded once either way.
+    x, w, _, *geometry = make_args(((4, 256, 7, 7), (128, 1, 1), 1, 0, 1), dtype, "cuda", bias=False,
+                                   channels_last=True)
+    grad = torch.randn(4, 128, 7, 7, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    op = jitops.find("conv2d_weight_grad")
+    cls = op.shape_class(grad, x, w.shape, *geometry)
+    assert cls.splits == 1 and conv_module.wgrad_direct(cls)
+    direct = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
+    conv_module.WGRAD_DIRECT_OUTPUT = False
+    op.clear_memory()
+    try:
+        copied = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
+    finally:
+        conv_module.WGRAD_DIRECT_OUTPUT = True
+        op.clear_memory()
+    assert direct.stride() == channels_last_strides(w.shape)
+    assert torch.equal(direct, copied)
+    _, (_, want_dw) = fp32_reference(x, w, None, *geometry, grad=grad)
+    assert relative_error(direct, want_dw) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])

@@ -60,17 +60,45 @@ ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignmen
 TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
 HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
 
-# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a small cost model
-# (plan_gemm) and rules from measurements on the lent H100 (docs/benchmarks_conv2d.md).  wgrad always splits
-# GEMM-K (N*P*Q) into fp32 partial sums.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and
-# used only when forced with SPLIT_OVERRIDE: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer:
-# 32 us split 2 x 128x128, 27 us unsplit 128x64).
-TILES = {"64x256": (64, 256), "128x64": (128, 64), "128x128": (128, 128), "128x256": (128, 256)}
+# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a cost model (plan_gemm)
+# fitted to measurements on the lent H100 (docs/benchmarks_conv2d.md).  wgrad splits GEMM-K (N*P*Q) into fp32
+# partial sums where that pays.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and used only
+# when forced with SPLIT_OVERRIDE: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer: 32 us split
+# 2 x 128x128, 27 us unsplit 128x64).
+class Tile(NamedTuple):
+    m: int                      # TILE_M x TILE_N of the implicit GEMM
+    n: int
+    cluster_m: int = 1          # thread block cluster: CTAs side by side along M share (TMA multicast) the B
+    cluster_n: int = 1          # operand's loads, along N the A operand's
+
+
+# Names: "MxN", and "MxNcAxB" for a cluster of A x B CTAs.
+TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
+         "128x256": Tile(128, 256),
+         # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22,
+         # benchmarks/results/conv2d_tiles_wgrad_13*.json): the 128x128 ones within 1-3 us of 128x128 (13:13);
+         # 128x64c1x2 and 64x128c2x1 (multicast, about a third less traffic) 1-3 us faster than the plan on 11
+         # layers and slower on 6 (13:40): a model refitted with them chose 0.7% better, within its error.
+         "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
+         "128x64c1x2": Tile(128, 64, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
+         "128x256c2x1": Tile(128, 256, 2, 1), "128x256c1x2": Tile(128, 256, 1, 2), "64x256c1x2": Tile(64, 256, 1, 2)}
 OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256"), "dgrad": ("128x64", "128x128", "128x256"),
-                  "wgrad": ("64x256", "128x128", "128x256")}
+                  "wgrad": ("64x128", "128x64", "128x128", "128x256", "64x256")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
-# Relative throughput of one work tile's k-step per tile shape, used by the cost model.
-TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0}
+# fprop/dgrad: relative throughput of one work tile's k-step per tile shape.
+TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0, "64x128": 0.5}
+# wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue),
+# fitted by least squares (relative error) to 494 timings of ResNet-50's wgrad layers at batch 32 and the 3x3
+# reference layer: 128x64, 64x128 and 128x128 at 1 to 66 slices, 128x256 at the old plan's counts (lent H100,
+# 2026-11-22 13:13 and 13:22, benchmarks/results/conv2d_tiles_wgrad_13*.json).  Median error 7%, 90th percentile 19%.
+# 64x256 had too few timings to fit and is costed as 128x128 (the same tile area).  Why the small tiles win on
+# most layers: a wave of them costs 2.1-2.2 us against 128x128's 5.0, and twice as many work tiles fill the 132
+# SMs with fewer fp32 slices; per FLOP their k-step is 13% dearer (0.142 us for half of 128x128's 0.252).
+WGRAD_TILE_US = {"64x128": (0.147, 2.20), "128x64": (0.142, 2.14), "128x128": (0.252, 5.01),
+                 "128x256": (0.443, 17.3), "64x256": (0.252, 5.01)}
+WGRAD_US_PER_GB_LOADED = 43.8    # operand tiles loaded from L2 into the SMs (about 23 TB/s across them)
+WGRAD_SPLIT_US = 2.78            # two or more slices: the reduction kernel
+WGRAD_US_PER_MB_SLICES = 0.627   # the fp32 slices written by the kernel and read by the reduction
 # Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
 # plan's choice.
 TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
@@ -175,9 +203,6 @@ def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> C
 
 
 # ---- tiles and split-K ---------------------------------------------------------------------------------------
-# Cost unit: one 64-deep k-step of a 128x128 tile on one SM (about 0.43 us at 650 TFLOP/s over 132 SMs).
-_UNIT_US = 2 * 128 * 128 * 64 / (650e12 / HOPPER_SMS) * 1e6
-_BYTES_PER_US = 3.0e6            # device memory, read + write
 
 
 def _ceil(a: int, b: int) -> int:
@@ -190,43 +215,45 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
     return _ceil(k_tiles, _ceil(k_tiles, splits))
 
 
-def plan_gemm(operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int = 2,
-              im2col: bool = False) -> tuple[str, int]:
-    """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps.
-
-    Time ~ waves of work tiles over the SMs x k-steps per work tile x the tile's cost per k-step, plus for wgrad
-    the fp32 partial sums' round trip through memory.  Two wgrad rules come from measurements rather than the
-    model: no split below 48 k-steps (the 7x7 1x1 layers: 20 us unsplit, 25 us split in two), and layers with
-    at most 64 output channels take 128x128 tiles and enough splits for two waves (layer1's 3x3: 80 us, where
-    the model's 64x256 tile took 96 us)."""
+def plan_gemm(operator: str, m: int, n: int, k_tiles: int) -> tuple[str, int]:
+    """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by the operator's
+    cost model (wgrad_cost_us; fprop/dgrad: waves of work tiles x k-steps / the tile's relative efficiency)."""
     forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
-    if operator == "wgrad" and not forced_tile and not forced_splits:
-        if k_tiles < 48:
-            return _plan_best([(t, 1) for t in OPERATOR_TILES["wgrad"]], operator, m, n, k_tiles,
-                              reduce_bytes_per_mn)
-        if m <= 64 and not im2col:
-            tiles = _ceil(m, 128) * _ceil(n, 128)
-            return "128x128", normalize_splits(k_tiles, max(1, min(_ceil(2 * HOPPER_SMS, tiles), k_tiles // 16)))
+    tiles = (forced_tile,) if forced_tile else OPERATOR_TILES[operator]
     if operator == "wgrad":
-        candidates = [(t, s) for t in OPERATOR_TILES["wgrad"] for s in range(1, 257)]
-    else:
-        candidates = [(t, 1) for t in OPERATOR_TILES[operator]]
-        if forced_splits and forced_splits > 1:
-            candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
-    candidates = [(t, s) for t, s in candidates
-                  if (not forced_tile or t == forced_tile) and (not forced_splits or s == forced_splits)
-                  and (s == 1 or _ceil(k_tiles, s) >= 4)] or [(forced_tile or "128x128", forced_splits or 1)]
-    return _plan_best(candidates, operator, m, n, k_tiles, reduce_bytes_per_mn)
+        candidates = [(t, s) for t in tiles for s in ((forced_splits,) if forced_splits else range(1, 257))]
+        return min(((t, normalize_splits(k_tiles, s)) for t, s in candidates),
+                   key=lambda plan: wgrad_cost_us(plan[0], plan[1], m, n, k_tiles))
+    candidates = [(t, 1) for t in tiles]
+    if forced_splits and forced_splits > 1:
+        candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
+    elif forced_splits:
+        candidates = [(t, forced_splits) for t, _ in candidates]
+    return _plan_best(candidates, m, n, k_tiles)
 
 
-def _plan_best(candidates, operator: str, m: int, n: int, k_tiles: int, reduce_bytes_per_mn: int):
+def wgrad_cost_us(tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
+    """Predicted microseconds of a wgrad plan (WGRAD_TILE_US and the constants after it)."""
+    tile_m, tile_n, cluster_m, cluster_n = TILES[tile]
+    step_us, wave_us = WGRAD_TILE_US.get(f"{tile_m}x{tile_n}", WGRAD_TILE_US["128x128"])
+    work = _ceil(_ceil(m, tile_m), cluster_m) * cluster_m * _ceil(_ceil(n, tile_n), cluster_n) * cluster_n * splits
+    steps = _ceil(k_tiles, splits)
+    cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
+    # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
+    rows_loaded = tile_m / cluster_n + tile_n / cluster_m
+    cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
+    if splits > 1:
+        cost += WGRAD_SPLIT_US + splits * m * n * 4 / 1e6 * WGRAD_US_PER_MB_SLICES
+    return cost
+
+
+def _plan_best(candidates, m: int, n: int, k_tiles: int):
     best, best_cost = candidates[0], math.inf
     for tile, splits in candidates:
-        tm, tn = TILES[tile]
-        work = _ceil(m, tm) * _ceil(n, tn) * splits
-        cost = _ceil(work, HOPPER_SMS) * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY[tile]) / (128 * 128)
-        if operator == "wgrad":
-            cost += (8 * splits + reduce_bytes_per_mn) * m * n / _BYTES_PER_US / _UNIT_US
+        tm, tn, cm, cn = TILES[tile]
+        work = _ceil(_ceil(m, tm), cm) * cm * _ceil(_ceil(n, tn), cn) * cn * splits  # whole clusters
+        cost = _ceil(work, HOPPER_SMS) * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY.get(tile, 0.9)) / \
+            (128 * 128)
         if cost < best_cost - 1e-9:
             best, best_cost = (tile, splits), cost
     return best[0], normalize_splits(k_tiles, best[1])
@@ -286,7 +313,7 @@ _ARGS = ("ptr", "ptr", "ptr", "ptr", *["i32"] * 15, "i64", "i64", "i64", "i32", 
 _FUNCTIONS = {"jitops_conv2d": (_ARGS, "i32"), "jitops_conv2d_info": (("i32",), "i32")}
 CONV_SPECS = {name: CudaLibrary(f"conv2d_{name}", Source.file("conv/conv2d_sm90.cu"), functions=_FUNCTIONS,
                                 arch_specific=True)
-              for name in ("fprop", "dgrad", "wgrad", "fprop_splitk", "dgrad_splitk")}
+              for name in ("fprop", "dgrad", "wgrad", "wgrad_direct", "fprop_splitk", "dgrad_splitk")}
 _OPERATOR_CODE = {"fprop": 0, "dgrad": 1, "wgrad": 2}
 _ELEMENT = {torch.float16: "cutlass::half_t", torch.bfloat16: "cutlass::bfloat16_t"}
 _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)",
@@ -296,11 +323,15 @@ _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)"
 def _request(name: str, cls: ConvClass, target: Target):
     if target.capability is None or target.capability[0] != 9:
         return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
-    tm, tn = TILES[cls.tile]
+    tile = TILES[cls.tile]
     split = name != "wgrad" and cls.splits > 1
+    defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,
+                   CLUSTER_M=tile.cluster_m, CLUSTER_N=tile.cluster_n, SPLIT_K=int(split))
+    if name == "wgrad" and wgrad_direct(cls):
+        return {"wgrad_direct": CONV_SPECS["wgrad_direct"].bind(shapes.dtype_name(cls.dtype), WGRAD_DIRECT=1,
+                                                                **defines)}
     spec = CONV_SPECS[f"{name}_splitk" if split else name]
-    return {name: spec.bind(shapes.dtype_name(cls.dtype), CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype],
-                            TILE_M=tm, TILE_N=tn, CLUSTER_M=1, CLUSTER_N=1, SPLIT_K=int(split))}
+    return {name: spec.bind(shapes.dtype_name(cls.dtype), **defines)}
 
 
 def _no_kernels(cls: ConvClass, target: Target):
@@ -416,7 +447,7 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
     else:
         p, q = expected[2], expected[3]
         if _uses_im2col(c, r, s):
-            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K), im2col=True)
+            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K))
             return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
         tile, splits = plan_gemm("wgrad", round_up(k), round_up(c) * r * s, _ceil(n * p * q, TILE_K))
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
@@ -528,6 +559,16 @@ WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.
 REDUCE_BLOCK = 256
 
 
+# One slice and channel counts that need no padding: the wgrad kernel writes dw (KRSC, in its dtype) itself, no
+# fp32 slice and no copy (3-4 us a layer on ResNet-50's 7x7 layers).  False: the slice and torch's copy (the
+# benchmark's A/B; clear the op's kernel memo after changing it).
+WGRAD_DIRECT_OUTPUT = True
+
+
+def wgrad_direct(cls: ConvClass) -> bool:
+    return WGRAD_DIRECT_OUTPUT and cls.splits == 1 and cls.aligned and not cls.im2col
+
+
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
     kernels = _request("wgrad", cls, target)
     if kernels and cls.splits > 1:  # a single slice needs no reduction kernel (_reduce_into)
@@ -554,7 +595,8 @@ def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
 
 
 def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
-    if not hasattr(kern, "wgrad"):  # not a Hopper GPU
+    direct = getattr(kern, "wgrad_direct", None)
+    if not hasattr(kern, "wgrad") and direct is None:  # not a Hopper GPU
         return run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation)
     cls = kern.shape_class
     k, c, r, s = (int(v) for v in weight_size)
@@ -576,10 +618,15 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
         _reduce_into(kern, partial.view(splits, k8, 1, width), dw)  # the columns are (r, s, c): KRSC order
         return dw
+    geometry = (cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
+                cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
+    if direct is not None:  # one slice, c == c8 and k == k8: dw's KRSC memory is the kernel's output
+        _call(direct, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), dw, None, n, h, w, c8, k8, r, s,
+              *geometry)
+        return dw
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
-          cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
-          cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
+          *geometry)
     _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw)
     return dw
 

@@ -28,14 +28,21 @@ using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 
 // SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
 // GEMM-K, packed [split][M][N] (M = N*P*Q or N*H*W linear, N = channels), and the caller reduces them.
+// WGRAD_DIRECT (wgrad, one slice, K and C multiples of 8): the kernel writes dw itself, KRSC in ELEMENT, where
+// the fp32 slice and torch's copy into dw cost 3-4 us more on the 7x7 layers (benchmarks/probe_conv_wgrad.py).
 #ifndef SPLIT_K
 #define SPLIT_K 0
 #endif
+#ifndef WGRAD_DIRECT
+#define WGRAD_DIRECT 0
+#endif
 constexpr bool kSplitK = kOp == Operator::kWgrad || SPLIT_K;
+constexpr bool kWgradDirect = kOp == Operator::kWgrad && WGRAD_DIRECT;
 
 // Outputs: fprop y (NHWC, + per-channel bias), dgrad dx (NHWC, any strides: a phase of a strided dgrad writes
-// every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N].
-using ElementD = cute::conditional_t<kSplitK, float, Element>;
+// every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N];
+// direct wgrad dw [K][R][S][C] in ELEMENT.
+using ElementD = cute::conditional_t<kSplitK && !kWgradDirect, float, Element>;
 using StrideWgradD = Stride<int64_t, Stride<_1, int64_t, int64_t>, int64_t>;  // (K, (C,S,R), split)
 using StridePartialD = Stride<int64_t, _1, int64_t>;                           // (M, N, split), N contiguous
 using LayoutD = cute::conditional_t<kOp == Operator::kWgrad, StrideWgradD,
@@ -67,7 +74,7 @@ using namespace jitops_conv2d_tu;
 // a, b, d by operator (CUTLASS's naming: "activation" x, "filter" w, "xformed activation" y):
 //   fprop: a = x [n,h,w,c], b = w [k,r,s,c], d = y [n,p,q,k], bias [k] or null
 //   dgrad: a = dy [n,p,q,k], b = w, d = dx [n,h,w,c] with element strides (d_sn, d_sh, d_sw, 1)
-//   wgrad: a = dy, b = x, d = fp32 partials [splits][k][r][s][c]
+//   wgrad: a = dy, b = x, d = fp32 partials [splits][k][r][s][c] (WGRAD_DIRECT: dw [k][r][s][c], splits 1)
 //   SPLIT_K fprop/dgrad: d = fp32 partials [splits][n*p*q][k] / [splits][n*h*w][c]
 // (n, h, w, c) always describe x/dx, (k, r, s) the filter; padding is (lower, upper) per dimension.
 EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias,
@@ -126,11 +133,14 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;
   args.splits = splits;
+  if (kWgradDirect && splits != 1) {
+    return jitops::conv::kCannotImplement;
+  }
   return jitops::conv::launch<Kernel>(args, static_cast<cudaStream_t>(stream));
 }
 
 // Introspection for tests and benchmarks: 0 tile M, 1 tile N, 2 pipeline stages, 3 shared memory bytes,
-// 4 threads per block, 5 operator, 6 split-K.
+// 4 threads per block, 5 operator, 6 split-K, 7 direct wgrad.
 EXPORT int jitops_conv2d_info(int what) {
   switch (what) {
     case 0: return TILE_M;
@@ -140,6 +150,7 @@ EXPORT int jitops_conv2d_info(int what) {
     case 4: return int(Kernel::MaxThreadsPerBlock);
     case 5: return CONV_OP;
     case 6: return kSplitK ? 1 : 0;
+    case 7: return kWgradDirect ? 1 : 0;
     default: return -1;
   }
 }
