@@ -77,8 +77,8 @@ TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 6
          "128x256": Tile(128, 256),
          # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22,
          # benchmarks/results/conv2d_tiles_wgrad_13*.json): the 128x128 ones within 1-3 us of 128x128 (13:13);
-         # 128x64c1x2 and 64x128c2x1 (multicast, about a third less traffic) 1-3 us faster than the plan on 11
-         # layers and slower on 6 (13:40): a model refitted with them chose 0.7% better, within its error.
+         # 128x64c1x2 and 64x128c2x1 (multicast, about a third less traffic) 1.8-5 us faster than the plan on
+         # 10 layers, 2-8 us slower on 6 (13:40): a model refitted with them chose 0.7% better, within its error.
          "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
          "128x64c1x2": Tile(128, 64, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
          "128x256c2x1": Tile(128, 256, 2, 1), "128x256c1x2": Tile(128, 256, 1, 2), "64x256c1x2": Tile(64, 256, 1, 2)}
