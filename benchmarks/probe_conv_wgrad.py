@@ -4,6 +4,7 @@ inside a profiler range, for Nsight Compute's hardware counters (DRAM and L2 byt
     ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum,... \\
         python3 benchmarks/probe_conv_wgrad.py --layers 2,9,21 [--tile 128x128c2x1]
     python3 benchmarks/probe_conv_wgrad.py --tiny     # the least a call costs in GPU time, ours and cuDNN's
+    python3 benchmarks/probe_conv_wgrad.py --stem     # the 7x7 stem's fprop in parts (im2col, 1x1 conv)
 
 The order of the calls (layer, side, plan) is printed first; ncu's rows follow it kernel by kernel (ours: the
 wgrad kernel, then the reduction or torch's copy; cuDNN: its kernels)."""
@@ -14,6 +15,7 @@ import functools
 import importlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -21,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jitops  # noqa: E402
+from jitops.specs import Target  # noqa: E402
 from bench_conv2d import layer_tensors  # noqa: E402
 
 conv_module = importlib.import_module("jitops.ops.conv2d")
@@ -55,6 +58,36 @@ def tiny_problems() -> None:
     print(f"tiny elementwise kernel: {time_graphed([add] * 20) * 1e3:6.2f} us", flush=True)
 
 
+def stem_parts() -> None:
+    """Where the 7x7 stem's fprop goes (GPU time, graphs): the im2col kernel alone, the 1x1 conv over its
+    matrix alone, and the whole call, against cuDNN and a copy of the matrix's bytes."""
+    from bench_conv2d import time_graphed
+    c, k, size, kernel, stride, padding = conv_module.RESNET50[0]
+    x, w, _ = layer_tensors(c, k, size, kernel, stride, padding)
+    p = conv_module.output_size(size, kernel, stride, padding, 1)
+    cls = jitops.find("conv2d").shape_class(x, w, None, stride, padding, 1)
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    kern = SimpleNamespace(im2col=jitops.runtime.get_kernel(conv_module.IM2COL.bind(
+        "fp16", T=jitops.shapes.CUDA_TYPES[torch.float16]), target, 0))
+    im2col = functools.partial(conv_module._im2col, kern, x, kernel, kernel, (stride,) * 2, (padding,) * 2, (1, 1),
+                               p, p)
+    columns = im2col().permute(0, 3, 1, 2)
+    w_columns = w.permute(0, 2, 3, 1).reshape(k, kernel * kernel * c, 1, 1)
+    w_padded = torch.zeros(k, columns.shape[1], 1, 1, device="cuda", dtype=w.dtype)
+    w_padded[:, :w_columns.shape[1]].copy_(w_columns)
+    w_padded = w_padded.contiguous(memory_format=torch.channels_last)
+    copy_target = torch.empty_like(columns)
+    parts = {"im2col kernel": im2col,
+             "1x1 conv over the matrix": functools.partial(jitops.conv2d, columns, w_padded, None, 1, 0, 1),
+             "whole fprop": functools.partial(jitops.conv2d, x, w, None, stride, padding, 1),
+             "cuDNN fprop": functools.partial(torch.nn.functional.conv2d, x, w, None, stride, padding),
+             "copy of the matrix (read + write)": functools.partial(copy_target.copy_, columns)}
+    print(f"stem: plan {cls.tile}/{cls.splits} im2col={cls.im2col}, matrix {tuple(columns.shape)} "
+          f"({columns.numel() * 2 / 1e6:.0f} MB)", flush=True)
+    for name, call in parts.items():
+        print(f"stem {name}: {time_graphed([call] * 4) * 1e3:7.1f} us", flush=True)
+
+
 def cudnn_input_grad(dy, x, w):
     return torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
                                                [True, False, False])[0]
@@ -65,10 +98,11 @@ def main() -> int:
     parser.add_argument("--layers", default="2,5,9,15,21,22")
     parser.add_argument("--tile", default=None, help="force this wgrad tile (conv_module.TILES)")
     parser.add_argument("--tiny", action="store_true", help="time tiny problems instead (no profiler range)")
+    parser.add_argument("--stem", action="store_true", help="time the stem's fprop in parts instead")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
-    if args.tiny:
-        tiny_problems()
+    if args.tiny or args.stem:
+        tiny_problems() if args.tiny else stem_parts()
         return 0
     conv_module.TILE_OVERRIDE["wgrad"] = args.tile
     calls = []

@@ -353,6 +353,34 @@ class FakeReduceKernel:
         krsc.copy_(summed[:rows, :channels])
 
 
+def im2col_reference(x, r, s, stride, padding, dilation, p, q, columns):
+    """[N, P, Q, columns] from x [N, C, H, W]: each row one output pixel's receptive field in (r, s, c) order,
+    zeros past R*S*C (torch's unfold, reordered)."""
+    n, c = x.shape[:2]
+    cols = F.unfold(x.double(), (r, s), dilation=dilation, padding=padding, stride=stride)  # [n, c*r*s, p*q]
+    cols = cols.view(n, c, r, s, p, q).permute(0, 4, 5, 2, 3, 1).reshape(n, p, q, r * s * c)
+    return F.pad(cols, (0, columns - r * s * c)).to(x.dtype)
+
+
+class FakeIm2colKernel:
+    """kernels/conv/im2col.cu's launch, computed with ATen: it checks the launch against the tensors (a block per
+    2**log_rows rows, its shared memory, x's strides as given) and writes the matrix as the kernel would."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def launch(self, grid, block, x, out, rows, columns, log_rows, p, q, h, w, c, sn, sc, sh, sw, s, stride_h,
+               stride_w, pad_h, pad_w, dil_h, dil_w, taps_c, shared_mem=0):
+        self.calls.append(dict(rows=rows, taps_c=taps_c, log_rows=log_rows))
+        n = x.shape[0]
+        assert grid << log_rows >= rows == n * p * q and 0 <= log_rows <= 6 and out.is_contiguous()
+        assert shared_mem == conv_module._im2col_shared_bytes(1 << log_rows, columns, x.element_size()) <= 48 * 1024
+        assert tuple(out.shape) == (n, p, q, columns) and columns % 8 == 0 and (sn, sc, sh, sw) == x.stride()
+        assert tuple(x.shape) == (n, c, h, w) and taps_c % c == 0 and (taps_c // c) % s == 0
+        r = taps_c // c // s
+        out.copy_(im2col_reference(x, r, s, (stride_h, stride_w), (pad_h, pad_w), (dil_h, dil_w), p, q, columns))
+
+
 @pytest.fixture
 def cuda_path_on_cpu(monkeypatch):
     monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
@@ -367,6 +395,8 @@ def cuda_path_on_cpu(monkeypatch):
         stand_ins = {name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])}
         if op_name == "wgrad" and cls.splits > 1:
             stand_ins["reduce"] = FakeReduceKernel()
+        if cls.im2col:
+            stand_ins["im2col"] = FakeIm2colKernel()
         return SimpleNamespace(shape_class=cls, **stand_ins)
     return kernels
 
@@ -381,6 +411,7 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
         x = x.transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
     kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop", splits=splits)
     y = conv_module.run_cuda(kern, x, w, b, *geometry)
+    assert bool(getattr(kern, "im2col", None) and kern.im2col.calls) == kern.shape_class.im2col
     assert y.stride() == channels_last_strides(y.shape)
     torch.testing.assert_close(y, reference(x, w, b, *geometry), rtol=1e-4, atol=1e-4)
 

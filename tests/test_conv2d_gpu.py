@@ -126,6 +126,32 @@ def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_c
     assert relative_error(direct, want_dw) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_im2col_kernel_matches_unfold_for_any_layout(dtype):
+    """kernels/conv/im2col.cu against torch's unfold: NCHW, channels_last and a strided view of x, odd sizes,
+    stride, padding, dilation and C = 3 / 5 / 16, padded columns included."""
+    from types import SimpleNamespace
+
+    from jitops.specs import Target
+    from test_conv2d import im2col_reference
+
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    kern = SimpleNamespace(im2col=jitops.runtime.get_kernel(conv_module.IM2COL.bind(
+        jitops.shapes.dtype_name(dtype), T=jitops.shapes.CUDA_TYPES[dtype]), target, 0))
+    for (n, c, h, w), (r, s), stride, padding, dilation in (((2, 3, 23, 19), (7, 7), (2, 2), (3, 3), (1, 1)),
+                                                             ((1, 5, 9, 11), (3, 3), (1, 2), (1, 0), (2, 1)),
+                                                             ((3, 16, 8, 8), (3, 3), (1, 1), (1, 1), (1, 1))):
+        base = torch.randn(n, c, h, 2 * w, device="cuda").to(dtype)
+        for layout, x in (("nchw", base[..., :w].contiguous()),
+                          ("channels_last", base[..., :w].contiguous(memory_format=torch.channels_last)),
+                          ("strided", base[..., ::2])):
+            p = conv_module.output_size(h, r, stride[0], padding[0], dilation[0])
+            q = conv_module.output_size(w, s, stride[1], padding[1], dilation[1])
+            got = conv_module._im2col(kern, x, r, s, stride, padding, dilation, p, q)
+            want = im2col_reference(x.cpu(), r, s, stride, padding, dilation, p, q, got.shape[-1])
+            assert torch.equal(got.cpu(), want), f"{layout} c={c} {r}x{s}"
+
+
 @pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])
 def test_opcheck_on_cuda(case):
     x, w, b, *geometry = make_args(case, torch.float16, "cuda")

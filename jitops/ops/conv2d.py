@@ -378,19 +378,39 @@ def _uses_im2col(c: int, r: int, s: int) -> bool:
     return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1
 
 
-def _im2col(x: torch.Tensor, r: int, s: int, stride, padding, dilation, p: int, q: int) -> torch.Tensor:
-    """x [N, C, H, W] -> [N, P, Q, round_up(R*S*C)] (order r, s, c; extra columns zero): two copy kernels."""
+# The im2col matrix is built by one NVRTC kernel (kernels/conv/im2col.cu) that reads x through its strides.
+IM2COL = CudaKernel("conv2d_im2col", Source.file("conv/im2col.cu"), "jitops::conv2d_im2col<{T}>",
+                    "ptr ptr i64 i32 i32 i32 i32 i32 i32 i32 i64 i64 i64 i64 i32 i32 i32 i32 i32 i32 i32 i32")
+IM2COL_BLOCK = 256
+IM2COL_SHARED_BYTES = 40 * 1024   # a block's rows and tables stay under the 48 KB that needs no opt-in
+
+
+def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> int:
+    """kernels/conv/im2col.cu's shared memory: the rows, then 16 bytes a column (an offset and two ints)."""
+    return block_rows * columns * element_size + 16 * columns
+
+
+def _with_im2col(kernels: dict, cls: ConvClass) -> dict:
+    if kernels and cls.im2col:
+        kernels["im2col"] = IM2COL.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
+    return kernels
+
+
+def _im2col(kern, x: torch.Tensor, r: int, s: int, stride, padding, dilation, p: int, q: int) -> torch.Tensor:
+    """x [N, C, H, W] (any strides) -> [N, P, Q, round_up(R*S*C)] (order r, s, c; extra columns zero)."""
     n, c, h, w = x.shape
-    padded = torch.zeros((n, h + 2 * padding[0], w + 2 * padding[1], c), dtype=x.dtype, device=x.device)
-    padded[:, padding[0]:padding[0] + h, padding[1]:padding[1] + w].copy_(x.permute(0, 2, 3, 1))
-    hp, wp = padded.shape[1], padded.shape[2]
-    windows = padded.as_strided((n, p, q, r, s, c), (hp * wp * c, stride[0] * wp * c, stride[1] * c,
-                                                     dilation[0] * wp * c, dilation[1] * c, 1))
     columns = round_up(r * s * c)
     out = torch.empty((n, p, q, columns), dtype=x.dtype, device=x.device)
-    out[..., :r * s * c].view(n, p, q, r, s, c).copy_(windows)
-    if columns > r * s * c:
-        out[..., r * s * c:].zero_()
+    rows = n * p * q
+    if rows == 0:
+        return out
+    # Rows per block: a power of two, at most 64, whose rows and tables fit IM2COL_SHARED_BYTES.
+    log_rows = 6
+    while log_rows and _im2col_shared_bytes(1 << log_rows, columns, x.element_size()) > IM2COL_SHARED_BYTES:
+        log_rows -= 1
+    kern.im2col.launch(-(-rows >> log_rows), IM2COL_BLOCK, x, out, rows, columns, log_rows, p, q, h, w, c,
+                       *x.stride(), s, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
+                       r * s * c, shared_mem=_im2col_shared_bytes(1 << log_rows, columns, x.element_size()))
     return out
 
 
@@ -573,7 +593,7 @@ def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
     kernels = _request("wgrad", cls, target)
     if kernels and cls.splits > 1:  # a single slice needs no reduction kernel (_reduce_into)
         kernels["reduce"] = WGRAD_REDUCE.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
-    return kernels
+    return _with_im2col(kernels, cls)
 
 
 def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
@@ -611,7 +631,7 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
     device, sms, stream = _launch_args(grad)
     splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
     if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
-        columns = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
+        columns = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
         width = columns.shape[-1]
         partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
@@ -689,7 +709,7 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
 
 
 def cuda_kernels(cls: ConvClass, target: Target):
-    return _request("fprop", cls, target)
+    return _with_im2col(_request("fprop", cls, target), cls)
 
 
 def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
@@ -707,7 +727,7 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
         return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
     c8, k8 = round_up(c), round_up(k)
     if cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
-        x = _im2col(x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
+        x = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
         weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
         c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
         cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
