@@ -381,6 +381,26 @@ class FakeIm2colKernel:
         out.copy_(im2col_reference(x, r, s, (stride_h, stride_w), (pad_h, pad_w), (dil_h, dil_w), p, q, columns))
 
 
+class FakeCol2imKernel:
+    """kernels/conv/im2col.cu's conv2d_col2im launch, computed with torch's fold: one thread per element of dx
+    (NHWC memory), the columns in (r, s, c) order."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def launch(self, grid, block, columns, dx_nhwc, elements, h, w, c, p, q, r, s, width, stride_h, stride_w,
+               pad_h, pad_w, dil_h, dil_w):
+        self.calls.append(dict(elements=elements))
+        n = columns.shape[0]
+        assert grid * block >= elements == dx_nhwc.numel() and dx_nhwc.is_contiguous()
+        assert tuple(columns.shape) == (n, p, q, width) and columns.is_contiguous() and width >= r * s * c
+        assert tuple(dx_nhwc.shape) == (n, h, w, c)
+        cols = columns[..., :r * s * c].double().reshape(n, p * q, r, s, c).permute(0, 4, 2, 3, 1)
+        dx = F.fold(cols.reshape(n, c * r * s, p * q), (h, w), (r, s), dilation=(dil_h, dil_w),
+                    padding=(pad_h, pad_w), stride=(stride_h, stride_w))
+        dx_nhwc.copy_(dx.permute(0, 2, 3, 1))
+
+
 @pytest.fixture
 def cuda_path_on_cpu(monkeypatch):
     monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
@@ -393,9 +413,11 @@ def cuda_path_on_cpu(monkeypatch):
         cls = cls._replace(tile=tile or cls.tile, splits=splits or cls.splits)
         name = "wgrad_direct" if op_name == "wgrad" and conv_module.wgrad_direct(cls) else op_name
         stand_ins = {name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])}
+        if op_name == "dgrad" and cls.im2col:  # the columns' gradient as a 1x1 fprop, then col2im
+            stand_ins = {"fprop": FakeConvLibrary(0), "col2im": FakeCol2imKernel()}
         if op_name == "wgrad" and cls.splits > 1:
             stand_ins["reduce"] = FakeReduceKernel()
-        if cls.im2col:
+        if cls.im2col and op_name != "dgrad":
             stand_ins["im2col"] = FakeIm2colKernel()
         return SimpleNamespace(shape_class=cls, **stand_ins)
     return kernels
@@ -423,7 +445,8 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     dx = conv_module.run_input_grad_cuda(kern, *args)
     assert dx.stride() == channels_last_strides(x.shape)
     torch.testing.assert_close(dx, dx_want, rtol=1e-4, atol=1e-4)
-    assert all(call["stride"] == (1, 1) for call in kern.dgrad.calls)
+    assert all(call["stride"] == (1, 1) for call in (getattr(kern, "dgrad", None) or kern.fprop).calls)
+    assert hasattr(kern, "col2im") == kern.shape_class.im2col
 
     args = (grad, x, list(w.shape), *geometry)
     kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad", splits=splits)

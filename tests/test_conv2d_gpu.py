@@ -152,6 +152,23 @@ def test_im2col_kernel_matches_unfold_for_any_layout(dtype):
             assert torch.equal(got.cpu(), want), f"{layout} c={c} {r}x{s}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_stem_dgrad_through_columns_matches_fp32_reference(dtype):
+    """The few-channel dgrad (the columns' gradient as a 1x1 fprop, then kernels/conv/im2col.cu's col2im)
+    against torch in fp32: the ResNet stem's geometry at batch 2, and a dilated, asymmetric 3x3 with C=5."""
+    for (n, c, h, w), (k, r, s), stride, padding, dilation in (((2, 3, 64, 48), (64, 7, 7), 2, 3, 1),
+                                                                ((2, 5, 13, 11), (16, 3, 3), (2, 1), (1, 0), (1, 2))):
+        x = torch.randn(n, c, h, w, device="cuda").to(dtype)
+        weight = (torch.randn(k, c, r, s, device="cuda") / (c * r * s) ** 0.5).to(dtype)
+        grad = torch.randn_like(F.conv2d(x, weight, None, stride, padding, dilation))
+        cls = jitops.find("conv2d_input_grad").shape_class(grad, weight, x.shape, stride, padding, dilation)
+        assert cls.im2col
+        dx = jitops.conv2d_input_grad(grad, weight, x.shape, stride, padding, dilation)
+        want = torch.nn.grad.conv2d_input(x.shape, weight.float(), grad.float(), stride, padding, dilation)
+        assert dx.stride() == channels_last_strides(x.shape)
+        assert relative_error(dx, want) < TOLERANCE[dtype], f"c={c} {r}x{s}"
+
+
 @pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])
 def test_opcheck_on_cuda(case):
     x, w, b, *geometry = make_args(case, torch.float16, "cuda")

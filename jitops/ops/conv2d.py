@@ -385,6 +385,11 @@ IM2COL_BLOCK = 256
 IM2COL_SHARED_BYTES = 40 * 1024   # a block's rows and tables stay under the 48 KB that needs no opt-in
 
 
+# dgrad of those layers: the columns' gradient dy . W as a 1x1 conv (the fprop kernel), then this gather into dx.
+COL2IM = CudaKernel("conv2d_col2im", Source.file("conv/im2col.cu"), "jitops::conv2d_col2im<{T}>",
+                    "ptr ptr i64 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32")
+
+
 def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> int:
     """kernels/conv/im2col.cu's shared memory: the rows, then 16 bytes a column (an offset and two ints)."""
     return block_rows * columns * element_size + 16 * columns
@@ -461,6 +466,10 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
     aligned = c % ALIGN == 0 and k % ALIGN == 0
     if grad.is_cpu:
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, "")
+    if which == "input" and _uses_im2col(c, r, s):  # through the columns' gradient (a 1x1 fprop) and col2im
+        p, q = expected[2], expected[3]
+        tile, _ = plan_gemm("fprop", n * p * q, round_up(c * r * s), _ceil(round_up(k), TILE_K))
+        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, 1, True)
     if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
         tile, splits = plan_gemm("dgrad", n * _ceil(h, stride[0]) * _ceil(w, stride[1]), round_up(c),
                                  _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
@@ -479,11 +488,16 @@ def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) 
 
 
 def input_grad_cuda_kernels(cls: ConvClass, target: Target):
+    if cls.im2col:  # the columns' gradient as a 1x1 fprop, then col2im
+        kernels = _request("fprop", cls, target)
+        if kernels:
+            kernels["col2im"] = COL2IM.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
+        return kernels
     return _request("dgrad", cls, target)
 
 
 def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
-    if not hasattr(kern, "dgrad"):  # not a Hopper GPU
+    if not hasattr(kern, "dgrad") and not hasattr(kern, "col2im"):  # not a Hopper GPU
         return run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation)
     cls = kern.shape_class
     n, c, h, w = (int(v) for v in input_size)
@@ -495,6 +509,8 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
         return dx.zero_()
     c8, k8 = round_up(c), round_up(k)
     dy = _nhwc(grad, k8)
+    if cls.im2col:
+        return _input_grad_through_columns(kern, dy, weight, dx, k8)
     # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC with C and K padded.
     w_krsc = weight.permute(0, 2, 3, 1)
     if (c8, k8) != (c, k) or not w_krsc.is_contiguous():
@@ -539,6 +555,27 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
 def _taps_slice(taps: tuple[int, ...]) -> slice:
     step = taps[1] - taps[0] if len(taps) > 1 else 1
     return slice(taps[0], taps[-1] + 1, step)
+
+
+def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx: torch.Tensor, k8: int):
+    """Few input channels (the stem): columns [N, P, Q, R*S*C padded] = dy . W, a 1x1 conv with the filter as
+    R*S*C output channels over K input channels (one k-step for K=64, where the direct dgrad's 64-wide tile
+    carries 8 padded channels: 963 us for the stem against cuDNN's 474), then col2im sums them into dx."""
+    cls = kern.shape_class
+    n, c, h, w = dx.shape
+    k, _, r, s = weight.shape
+    p, q = dy.shape[1], dy.shape[2]
+    width = round_up(r * s * c)
+    w_columns = torch.zeros((width, 1, 1, k8), dtype=weight.dtype, device=weight.device)
+    w_columns[:r * s * c, 0, 0, :k].copy_(weight.permute(2, 3, 1, 0).reshape(r * s * c, k))  # rows (r, s, c)
+    columns = torch.empty((n, p, q, width), dtype=dx.dtype, device=dx.device)
+    _call(kern.fprop, "conv2d_input_grad", dy, w_columns, columns, None, n, p, q, k8, width, 1, 1, 0, 0, 0, 0,
+          1, 1, 1, 1, 0, 0, 0, 1, *_launch_args(dy))
+    elements = dx.numel()
+    kern.col2im.launch(-(-elements // IM2COL_BLOCK), IM2COL_BLOCK, columns, dx.permute(0, 2, 3, 1), elements, h, w,
+                       c, p, q, r, s, width, cls.stride[0], cls.stride[1], cls.padding[0], cls.padding[1],
+                       cls.dilation[0], cls.dilation[1])
+    return dx
 
 
 def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
