@@ -14,6 +14,7 @@ import argparse
 import functools
 import importlib
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +85,14 @@ def stem_parts() -> None:
              "copy of the matrix (read + write)": functools.partial(copy_target.copy_, columns)}
     print(f"stem: plan {cls.tile}/{cls.splits} im2col={cls.im2col}, matrix {tuple(columns.shape)} "
           f"({columns.numel() * 2 / 1e6:.0f} MB)", flush=True)
+    # The same product as a plain GEMM (tiled TMA loads instead of the conv kernel's im2col mode).
+    matrix = columns.permute(0, 2, 3, 1).reshape(-1, columns.shape[1])
+    w_t = w_padded.reshape(k, -1).t()
+    started = time.perf_counter()
+    torch.cuda.synchronize(), jitops.gemm(matrix, w_t), torch.cuda.synchronize()
+    print(f"stem: jitops.gemm's first call (compile or load) {time.perf_counter() - started:.1f} s", flush=True)
+    parts["jitops.gemm over the matrix"] = functools.partial(jitops.gemm, matrix, w_t)
+    parts["torch.matmul over the matrix"] = functools.partial(torch.matmul, matrix, w_t)
     for name, call in parts.items():
         print(f"stem {name}: {time_graphed([call] * 4) * 1e3:7.1f} us", flush=True)
 
