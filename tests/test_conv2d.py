@@ -469,6 +469,12 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
 
 
+def test_few_channel_layers_go_through_im2col_while_its_tables_fit_shared_memory():
+    assert conv_module._uses_im2col(3, 7, 7) and conv_module._uses_im2col(16, 11, 11)
+    assert not conv_module._uses_im2col(3, 1, 1) and not conv_module._uses_im2col(24, 3, 3)
+    assert not conv_module._uses_im2col(16, 15, 15)  # 3600 columns: its table alone would pass 40 KB
+
+
 def test_plans_give_every_split_work_and_follow_the_gemm_shape():
     for k_tiles in (1, 2, 7, 25, 1568):
         for splits in (1, 2, 3, 8, 98, 300):

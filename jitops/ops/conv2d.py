@@ -375,7 +375,10 @@ IM2COL_MAX_CHANNELS = 16
 
 
 def _uses_im2col(c: int, r: int, s: int) -> bool:
-    return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1
+    # The im2col kernel keeps a table of the columns and at least one row in shared memory (under 40 KB: a
+    # filter of up to ~2200 taps x channels, e.g. 11x11 at 16 channels); larger filters run directly.
+    return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1 and \
+        _im2col_shared_bytes(1, round_up(c * r * s), 2) <= IM2COL_SHARED_BYTES
 
 
 # The im2col matrix is built by one NVRTC kernel (kernels/conv/im2col.cu) that reads x through its strides.
