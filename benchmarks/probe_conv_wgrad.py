@@ -5,6 +5,7 @@ inside a profiler range, for Nsight Compute's hardware counters (DRAM and L2 byt
         python3 benchmarks/probe_conv_wgrad.py --layers 2,9,21 [--tile 128x128c2x1]
     python3 benchmarks/probe_conv_wgrad.py --tiny     # the least a call costs in GPU time, ours and cuDNN's
     python3 benchmarks/probe_conv_wgrad.py --stem     # the 7x7 stem's fprop in parts (im2col, 1x1 conv)
+    ncu --clock-control none --profile-from-start off --metrics ... python3 benchmarks/probe_conv_wgrad.py --tiny-range
 
 The order of the calls (layer, side, plan) is printed first; ncu's rows follow it kernel by kernel (ours: the
 wgrad kernel, then the reduction or torch's copy; cuDNN: its kernels)."""
@@ -97,6 +98,26 @@ def stem_parts() -> None:
         print(f"stem {name}: {time_graphed([call] * 4) * 1e3:7.1f} us", flush=True)
 
 
+def tiny_in_profiler_range() -> None:
+    """One call each of our wgrad, fprop and dgrad on 4 x 512 x 7x7 (1x1, 512 -> 512) inside a profiler range,
+    for Nsight Compute (benchmarks/results/ncu-tiny-conv-kernels.txt)."""
+    x, w, dy = layer_tensors(512, 512, 7, 1, 1, 0)
+    x, dy = x[:4], dy[:4]
+    calls = [functools.partial(jitops.conv2d_weight_grad, dy, x, w.shape, 1, 0, 1),
+             functools.partial(jitops.conv2d, x, w, None, 1, 0, 1),
+             functools.partial(jitops.conv2d_input_grad, dy, w, x.shape, 1, 0, 1)]
+    for _ in range(3):
+        for call in calls:
+            call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for call in calls:
+        call()
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled, in order: wgrad, fprop, dgrad", flush=True)
+
+
 def cudnn_input_grad(dy, x, w):
     return torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
                                                [True, False, False])[0]
@@ -108,10 +129,11 @@ def main() -> int:
     parser.add_argument("--tile", default=None, help="force this wgrad tile (conv_module.TILES)")
     parser.add_argument("--tiny", action="store_true", help="time tiny problems instead (no profiler range)")
     parser.add_argument("--stem", action="store_true", help="time the stem's fprop in parts instead")
+    parser.add_argument("--tiny-range", action="store_true", help="one tiny call per operator in a profiler range")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
-    if args.tiny or args.stem:
-        tiny_problems() if args.tiny else stem_parts()
+    if args.tiny or args.stem or args.tiny_range:
+        tiny_problems() if args.tiny else stem_parts() if args.stem else tiny_in_profiler_range()
         return 0
     conv_module.TILE_OVERRIDE["wgrad"] = args.tile
     calls = []
