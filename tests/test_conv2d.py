@@ -4,7 +4,6 @@ split-K wgrad, output views) run against a CPU stand-in for the CUTLASS library;
 from __future__ import annotations
 
 import functools
-
 import importlib
 import os
 import random
@@ -401,6 +400,13 @@ class FakeCol2imKernel:
         dx_nhwc.copy_(dx.permute(0, 2, 3, 1))
 
 
+# A stand-in per kernel name the conv ops request (conv2d.py: _request, _with_im2col, the weight gradient's
+# reduction, the input gradient's col2im).
+STAND_INS = {"fprop": lambda: FakeConvLibrary(0), "dgrad": lambda: FakeConvLibrary(1),
+             "wgrad": lambda: FakeConvLibrary(2), "wgrad_direct": lambda: FakeConvLibrary(2),
+             "reduce": FakeReduceKernel, "im2col": FakeIm2colKernel, "col2im": FakeCol2imKernel}
+
+
 @pytest.fixture
 def cuda_path_on_cpu(monkeypatch):
     monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
@@ -411,15 +417,11 @@ def cuda_path_on_cpu(monkeypatch):
         meta = [a.to(device="meta", dtype=torch.float16) if isinstance(a, torch.Tensor) else a for a in args]
         cls = fn.op.shape_class(*meta)
         cls = cls._replace(tile=tile or cls.tile, splits=splits or cls.splits)
-        name = "wgrad_direct" if op_name == "wgrad" and conv_module.wgrad_direct(cls) else op_name
-        stand_ins = {name: FakeConvLibrary(conv_module._OPERATOR_CODE[op_name])}
-        if op_name == "dgrad" and cls.im2col:  # the columns' gradient as a 1x1 fprop, then col2im
-            stand_ins = {"fprop": FakeConvLibrary(0), "col2im": FakeCol2imKernel()}
-        if op_name == "wgrad" and cls.splits > 1:
-            stand_ins["reduce"] = FakeReduceKernel()
-        if cls.im2col and op_name != "dgrad":
-            stand_ins["im2col"] = FakeIm2colKernel()
-        return SimpleNamespace(shape_class=cls, **stand_ins)
+        # The kernel set the op itself requests for this class on a Hopper GPU, each kernel replaced by its
+        # stand-in: the selection (direct wgrad, reduction, im2col, col2im) is the op's, not this fixture's.
+        requests = fn.op.impls["cuda"].kernels(cls, Target.parse("sm_90a"))
+        assert requests, "a Hopper target gets kernels"
+        return SimpleNamespace(shape_class=cls, **{name: STAND_INS[name]() for name in requests})
     return kernels
 
 
