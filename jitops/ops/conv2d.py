@@ -16,9 +16,9 @@ consumer warpgroups around CUTLASS's conv collectives; conv2d_sm90.cu: one confi
 Three operators, each compiled on first use per shape class:
 - fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
-- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K, fp32 partial sums,
-                                                                                then one NVRTC kernel sums
-                                                                                them into dw's dtype)
+- wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
+                                                                                one NVRTC kernel sums into dw;
+                                                                                one slice: dw stored directly)
 Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
 im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
 with the dtype, the channel alignment and the plan (tile, split count, im2col) picked for the GEMM shape.
@@ -33,7 +33,8 @@ Channels that are not a multiple of 8 (TMA needs 16-byte aligned strides): C and
 multiple of 8 in copies of x, w (and dy), and the output is computed at the padded width and copied into the
 channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels.
 Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
-run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead (see IM2COL_MAX_CHANNELS).
+run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead, and dgrad as the matrix's gradient
+(a 1x1 conv) summed into dx by col2im; both transforms are NVRTC kernels (see IM2COL_MAX_CHANNELS).
 
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
@@ -232,11 +233,17 @@ def plan_gemm(operator: str, m: int, n: int, k_tiles: int) -> tuple[str, int]:
     return _plan_best(candidates, m, n, k_tiles)
 
 
+def _work_tiles(tile: str, m: int, n: int, splits: int) -> int:
+    """Work tiles the kernel's scheduler runs for an M x N GEMM in `splits` slices (whole clusters)."""
+    tile_m, tile_n, cluster_m, cluster_n = TILES[tile]
+    return _ceil(_ceil(m, tile_m), cluster_m) * cluster_m * _ceil(_ceil(n, tile_n), cluster_n) * cluster_n * splits
+
+
 def wgrad_cost_us(tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
     """Predicted microseconds of a wgrad plan (WGRAD_TILE_US and the constants after it)."""
     tile_m, tile_n, cluster_m, cluster_n = TILES[tile]
     step_us, wave_us = WGRAD_TILE_US.get(f"{tile_m}x{tile_n}", WGRAD_TILE_US["128x128"])
-    work = _ceil(_ceil(m, tile_m), cluster_m) * cluster_m * _ceil(_ceil(n, tile_n), cluster_n) * cluster_n * splits
+    work = _work_tiles(tile, m, n, splits)
     steps = _ceil(k_tiles, splits)
     cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
     # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
@@ -250,10 +257,9 @@ def wgrad_cost_us(tile: str, splits: int, m: int, n: int, k_tiles: int) -> float
 def _plan_best(candidates, m: int, n: int, k_tiles: int):
     best, best_cost = candidates[0], math.inf
     for tile, splits in candidates:
-        tm, tn, cm, cn = TILES[tile]
-        work = _ceil(_ceil(m, tm), cm) * cm * _ceil(_ceil(n, tn), cn) * cn * splits  # whole clusters
-        cost = _ceil(work, HOPPER_SMS) * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY.get(tile, 0.9)) / \
-            (128 * 128)
+        tm, tn = TILES[tile][:2]
+        waves = _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS)
+        cost = waves * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY.get(tile, 0.9)) / (128 * 128)
         if cost < best_cost - 1e-9:
             best, best_cost = (tile, splits), cost
     return best[0], normalize_splits(k_tiles, best[1])
