@@ -178,7 +178,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             configs = [(t, s) for t in tiles or conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
         elif tiles:  # candidate tiles (conv_module.TILES), the plan's split count for each
             configs = [(t, None) for t in tiles]
-        elif name == "wgrad" and not sweep and not tiles:
+        elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels

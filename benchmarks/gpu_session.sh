@@ -92,7 +92,6 @@ while [ $i -lt ${#steps[@]} ]; do
       done ;;
     ncu-wgrad)
       # Hardware counters of conv2d's weight gradient against cuDNN's (PROBE_ARGS: --layers, --tile).
-      ncu --query-metrics 2>/dev/null | grep -iE "gmma|pipe_tensor" | head -8
       ncu --clock-control none --profile-from-start off --csv --metrics \
         gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
         python3 benchmarks/probe_conv_wgrad.py ${PROBE_ARGS:-} > "$OUT/ncu-wgrad.csv" 2> "$OUT/ncu-wgrad.err"
