@@ -59,15 +59,17 @@ def all_requests(target: Target, tiles=(), operators=("fprop", "dgrad", "wgrad")
     """Every compiled configuration, fp16 first, then bf16: what the sweep and the GPU tests use.  With `tiles`,
     only those candidate tiles (fp16, what --tiles times) for `operators`."""
     requests = {}
-    # wgrad: one slice (the direct variant) and several (fp32 slices) are different builds
+    # wgrad: one slice (the direct variant) and several (fp32 slices) are different builds, and each stores its
+    # output flat (what the plans use) or not (layers whose channels no tile width divides; forced tiles)
     configs = [(name, tile, s) for tile in tiles for name in operators for s in ((1, 2) if name == "wgrad" else (1,))] \
         if tiles else variants()
     for dtype in (torch.float16,) if tiles else (torch.float16, torch.bfloat16):
         for name, tile, splits in configs:
-            cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
-                                        splits or (2 if name == "wgrad" else 1))
-            for request in conv_module._request(name, cls, target).values():
-                requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
+            for flat in (True, False) if name == "wgrad" else (False,):
+                cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
+                                            splits or (2 if name == "wgrad" else 1), flat=flat)
+                for request in conv_module._request(name, cls, target).values():
+                    requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
     return requests
 
 

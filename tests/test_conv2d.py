@@ -493,11 +493,12 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
     finally:
         conv_module.SPLIT_OVERRIDE["fprop"] = None
     # wgrad (the fitted cost model): a 64-output-channel 3x3 layer takes 64-row tiles and splits its 1568
-    # k-steps to fill the SMs; short k-loops (the 7x7 layers) do not split; the 3x3 256 reference layer keeps
-    # its large tile
+    # k-steps to fill the SMs; short k-loops (the 7x7 layers) do not split, and a 1x1 one takes a cluster;
+    # the 3x3 256 reference layer keeps its large tile
     tile, splits = conv_module.plan_gemm("wgrad", 64, 64 * 9, 1568)
     assert tile == "64x128" and 100 <= splits * 5 <= 2 * 132
-    assert conv_module.plan_gemm("wgrad", 2048, 512, 25) == ("128x64", 1)
+    assert conv_module._plan_wgrad(2048, 512, 1, 25) == ("128x64c1x2", 1, True)
+    assert conv_module._plan_wgrad(512, 512, 9, 25)[1] == 1
     assert conv_module.plan_gemm("wgrad", 256, 2304, 1568) == ("128x256", 7)
     # the model's terms: more slices cost reduction traffic, fewer leave SMs idle
     cost = functools.partial(conv_module.wgrad_cost_us, "128x64", m=512, n=128, k_tiles=392)
@@ -508,6 +509,30 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
             assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
         finally:
             conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+
+
+def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
+    # A tile's columns are a flat range of dw's R*S*C only for a 1x1 filter or C a multiple of the tile width:
+    # a 128-wide tile over 64 channels of a 3x3 filter covers taps s = 0, 1 of one filter row.
+    assert conv_module.wgrad_flat("128x64", 64, 9) and not conv_module.wgrad_flat("64x128", 64, 9)
+    assert conv_module.wgrad_flat("64x128", 64, 1) and conv_module.wgrad_flat("128x256", 512, 9)
+    # The plan takes a tile that stores through TMA where one exists: a flat one, or a 64-row tile (which stores
+    # from registers either way); a layer whose channels no tile width divides stores from registers.
+    op = jitops.find("conv2d_weight_grad")
+    sm90a = Target.parse("sm_90a")
+    for c, k, kernel, stride, padding, flat in ((64, 64, 3, 1, 1, False), (256, 256, 3, 1, 1, True),
+                                                (64, 256, 3, 1, 1, True), (64, 64, 1, 1, 0, True),
+                                                (3, 64, 7, 2, 3, True), (24, 256, 3, 1, 1, False)):
+        x = torch.empty(32, c, 56, 56, device="meta", dtype=torch.float16)
+        out = conv_module.output_size(56, kernel, stride, padding, 1)
+        dy = torch.empty(32, k, out, out, device="meta", dtype=torch.float16)
+        cls = op.shape_class(dy, x, (k, c, kernel, kernel), stride, padding, 1)
+        assert cls.flat == flat, (c, k, kernel, cls)
+        if not cls.im2col:
+            assert cls.flat == conv_module.wgrad_flat(cls.tile, c, kernel * kernel)
+            assert cls.flat or conv_module.TILES[cls.tile].m == 64 or c % 64, cls
+        [request] = [r for name, r in conv_module.weight_grad_cuda_kernels(cls, sm90a).items() if "wgrad" in name]
+        assert dict(request.params)["WGRAD_FLAT"] == str(int(flat))
 
 
 def test_overrides_reach_the_shape_class():

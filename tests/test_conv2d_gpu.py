@@ -80,8 +80,11 @@ def test_resnet_sized_layers_and_split_k_wgrad(dtype):
             assert relative_error(got, want) < TOLERANCE[dtype], f"{case} {name}"
 
 
-def test_every_tile_and_split_configuration_is_correct():
-    case = ((4, 64, 20, 20), (192, 3, 3), 1, 1, 1)
+@pytest.mark.parametrize("case", [((4, 64, 20, 20), (192, 3, 3), 1, 1, 1), ((4, 64, 20, 20), (192, 1, 1), 1, 0, 1)],
+                         ids=["3x3", "1x1"])
+def test_every_tile_and_split_configuration_is_correct(case):
+    # 64 channels: a 3x3 wgrad with tiles wider than 64 stores dw from registers along its (C,S,R) mode (not
+    # flat); the 1x1 one stores every tile flat through TMA, tiles wider than the 64 columns included.
     x, w, b, *geometry = make_args(case, torch.float16, "cuda", channels_last=True)
     y_ref, _ = fp32_reference(x, w, b, *geometry)
     grad = torch.randn_like(y_ref).half()
@@ -96,6 +99,9 @@ def test_every_tile_and_split_configuration_is_correct():
         for tile, splits in configs:
             conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
+                if name == "wgrad":
+                    cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
+                    assert cls.flat == (w.shape[2] == 1 or conv_module.TILES[tile].n == 64), cls
                 error = relative_error(call(), want)
                 assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
             finally:

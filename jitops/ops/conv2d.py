@@ -75,31 +75,37 @@ class Tile(NamedTuple):
 
 # Names: "MxN", and "MxNcAxB" for a cluster of A x B CTAs.
 TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
-         "128x256": Tile(128, 256),
+         "128x256": Tile(128, 256), "128x64c1x2": Tile(128, 64, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
          # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22,
          # benchmarks/results/conv2d_tiles_wgrad_13*.json): the 128x128 ones within 1-3 us of 128x128 (13:13);
-         # 128x64c1x2 and 64x128c2x1 (multicast, about a third less traffic) 1.8-5 us faster than the plan on
-         # 10 layers, 2-8 us slower on 6 (13:40): a model refitted with them chose 0.7% better, within its error.
-         "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
-         "128x64c1x2": Tile(128, 64, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
+         # 64x128c2x1 up to 2x slower than 64x128 on the 64-channel 3x3 layer (13:40).
+         "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
          "128x256c2x1": Tile(128, 256, 2, 1), "128x256c1x2": Tile(128, 256, 1, 2), "64x256c1x2": Tile(64, 256, 1, 2)}
+# wgrad's 128x64 clusters are planned for 1x1 filters only (wgrad_candidates).
 OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256"), "dgrad": ("128x64", "128x128", "128x256"),
-                  "wgrad": ("64x128", "128x64", "128x128", "128x256", "64x256")}
+                  "wgrad": ("64x128", "128x64", "128x128", "128x256", "64x256", "128x64c1x2", "128x64c2x1")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
 # fprop/dgrad: relative throughput of one work tile's k-step per tile shape.
 TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0, "64x128": 0.5}
-# wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue),
-# fitted by least squares (relative error) to 494 timings of ResNet-50's wgrad layers at batch 32 and the 3x3
-# reference layer: 128x64, 64x128 and 128x128 at 1 to 66 slices, 128x256 at the old plan's counts (lent H100,
-# 2026-11-22 13:13 and 13:22, benchmarks/results/conv2d_tiles_wgrad_13*.json).  Median error 7%, 90th percentile 19%.
-# 64x256 had too few timings to fit and is costed as 128x128 (the same tile area).  Why the small tiles win on
-# most layers: a wave of them costs 2.1-2.2 us against 128x128's 5.0, and twice as many work tiles fill the 132
-# SMs with fewer fp32 slices; per FLOP their k-step is 13% dearer (0.142 us for half of 128x128's 0.252).
-WGRAD_TILE_US = {"64x128": (0.147, 2.20), "128x64": (0.142, 2.14), "128x128": (0.252, 5.01),
-                 "128x256": (0.443, 17.3), "64x256": (0.252, 5.01)}
-WGRAD_US_PER_GB_LOADED = 43.8    # operand tiles loaded from L2 into the SMs (about 23 TB/s across them)
-WGRAD_SPLIT_US = 2.78            # two or more slices: the reduction kernel
-WGRAD_US_PER_MB_SLICES = 0.627   # the fp32 slices written by the kernel and read by the reduction
+# wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue;
+# a cluster tile costs as its tile, less the operand bytes it multicasts), fitted by least squares (relative
+# error) by benchmarks/fit_wgrad_cost.py to 1086 timings of ResNet-50's wgrad layers at batch 32 and the 3x3
+# reference layer, every candidate tile at 1 to 131 slices (lent H100, 2026-11-22 16:15 and 16:18, after the
+# flat TMA epilogue; benchmarks/results/conv2d_tiles_wgrad_161*.json): median error 6.3%, 90th percentile 19%.
+# The fit also has a term for the bytes of dy and x (165 us per GB from DRAM), the same for every plan of a
+# layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 1.1 us against
+# 128x256's 3.8, and more work tiles fill the 132 SMs with fewer fp32 slices.
+WGRAD_TILE_US = {"64x128": (0.144, 3.48), "128x64": (0.145, 1.06), "128x128": (0.244, 1.95),
+                 "128x256": (0.492, 3.75), "64x256": (0.254, 7.39)}
+WGRAD_US_PER_GB_LOADED = 35.7    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
+# Two or more slices: the reduction kernel and the split path.  The fit says 2.25 us; with it the plans split
+# the 14x14 and 28x28 3x3 layers (128x128 in 3 slices), 6-8 us slower than one slice, because a second kernel
+# in the stream and the fp32 slices cost more there than the model's terms.  4.5 us is where the plans of the
+# measured layers are best (`fit_wgrad_cost.py --score-split-us` on the same timings: ResNet-50's weighted wgrad
+# against cuDNN 0.888 at 2.25-3.5 us, 0.915 at 4.5, 0.909 at 5.5-8), the one constant set by the plans rather
+# than by the fit.
+WGRAD_SPLIT_US = 4.5
+WGRAD_US_PER_MB_SLICES = 0.417   # the fp32 slices written by the kernel and read by the reduction
 # Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
 # plan's choice.
 TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
@@ -120,6 +126,7 @@ class ConvClass(NamedTuple):
     tile: str                   # key of TILES ("" on the CPU)
     splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
     im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
+    flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -216,11 +223,12 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
     return _ceil(k_tiles, _ceil(k_tiles, splits))
 
 
-def plan_gemm(operator: str, m: int, n: int, k_tiles: int) -> tuple[str, int]:
+def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[str, int]:
     """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by the operator's
-    cost model (wgrad_cost_us; fprop/dgrad: waves of work tiles x k-steps / the tile's relative efficiency)."""
+    cost model (wgrad_cost_us; fprop/dgrad: waves of work tiles x k-steps / the tile's relative efficiency),
+    among `tiles` (default: the operator's)."""
     forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
-    tiles = (forced_tile,) if forced_tile else OPERATOR_TILES[operator]
+    tiles = (forced_tile,) if forced_tile else tiles or OPERATOR_TILES[operator]
     if operator == "wgrad":
         candidates = [(t, s) for t in tiles for s in ((forced_splits,) if forced_splits else range(1, 257))]
         return min(((t, normalize_splits(k_tiles, s)) for t, s in candidates),
@@ -231,6 +239,31 @@ def plan_gemm(operator: str, m: int, n: int, k_tiles: int) -> tuple[str, int]:
     elif forced_splits:
         candidates = [(t, forced_splits) for t, _ in candidates]
     return _plan_best(candidates, m, n, k_tiles)
+
+
+def wgrad_flat(tile: str, channels: int, taps: int) -> bool:
+    """Whether the wgrad kernel with this tile can store dw (or its fp32 slices) as the flat K x (R*S*C) matrix
+    through TMA (WGRAD_FLAT in kernels/conv/conv2d_sm90.cu): only when its tiles of the (C,S,R) mode are flat
+    column ranges, i.e. a 1x1 filter (taps = R*S = 1) or C a multiple of TILE_N.  The other kernels store from
+    registers, element by element (on ResNet-50's 7x7 layers 2-5 us slower: docs/benchmarks_conv2d.md)."""
+    return taps == 1 or channels % TILES[tile].n == 0
+
+
+def wgrad_candidates(channels: int, taps: int) -> tuple[str, ...]:
+    """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
+    64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), and thread block clusters only
+    for 1x1 filters.  Clusters (multicast of the shared operand) were the fastest tile on 12 of the 14 1x1
+    layers of ResNet-50 and slower on 5 of the 7 3x3 ones (lent H100, 2026-11-22 16:18, best split each;
+    benchmarks/results/conv2d_tiles_wgrad_1618.json)."""
+    tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if (wgrad_flat(t, channels, taps) or TILES[t].m == 64) and
+                  (taps == 1 or TILES[t].cluster_m * TILES[t].cluster_n == 1))
+    return tiles or OPERATOR_TILES["wgrad"]
+
+
+def _plan_wgrad(k: int, channels: int, taps: int, k_tiles: int) -> tuple[str, int, bool]:
+    """(tile, splits, flat) of a wgrad plan among wgrad_candidates."""
+    tile, splits = plan_gemm("wgrad", round_up(k), channels * taps, k_tiles, wgrad_candidates(channels, taps))
+    return tile, splits, wgrad_flat(tile, channels, taps)
 
 
 def _work_tiles(tile: str, m: int, n: int, splits: int) -> int:
@@ -333,6 +366,8 @@ def _request(name: str, cls: ConvClass, target: Target):
     split = name != "wgrad" and cls.splits > 1
     defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,
                    CLUSTER_M=tile.cluster_m, CLUSTER_N=tile.cluster_n, SPLIT_K=int(split))
+    if name == "wgrad":
+        defines["WGRAD_FLAT"] = int(cls.flat)
     if name == "wgrad" and wgrad_direct(cls):
         return {"wgrad_direct": CONV_SPECS["wgrad_direct"].bind(shapes.dtype_name(cls.dtype), WGRAD_DIRECT=1,
                                                                 **defines)}
@@ -484,10 +519,11 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
                                  _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
     else:
         p, q = expected[2], expected[3]
-        if _uses_im2col(c, r, s):
-            tile, splits = plan_gemm("wgrad", round_up(k), round_up(c * r * s), _ceil(n * p * q, TILE_K))
-            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
-        tile, splits = plan_gemm("wgrad", round_up(k), round_up(c) * r * s, _ceil(n * p * q, TILE_K))
+        if _uses_im2col(c, r, s):  # a 1x1 wgrad over the im2col matrix's round_up(c * r * s) columns
+            tile, splits, flat = _plan_wgrad(k, round_up(c * r * s), 1, _ceil(n * p * q, TILE_K))
+            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat)
+        tile, splits, flat = _plan_wgrad(k, round_up(c), r * s, _ceil(n * p * q, TILE_K))
+        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat)
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
 

@@ -29,15 +29,24 @@ using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 // SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
 // GEMM-K, packed [split][M][N] (M = N*P*Q or N*H*W linear, N = channels), and the caller reduces them.
 // WGRAD_DIRECT (wgrad, one slice, K and C multiples of 8): the kernel writes dw itself, KRSC in ELEMENT, where
-// the fp32 slice and torch's copy into dw cost 3-4 us more on the 7x7 layers (benchmarks/probe_conv_wgrad.py).
+// the fp32 slice and torch's copy into dw cost 2-4 us more on the 7x7 layers (bench_conv2d.py, 2026-11-22 13:22).
 #ifndef SPLIT_K
 #define SPLIT_K 0
 #endif
 #ifndef WGRAD_DIRECT
 #define WGRAD_DIRECT 0
 #endif
+// WGRAD_FLAT (wgrad): the epilogue sees dw (or a slice) as the flat row-major matrix K x (R*S*C) it is in memory
+// and stores it through TMA.  Only where the mainloop's tiles of the hierarchical N mode (C,S,R) are flat column
+// ranges too: C a multiple of TILE_N, or a 1x1 filter.  Otherwise (a 128-wide tile over 64 channels of a 3x3
+// filter covers taps s = 0,1 of one row r, then s = 2 and an empty s = 3) the epilogue follows the hierarchical
+// mode, storing from registers.
+#ifndef WGRAD_FLAT
+#define WGRAD_FLAT 0
+#endif
 constexpr bool kSplitK = kOp == Operator::kWgrad || SPLIT_K;
 constexpr bool kWgradDirect = kOp == Operator::kWgrad && WGRAD_DIRECT;
+constexpr bool kWgradFlat = kOp == Operator::kWgrad && WGRAD_FLAT;
 
 // Outputs: fprop y (NHWC, + per-channel bias), dgrad dx (NHWC, any strides: a phase of a strided dgrad writes
 // every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N];
@@ -45,19 +54,24 @@ constexpr bool kWgradDirect = kOp == Operator::kWgrad && WGRAD_DIRECT;
 using ElementD = cute::conditional_t<kSplitK && !kWgradDirect, float, Element>;
 using StrideWgradD = Stride<int64_t, Stride<_1, int64_t, int64_t>, int64_t>;  // (K, (C,S,R), split)
 using StridePartialD = Stride<int64_t, _1, int64_t>;                           // (M, N, split), N contiguous
-using LayoutD = cute::conditional_t<kOp == Operator::kWgrad, StrideWgradD,
+using LayoutD = cute::conditional_t<kOp == Operator::kWgrad && !kWgradFlat, StrideWgradD,
                 cute::conditional_t<kSplitK, StridePartialD, cutlass::layout::TensorNHWC>>;
 using FusionOp = cute::conditional_t<kOp == Operator::kFprop && !kSplitK,
     cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, Element, ElementD, float>,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>;
+using EpilogueTileShape = cute::conditional_t<kWgradFlat, Shape<Int<TILE_M>, Int<TILE_N>, _64>, TileShape>;
 
-// Outputs in dtype store through TMA (an im2col store of NHWC tiles).  Partial sums are written straight from
-// registers: the TMA epilogue cannot describe wgrad's hierarchical (C,S,R) N mode, and the partials are small
-// next to the operands.
-using EpilogueSchedule = cute::conditional_t<kSplitK,
+// Outputs store through TMA: an im2col store of NHWC tiles, or wgrad's flat matrix (whose element-by-element
+// stores from registers, 2 or 4 bytes each, had 4x the ideal L2 sectors and stalled the 7x7 layers' short
+// kernels: Nsight Compute, 2026-11-22 15:31).  Written straight from registers: fprop/dgrad partial sums (their
+// linearized M mode is hierarchical; they are small next to the operands), wgrad's hierarchical output, and
+// its 64-row tiles (their two warpgroups split the tile by columns, so an epilogue sub-tile belongs to one of
+// them, which the cooperative TMA epilogue's shared-memory copies cannot express).
+constexpr bool kRegisterEpilogue = kOp == Operator::kWgrad ? !kWgradFlat || TILE_M == 64 : kSplitK;
+using EpilogueSchedule = cute::conditional_t<kRegisterEpilogue,
     cutlass::epilogue::NoSmemWarpSpecialized, cutlass::epilogue::TmaWarpSpecializedCooperative>;
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EpilogueTileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float,
     void, LayoutD, 16 / sizeof(ElementD),
     ElementD, LayoutD, 16 / sizeof(ElementD),
@@ -65,7 +79,8 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 using MainloopTypes = jitops::conv::Mainloop<kOp, Element, TileShape, ClusterShape,
                                              int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
-using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue, kSplitK>;
+using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue, kSplitK,
+                                                   kWgradFlat>;
 using ProblemShape = typename Kernel::ProblemShape;
 
 }  // namespace jitops_conv2d_tu
@@ -99,7 +114,10 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
   // (Generic lambdas: `if constexpr` discards only inside templates.)
   typename CollectiveEpilogue::StrideD stride_d{};
   [&](auto& sd) {
-    if constexpr (kOp == Operator::kWgrad) {
+    if constexpr (kWgradFlat) {  // packed [split][K][R*S*C]
+      get<0>(sd) = int64_t(r) * s * c;
+      get<2>(sd) = int64_t(k) * r * s * c;
+    } else if constexpr (kOp == Operator::kWgrad) {
       get<0>(sd) = problem.stride_C[0];
       get<1, 1>(sd) = problem.stride_C[2];
       get<1, 2>(sd) = problem.stride_C[1];
@@ -140,7 +158,7 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
 }
 
 // Introspection for tests and benchmarks: 0 tile M, 1 tile N, 2 pipeline stages, 3 shared memory bytes,
-// 4 threads per block, 5 operator, 6 split-K, 7 direct wgrad.
+// 4 threads per block, 5 operator, 6 split-K, 7 direct wgrad, 8 flat wgrad output.
 EXPORT int jitops_conv2d_info(int what) {
   switch (what) {
     case 0: return TILE_M;
@@ -151,6 +169,7 @@ EXPORT int jitops_conv2d_info(int what) {
     case 5: return CONV_OP;
     case 6: return kSplitK ? 1 : 0;
     case 7: return kWgradDirect ? 1 : 0;
+    case 8: return kWgradFlat ? 1 : 0;
     default: return -1;
   }
 }

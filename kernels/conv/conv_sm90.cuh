@@ -99,7 +99,7 @@ struct Mainloop {
 };
 
 // ---- the kernel ---------------------------------------------------------------------------------------------
-template <class CollectiveMainloop_, class CollectiveEpilogue_, bool SplitK_>
+template <class CollectiveMainloop_, class CollectiveEpilogue_, bool SplitK_, bool FlatEpilogue_ = false>
 class ConvKernelCooperative {
  public:
   using CollectiveMainloop = CollectiveMainloop_;
@@ -155,6 +155,14 @@ class ConvKernelCooperative {
       decltype(make_shape(get<0>(LinearShape{}), get<1>(LinearShape{}), get<2>(LinearShape{}), int(0))),
       LinearShape>;
 
+  // A wgrad epilogue that sees its output flat (epilogue_shape, below).
+  static constexpr bool FlatEpilogue = FlatEpilogue_;
+  static_assert(!FlatEpilogue || (ConvOp == Operator::kWgrad && SplitK), "a flat output is wgrad's");
+  using EpilogueTileShape = cute::conditional_t<FlatEpilogue,
+      Shape<decltype(size<0>(TileShape{})), decltype(size<1>(TileShape{})), decltype(size<2>(TileShape{}))>,
+      TileShape>;
+  using EpilogueShapeMNKL = cute::conditional_t<FlatEpilogue, Shape<int, int, int, int>, ProblemShapeMNKL>;
+
   struct Arguments {
     ProblemShape problem_shape{};
     typename CollectiveMainloop::Arguments mainloop{};
@@ -165,6 +173,7 @@ class ConvKernelCooperative {
 
   struct Params {
     ProblemShapeMNKL problem_shape{};
+    EpilogueShapeMNKL epilogue_problem_shape{};
     MainloopParams mainloop{};
     EpilogueParams epilogue{};
     TileSchedulerParams scheduler{};
@@ -182,9 +191,16 @@ class ConvKernelCooperative {
 
   // Without split-K the epilogue sees the un-linearized (transformed) shape, as in CUTLASS's conv kernel, and
   // writes the NHWC output through a TMA im2col store (any output strides).  With split-K it writes packed fp32
-  // partial sums [split][M][N] and sees the linearized shape with L = splits.
+  // partial sums [split][M][N] and sees the linearized shape with L = splits.  wgrad's output (dw, or its fp32
+  // slices) is a packed row-major K x (C*S*R) matrix per slice: a FlatEpilogue sees that flat shape and flat
+  // tile coordinates, so that it can store through TMA instead of element by element from registers.  (Only
+  // where the tiles of the hierarchical (C,S,R) N mode are the same flat column ranges: the caller knows.)
   static auto epilogue_shape(Arguments const& args) {
-    if constexpr (SplitK) {
+    if constexpr (FlatEpilogue) {
+      auto linear = problem_shape_mnkl(args);
+      return make_shape(int(size(get<0>(linear))), int(size(get<1>(linear))), int(size(get<2>(linear))),
+                        int(args.splits));
+    } else if constexpr (SplitK) {
       return problem_shape_mnkl(args);
     } else {
       return cutlass::conv::detail::get_transformed_problem_shape_MNKL(args.problem_shape);
@@ -216,7 +232,14 @@ class ConvKernelCooperative {
     TileSchedulerParams scheduler = TileScheduler::to_underlying_arguments(
         shape, TileShape{}, ClusterShape{}, args.hw_info, typename TileScheduler::Arguments{}, nullptr, 1);
     int tiles = k_tiles(args);
+    EpilogueShapeMNKL epilogue_problem_shape{};
+    if constexpr (FlatEpilogue) {
+      epilogue_problem_shape = epilogue_shape(args);
+    } else {
+      epilogue_problem_shape = shape;
+    }
     return {shape,
+            epilogue_problem_shape,
             CollectiveMainloop::to_underlying_arguments(args.problem_shape, args.mainloop, nullptr),
             CollectiveEpilogue::to_underlying_arguments(epilogue_shape(args), args.epilogue, nullptr),
             scheduler,
@@ -344,6 +367,17 @@ class ConvKernelCooperative {
       }
     };
 
+    // Where the epilogue writes a work tile: the mainloop's coordinates, or flat ones (FlatEpilogue).
+    auto epilogue_problem_shape = params.epilogue_problem_shape;
+    auto epilogue_tile_shape = EpilogueTileShape{};
+    auto epilogue_coord = [&](auto const& work) {
+      if constexpr (FlatEpilogue) {
+        return make_coord(int(work.M_idx), int(work.N_idx), _, int(work.L_idx));
+      } else {
+        return block_coord(work);
+      }
+    };
+
     cluster_wait_fn();
 
     if (warp_group_role == WarpGroupRole::Producer) {
@@ -373,8 +407,8 @@ class ConvKernelCooperative {
         }
         while (work_tile_info.is_valid()) {
           epi_load_pipe_producer_state = collective_epilogue.load(
-              epi_load_pipeline, epi_load_pipe_producer_state, problem_shape_MNKL, blk_shape,
-              block_coord(work_tile_info), tiled_mma, lane_idx, shared_storage.tensors.epilogue);
+              epi_load_pipeline, epi_load_pipe_producer_state, epilogue_problem_shape, epilogue_tile_shape,
+              epilogue_coord(work_tile_info), tiled_mma, lane_idx, shared_storage.tensors.epilogue);
           work_tile_info = get<0>(scheduler.fetch_next_work(work_tile_info));
         }
         collective_epilogue.load_tail(epi_load_pipeline, epi_load_pipe_producer_state);
@@ -394,7 +428,8 @@ class ConvKernelCooperative {
 
         auto [epi_load_next, epi_store_next] = collective_epilogue.store(
             epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
-            problem_shape_MNKL, blk_shape, blk_coord, accumulators, tiled_mma, mma_thread_idx,
+            epilogue_problem_shape, epilogue_tile_shape, epilogue_coord(work_tile_info), accumulators, tiled_mma,
+            mma_thread_idx,
             shared_storage.tensors.epilogue);
         epi_load_pipe_consumer_state = epi_load_next;
         epi_store_pipe_producer_state = epi_store_next;

@@ -1,0 +1,187 @@
+"""Fit conv2d's wgrad cost model (jitops/ops/conv2d.py: WGRAD_TILE_US and the constants after it) to timings.
+
+    python benchmarks/fit_wgrad_cost.py benchmarks/results/conv2d_tiles_wgrad_A.json [B.json ...]
+    python benchmarks/fit_wgrad_cost.py A.json B.json --score-split-us 2.25,4.5   # conv2d's plans, scored
+
+Reads the rows of `bench_conv2d.py --operators wgrad --tiles ... --wgrad-splits ...` (and plain runs): every
+timing of the weight-gradient kernel at a known tile and split count on a ResNet-50 layer or the reference
+layer, except the stem (it goes through im2col); a cluster tile shares its tile's constants.  The model is
+linear in its constants:
+
+    waves * (steps * step_us[tile] + wave_us[tile])              waves = ceil(work tiles / 132)
+    + work tiles * steps * rows loaded * 64 * 2 B * us_per_gb    the operand tiles loaded from L2
+    + [slices > 1] * (split_us + slices * M * N * 4 B * us_per_mb)   the reduction and its fp32 slices
+    + (bytes of dy and x) * dram_us_per_gb                       the same for every plan of a layer: fitted so
+                                                                 that the others are not biased by it
+
+so a least-squares fit of the relative error is one weighted linear solve.  Prints the constants (in the form
+conv2d.py writes them), the median and 90th-percentile errors, and how the plan the fit makes compares with the
+best timing per layer.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+conv = importlib.import_module("jitops.ops.conv2d")
+from bench_conv2d import BATCH, REFERENCE  # noqa: E402
+
+# Tiles with constants of their own; a cluster tile (e.g. 128x64c1x2) shares its tile's.
+FIT_TILES = ("64x128", "128x64", "128x128", "128x256", "64x256")
+
+
+def base(tile: str) -> str:
+    tile_m, tile_n = conv.TILES[tile][:2]
+    return f"{tile_m}x{tile_n}"
+
+
+def layer(name: str) -> tuple[int, int, int, int]:
+    """(C, K, R*S, k-tiles of N*P*Q) for "ref" or "L<i>"."""
+    c, k, size, kernel, stride, padding = REFERENCE if name == "ref" else conv.RESNET50[int(name[1:])]
+    out = conv.output_size(size, kernel, stride, padding, 1)
+    return c, k, kernel * kernel, math.ceil(BATCH * out * out / conv.TILE_K)
+
+
+def layer_gemm(name: str) -> tuple[int, int, int, float]:
+    """wgrad's GEMM (M = K, N = C*R*S, k-tiles) and its operands' bytes (dy and x) for "ref" or "L<i>"."""
+    c, k, taps, k_tiles = layer(name)
+    _, _, size, kernel, stride, padding = REFERENCE if name == "ref" else conv.RESNET50[int(name[1:])]
+    out = conv.output_size(size, kernel, stride, padding, 1)
+    return k, c * taps, k_tiles, 2.0 * BATCH * (out * out * k + size * size * c)
+
+
+def timings(paths, planned_only: bool):
+    """(layer, tile, slices, microseconds) of every usable row (planned_only: the tiles the plans choose from,
+    conv2d.wgrad_candidates, for that layer)."""
+    rows = []
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["rows"]:
+            extra = row.get("extra", {})
+            if extra.get("operator") != "wgrad" or extra.get("layer") in (None, "L0"):
+                continue
+            tile, _, slices = extra["tile"].partition("/")
+            c, _, taps, _ = layer(extra["layer"])
+            if tile in conv.TILES and base(tile) in FIT_TILES and \
+                    (tile in conv.wgrad_candidates(c, taps) or not planned_only):
+                rows.append((extra["layer"], tile, int(slices), row["ours_ms"] * 1e3))
+    return rows
+
+
+def features(tile: str, slices: int, m: int, n: int, k_tiles: int, operand_bytes: float) -> dict[str, float]:
+    tile_m, tile_n, cluster_m, cluster_n = conv.TILES[tile]
+    work = conv._work_tiles(tile, m, n, slices)
+    steps = math.ceil(k_tiles / slices)
+    waves = math.ceil(work / conv.HOPPER_SMS)
+    rows_loaded = tile_m / cluster_n + tile_n / cluster_m
+    out = {f"step {base(tile)}": waves * steps, f"wave {base(tile)}": waves,
+           "us_per_gb": work * steps * rows_loaded * conv.TILE_K * 2 / 1e9, "dram_us_per_gb": operand_bytes / 1e9}
+    if slices > 1:
+        out["split_us"] = 1.0
+        out["us_per_mb"] = slices * m * n * 4 / 1e6
+    return out
+
+
+def score_plans(paths, split_us: float) -> tuple[float, int]:
+    """ResNet-50's wgrad weighted by occurrence, cuDNN time / ours, with the plans conv2d makes (its constants,
+    WGRAD_SPLIT_US = split_us) scored on the measured timings: for a plan whose split count was not timed,
+    the nearest timed count of the same tile.  Returns the ratio and how many plans were not timed exactly."""
+    from bench_conv2d import OCCURRENCES
+    measured: dict[tuple[str, str, int], float] = {}
+    cudnn: dict[str, float] = {}
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["rows"]:
+            extra = row.get("extra", {})
+            if extra.get("operator") == "wgrad" and extra.get("layer", "").startswith("L"):
+                tile, _, slices = extra["tile"].partition("/")
+                key = (extra["layer"], tile, int(slices))
+                measured[key] = min(measured.get(key, math.inf), row["ours_ms"] * 1e3)
+                cudnn.setdefault(extra["layer"], row["baseline_ms"] * 1e3)
+    saved, conv.WGRAD_SPLIT_US = conv.WGRAD_SPLIT_US, split_us
+    ours = theirs = 0.0
+    inexact = 0
+    try:
+        for index, weight in enumerate(OCCURRENCES):
+            c, k, size, kernel, stride, padding = conv.RESNET50[index]
+            out = conv.output_size(size, kernel, stride, padding, 1)
+            k_tiles = math.ceil(BATCH * out * out / conv.TILE_K)
+            if conv._uses_im2col(c, kernel, kernel):
+                tile, slices, _ = conv._plan_wgrad(k, conv.round_up(c * kernel * kernel), 1, k_tiles)
+            else:
+                tile, slices, _ = conv._plan_wgrad(k, conv.round_up(c), kernel * kernel, k_tiles)
+            timed = [(abs(math.log(s / slices)), us) for (layer, t, s), us in measured.items()
+                     if layer == f"L{index}" and t == tile]
+            distance, us = min(timed)
+            inexact += distance > 0
+            ours += weight * us
+            theirs += weight * cudnn[f"L{index}"]
+    finally:
+        conv.WGRAD_SPLIT_US = saved
+    return theirs / ours, inexact
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+")
+    parser.add_argument("--score-split-us", default="",
+                        help="comma-separated values of WGRAD_SPLIT_US: score conv2d's plans (its constants) with "
+                             "each on the measured timings, instead of fitting")
+    parser.add_argument("--all-kernels", action="store_true",
+                        help="also the timings of tiles the plans do not choose from for that layer")
+    args = parser.parse_args()
+    if args.score_split_us:
+        for value in (float(v) for v in args.score_split_us.split(",")):
+            ratio, inexact = score_plans(args.json, value)
+            print(f"WGRAD_SPLIT_US = {value}: ResNet-50 wgrad weighted, cuDNN time / ours {ratio:.3f} "
+                  f"({inexact} plans scored at the nearest timed split count)")
+        return 0
+    rows = timings(args.json, not args.all_kernels)
+    names = [f"{kind} {t}" for t in FIT_TILES for kind in ("step", "wave")] + \
+        ["us_per_gb", "split_us", "us_per_mb", "dram_us_per_gb"]
+    design = np.zeros((len(rows), len(names)))
+    target = np.array([us for *_, us in rows])
+    for i, (layer, tile, slices, _) in enumerate(rows):
+        for name, value in features(tile, slices, *layer_gemm(layer)).items():
+            design[i, names.index(name)] = value
+    used = design.any(axis=0)
+    solution = np.zeros(len(names))
+    # Relative error: divide each equation by its measurement.
+    solution[used] = np.linalg.lstsq(design[:, used] / target[:, None], np.ones(len(rows)), rcond=None)[0]
+    constants = dict(zip(names, solution))
+    predicted = design @ solution
+    errors = sorted(abs(p - t) / t for p, t in zip(predicted, target))
+    print(f"{len(rows)} timings; median error {statistics.median(errors):.1%}, "
+          f"90th percentile {errors[int(0.9 * len(errors))]:.1%}")
+    print("WGRAD_TILE_US = {" + ", ".join(f'"{t}": ({constants["step " + t]:.3f}, {constants["wave " + t]:.2f})'
+                                           for t in FIT_TILES) + "}")
+    print(f"WGRAD_US_PER_GB_LOADED = {constants['us_per_gb']:.1f}\nWGRAD_SPLIT_US = {constants['split_us']:.2f}\n"
+          f"WGRAD_US_PER_MB_SLICES = {constants['us_per_mb']:.3f}\n"
+          f"(plan-independent: {constants['dram_us_per_gb']:.1f} us per GB of dy and x)")
+
+    # The fitted plan (the best predicted of the timed (tile, slices) per layer) against the best timing.
+    by_layer: dict[str, list] = {}
+    for (layer, tile, slices, us), p in zip(rows, predicted):
+        by_layer.setdefault(layer, []).append((p, us, tile, slices))
+    chosen_total = best_total = 0.0
+    for layer, options in by_layer.items():
+        chosen = min(options)
+        best = min(options, key=lambda o: o[1])
+        chosen_total += chosen[1]
+        best_total += best[1]
+        print(f"  {layer:4s} plan {chosen[2]}/{chosen[3]} {chosen[1]:6.1f} us   best {best[2]}/{best[3]} "
+              f"{best[1]:6.1f} us")
+    print(f"sum over layers (unweighted): plan {chosen_total:.1f} us, best {best_total:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
