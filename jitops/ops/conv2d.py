@@ -245,7 +245,7 @@ def wgrad_flat(tile: str, channels: int, taps: int) -> bool:
     """Whether the wgrad kernel with this tile can store dw (or its fp32 slices) as the flat K x (R*S*C) matrix
     through TMA (WGRAD_FLAT in kernels/conv/conv2d_sm90.cu): only when its tiles of the (C,S,R) mode are flat
     column ranges, i.e. a 1x1 filter (taps = R*S = 1) or C a multiple of TILE_N.  The other kernels store from
-    registers, element by element (on ResNet-50's 7x7 layers 2-5 us slower: docs/benchmarks_conv2d.md)."""
+    registers, element by element (3-11 us slower on ResNet-50's one-slice layers: docs/benchmarks_conv2d.md)."""
     return taps == 1 or channels % TILES[tile].n == 0
 
 
