@@ -483,10 +483,12 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
             n = conv_module.normalize_splits(k_tiles, splits)
             per_split = -(-k_tiles // n)
             assert 1 <= n <= splits and (n - 1) * per_split < k_tiles
-    # layer1 1x1 64->64 at 56x56, batch 32: narrow N -> a 64-wide tile, no split (one k-tile)
-    assert conv_module.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64", 1)
-    # layer4 3x3 512->512 at 7x7: fprop never splits K unless forced (it measured slower)
-    assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64", 1)
+    # layer1 1x1 64->64 at 56x56, batch 32: narrow N -> a 64-wide tile (two along M sharing the filter tile),
+    # no split (one k-tile)
+    assert conv_module.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64c2x1", 1)
+    # layer4 3x3 512->512 at 7x7: few M tiles, long k-loops -> 128x64 pairs sharing the activation tile; fprop
+    # never splits K unless forced (it measured slower)
+    assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64c1x2", 1)
     conv_module.SPLIT_OVERRIDE["fprop"] = 2
     try:
         assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_module.SPLIT_TILE, 2)

@@ -82,11 +82,23 @@ TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 6
          "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
          "128x256c2x1": Tile(128, 256, 2, 1), "128x256c1x2": Tile(128, 256, 1, 2), "64x256c1x2": Tile(64, 256, 1, 2)}
 # wgrad's 128x64 clusters are planned for 1x1 filters only (wgrad_candidates).
-OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256"), "dgrad": ("128x64", "128x128", "128x256"),
+OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
+                  "dgrad": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
                   "wgrad": ("64x128", "128x64", "128x128", "128x256", "64x256", "128x64c1x2", "128x64c2x1")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
-# fprop/dgrad: relative throughput of one work tile's k-step per tile shape.
-TILE_EFFICIENCY = {"64x256": 0.85, "128x64": 0.6, "128x128": 0.9, "128x256": 1.0, "64x128": 0.5}
+# fprop/dgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles, per tile (a cluster
+# tile has its own: its CTAs share the loads of the operand they have in common), fitted by least squares
+# (relative error) by benchmarks/fit_conv_gemm_cost.py to every ResNet-50 layer and the reference layer at each
+# tile, one slice (lent H100, 2026-11-22 16:42, benchmarks/results/conv2d_tiles_fprop_dgrad_1642.json; dgrad on
+# its unit-stride layers): median error 8.5% (fprop), 7.9% (dgrad).  It replaced relative tile efficiencies set
+# by hand, whose plans measured 0.852x of cuDNN's fprop in that run against 0.894x for this model's (the best
+# tile per layer: 0.899x).  The 128x128-per-two-SMs cluster (128x64c1x2, the activation tile multicast) is what
+# the 7x7 layers lacked: L18 and L20 28.5 -> 21.2 us.
+GEMM_TILE_US = {
+    "fprop": {"128x64": (0.357, 1.26), "128x128": (0.394, 2.65), "128x256": (0.672, 4.45),
+              "128x64c1x2": (0.266, 1.40), "128x64c2x1": (0.355, 1.26)},
+    "dgrad": {"128x64": (0.364, 0.84), "128x128": (0.403, 2.15), "128x256": (0.658, 3.59),
+              "128x64c1x2": (0.270, 0.99), "128x64c2x1": (0.358, 0.87)}}
 # wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue;
 # a cluster tile costs as its tile, less the operand bytes it multicasts), fitted by least squares (relative
 # error) by benchmarks/fit_wgrad_cost.py to 1086 timings of ResNet-50's wgrad layers at batch 32 and the 3x3
@@ -225,8 +237,7 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
 
 def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[str, int]:
     """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by the operator's
-    cost model (wgrad_cost_us; fprop/dgrad: waves of work tiles x k-steps / the tile's relative efficiency),
-    among `tiles` (default: the operator's)."""
+    cost model (wgrad_cost_us; fprop/dgrad: gemm_cost_us), among `tiles` (default: the operator's)."""
     forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
     tiles = (forced_tile,) if forced_tile else tiles or OPERATOR_TILES[operator]
     if operator == "wgrad":
@@ -238,7 +249,7 @@ def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[
         candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
     elif forced_splits:
         candidates = [(t, forced_splits) for t, _ in candidates]
-    return _plan_best(candidates, m, n, k_tiles)
+    return _plan_best(operator, candidates, m, n, k_tiles)
 
 
 def wgrad_flat(tile: str, channels: int, taps: int) -> bool:
@@ -287,15 +298,17 @@ def wgrad_cost_us(tile: str, splits: int, m: int, n: int, k_tiles: int) -> float
     return cost
 
 
-def _plan_best(candidates, m: int, n: int, k_tiles: int):
-    best, best_cost = candidates[0], math.inf
-    for tile, splits in candidates:
-        tm, tn = TILES[tile][:2]
-        waves = _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS)
-        cost = waves * _ceil(k_tiles, splits) * (tm * tn / TILE_EFFICIENCY.get(tile, 0.9)) / (128 * 128)
-        if cost < best_cost - 1e-9:
-            best, best_cost = (tile, splits), cost
-    return best[0], normalize_splits(k_tiles, best[1])
+def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
+    """Predicted microseconds of an fprop or dgrad plan (GEMM_TILE_US; a tile without constants, only ever
+    forced, costs as 128x128)."""
+    costs = GEMM_TILE_US[operator]
+    step_us, wave_us = costs.get(tile, costs["128x128"])
+    return _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS) * (_ceil(k_tiles, splits) * step_us + wave_us)
+
+
+def _plan_best(operator: str, candidates, m: int, n: int, k_tiles: int):
+    tile, splits = min(candidates, key=lambda plan: gemm_cost_us(operator, plan[0], plan[1], m, n, k_tiles))
+    return tile, normalize_splits(k_tiles, splits)
 
 
 # ---- strided dgrad as unit-stride phases (pure; tested on the CPU) --------------------------------------------
