@@ -18,10 +18,14 @@ Three operators, each compiled on first use per shape class:
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
                                                                                 one NVRTC kernel sums into dw;
-                                                                                one slice: dw stored directly)
+                                                                                one slice: dw stored directly;
+                                                                                through TMA as a flat matrix
+                                                                                where the tile allows)
 Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
 im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
-with the dtype, the channel alignment and the plan (tile, split count, im2col) picked for the GEMM shape.
+with the dtype, the channel alignment and the plan (tile or thread block cluster, split count, im2col, flat
+store) picked for the GEMM shape by cost models fitted to the op's own benchmark sweeps (GEMM_TILE_US,
+WGRAD_TILE_US).
 
 Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
 phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
