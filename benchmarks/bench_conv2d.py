@@ -105,6 +105,18 @@ def relative_error(got, want):
     return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
+def cudnn_input_grad(dy, x, w, stride: int, padding: int):
+    """cuDNN's dgrad: what torch's conv2d backward calls for grad_input alone."""
+    return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                               [0, 0], 1, [True, False, False])[0]
+
+
+def cudnn_weight_grad(dy, x, w, stride: int, padding: int):
+    """cuDNN's wgrad: what torch's conv2d backward calls for grad_weight alone."""
+    return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                               [0, 0], 1, [False, True, False])[1]
+
+
 REPLAYS = {"graph": 20}
 
 
@@ -138,8 +150,6 @@ def time_graphed(calls, replays: int | None = None) -> float:
 
 def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
                 wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad")):
-    from torch.ops import aten
-
     out = conv_module.output_size(size, kernel, stride, padding, 1)
     geometry = ((stride, stride), (padding, padding), (1, 1))
     flops = 2.0 * BATCH * out * out * k * c * kernel * kernel
@@ -153,17 +163,13 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
         rotation["i"] = (rotation["i"] + 1) % len(sets)
         return sets[rotation["i"]]
 
-    def backward(mask, s):
-        return aten.convolution_backward(s[2], s[0], s[1], None, [stride] * 2, [padding] * 2, [1, 1], False,
-                                         [0, 0], 1, mask)
-
     ops = {
         "fprop": (lambda s: jitops.conv2d(s[0], s[1], None, *geometry),
                   lambda s: torch.nn.functional.conv2d(s[0], s[1], None, stride, padding)),
         "dgrad": (lambda s: jitops.conv2d_input_grad(s[2], s[1], s[0].shape, *geometry),
-                  lambda s: backward([True, False, False], s)[0]),
+                  lambda s: cudnn_input_grad(s[2], s[0], s[1], stride, padding)),
         "wgrad": (lambda s: jitops.conv2d_weight_grad(s[2], s[0], s[1].shape, *geometry),
-                  lambda s: backward([False, True, False], s)[1]),
+                  lambda s: cudnn_weight_grad(s[2], s[0], s[1], stride, padding)),
     }
     classes = {"fprop": lambda s: jitops.find("conv2d").shape_class(s[0], s[1], None, *geometry),
                "dgrad": lambda s: jitops.find("conv2d_input_grad").shape_class(s[2], s[1], s[0].shape, *geometry),

@@ -26,14 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jitops  # noqa: E402
 from jitops.specs import Target  # noqa: E402
-from bench_conv2d import layer_tensors  # noqa: E402
+from bench_conv2d import cudnn_input_grad, cudnn_weight_grad, layer_tensors  # noqa: E402
 
 conv_module = importlib.import_module("jitops.ops.conv2d")
-
-
-def cudnn_weight_grad(dy, x, w, stride, padding):
-    return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0],
-                                               1, [False, True, False])[1]
 
 
 def tiny_problems() -> None:
@@ -48,7 +43,7 @@ def tiny_problems() -> None:
             "fprop": (functools.partial(jitops.conv2d, x, w, None, 1, 0, 1),
                       functools.partial(torch.nn.functional.conv2d, x, w, None, 1, 0)),
             "dgrad": (functools.partial(jitops.conv2d_input_grad, dy, w, x.shape, 1, 0, 1),
-                      functools.partial(cudnn_input_grad, dy, x, w)),
+                      functools.partial(cudnn_input_grad, dy, x, w, 1, 0)),
             "wgrad": (functools.partial(jitops.conv2d_weight_grad, dy, x, w.shape, 1, 0, 1),
                       functools.partial(cudnn_weight_grad, dy, x, w, 1, 0)),
         }
@@ -116,11 +111,6 @@ def tiny_in_profiler_range() -> None:
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print("profiled, in order: wgrad, fprop, dgrad", flush=True)
-
-
-def cudnn_input_grad(dy, x, w):
-    return torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-                                               [True, False, False])[0]
 
 
 def main() -> int:

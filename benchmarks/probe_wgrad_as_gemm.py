@@ -61,8 +61,7 @@ def main() -> int:
     if args.prewarm:
         prewarm(args.prewarm, args.jobs)
         return 0
-    from bench_conv2d import layer_tensors, relative_error, time_graphed
-    from probe_conv_wgrad import cudnn_weight_grad
+    from bench_conv2d import cudnn_weight_grad, layer_tensors, relative_error, time_graphed
     torch.backends.cudnn.benchmark = True
     target = Target("cuda", torch.cuda.get_device_capability(0))
     libs = {name: jitops.runtime.get_kernel(r, target, 0) for name, r in requests().items()}
