@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 conv = importlib.import_module("jitops.ops.conv2d")
 from bench_conv2d import BATCH, OCCURRENCES, REFERENCE  # noqa: E402
+from fit_wgrad_cost import relative_least_squares  # noqa: E402
 
 
 def layer_gemm(operator: str, name: str) -> tuple[int, int, int, int, bool]:
@@ -76,9 +77,8 @@ def main() -> int:
         design = np.array([[features(operator, layer, tile).get(name, 0.0) for name in names]
                            for layer, tile, _ in fit])
         target = np.array([us for *_, us in fit])
-        solution = np.linalg.lstsq(design / target[:, None], np.ones(len(fit)), rcond=None)[0]
+        solution, errors = relative_least_squares(design, target)
         constants = dict(zip(names, solution))
-        errors = [abs(p - t) / t for p, t in zip(design @ solution, target)]
         tiles = sorted({tile for _, tile in timed})
         print(f"{operator}: {len(fit)} timings, median error {statistics.median(errors):.1%}")
         print(f'    "{operator}": {{' + ", ".join(
