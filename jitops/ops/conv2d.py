@@ -679,7 +679,7 @@ REDUCE_BLOCK = 256
 
 
 # One slice and channel counts that need no padding: the wgrad kernel writes dw (KRSC, in its dtype) itself, no
-# fp32 slice and no copy (3-4 us a layer on ResNet-50's 7x7 layers).  False: the slice and torch's copy (the
+# fp32 slice and no copy (2-4 us a layer on ResNet-50's 7x7 layers, 13:22).  False: the slice and torch's copy (the
 # benchmark's A/B; clear the op's kernel memo after changing it).
 WGRAD_DIRECT_OUTPUT = True
 
