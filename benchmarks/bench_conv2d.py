@@ -60,12 +60,14 @@ def all_requests(target: Target, tiles=(), operators=("fprop", "dgrad", "wgrad")
     only those candidate tiles (fp16, what --tiles times) for `operators`."""
     requests = {}
     # wgrad: one slice (the direct variant) and several (fp32 slices) are different builds, and each stores its
-    # output flat (what the plans use) or not (layers whose channels no tile width divides; forced tiles)
+    # output flat (what the plans use) or not (layers whose channels no tile width divides; forced tiles); a tile
+    # over several filter taps always stores flat
     configs = [(name, tile, s) for tile in tiles for name in operators for s in ((1, 2) if name == "wgrad" else (1,))] \
         if tiles else variants()
     for dtype in (torch.float16,) if tiles else (torch.float16, torch.bfloat16):
         for name, tile, splits in configs:
-            for flat in (True, False) if name == "wgrad" else (False,):
+            for flat in ((True,) if conv_module.TILES[tile].taps > 1 else (True, False)) if name == "wgrad" \
+                    else (False,):
                 cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
                                             splits or (2 if name == "wgrad" else 1), flat=flat)
                 for request in conv_module._request(name, cls, target).values():
@@ -188,6 +190,11 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
+        if name == "wgrad":  # a tile over several filter taps runs only layers of its channels and filter width
+            wgrad_c, wgrad_rs = ((conv_module.round_up(c * kernel * kernel), (1, 1))
+                                 if conv_module._uses_im2col(c, kernel, kernel) else (c, (kernel, kernel)))
+            configs = [(t, s) for t, s in configs if t not in conv_module.TILES or
+                       conv_module.wgrad_tile_serves(t, wgrad_c, wgrad_rs)]
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
                 conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False

@@ -26,7 +26,8 @@ def main(name: str) -> int:
         yf = F.conv2d(xf, wf, None, stride, padding)
         grad = torch.randn_like(yf).half()
         dxf, dwf = torch.autograd.grad(yf, (xf, wf), grad.float())
-        configs = [(t, 1 if name != "wgrad" else None) for t in conv_module.OPERATOR_TILES[name]]
+        configs = [(t, 1 if name != "wgrad" else None) for t in conv_module.OPERATOR_TILES[name]
+                   if name != "wgrad" or conv_module.wgrad_tile_serves(t, c, (r, s))]
         configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else []
         for tile, splits in configs:
             conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits

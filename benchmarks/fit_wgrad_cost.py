@@ -37,7 +37,7 @@ conv = importlib.import_module("jitops.ops.conv2d")
 from bench_conv2d import BATCH, REFERENCE  # noqa: E402
 
 # Tiles with constants of their own; a cluster tile (e.g. 128x64c1x2) shares its tile's.
-FIT_TILES = ("64x128", "128x64", "128x128", "128x256", "64x256")
+FIT_TILES = ("64x64", "64x192", "64x128", "128x64", "128x128", "128x256", "64x256")
 
 
 def base(tile: str) -> str:
@@ -46,18 +46,19 @@ def base(tile: str) -> str:
 
 
 def layer(name: str) -> tuple[int, int, int, int]:
-    """(C, K, R*S, k-tiles of N*P*Q) for "ref" or "L<i>"."""
+    """(C, K, filter width R = S, k-tiles of N*P*Q) for "ref" or "L<i>"."""
     c, k, size, kernel, stride, padding = REFERENCE if name == "ref" else conv.RESNET50[int(name[1:])]
     out = conv.output_size(size, kernel, stride, padding, 1)
-    return c, k, kernel * kernel, math.ceil(BATCH * out * out / conv.TILE_K)
+    return c, k, kernel, math.ceil(BATCH * out * out / conv.TILE_K)
 
 
-def layer_gemm(name: str) -> tuple[int, int, int, float]:
-    """wgrad's GEMM (M = K, N = C*R*S, k-tiles) and its operands' bytes (dy and x) for "ref" or "L<i>"."""
-    c, k, taps, k_tiles = layer(name)
+def layer_gemm(name: str) -> tuple[int, int, tuple[int, int], int, float]:
+    """wgrad's GEMM (K output channels, C channels, the filter's (R, S), k-tiles) and its operands' bytes (dy
+    and x) for "ref" or "L<i>"."""
+    c, k, kernel, k_tiles = layer(name)
     _, _, size, kernel, stride, padding = REFERENCE if name == "ref" else conv.RESNET50[int(name[1:])]
     out = conv.output_size(size, kernel, stride, padding, 1)
-    return k, c * taps, k_tiles, 2.0 * BATCH * (out * out * k + size * size * c)
+    return k, c, (kernel, kernel), k_tiles, 2.0 * BATCH * (out * out * k + size * size * c)
 
 
 def timings(paths, planned_only: bool):
@@ -70,19 +71,21 @@ def timings(paths, planned_only: bool):
             if extra.get("operator") != "wgrad" or extra.get("layer") in (None, "L0"):
                 continue
             tile, _, slices = extra["tile"].partition("/")
-            c, _, taps, _ = layer(extra["layer"])
+            c, _, kernel, _ = layer(extra["layer"])
             if tile in conv.TILES and base(tile) in FIT_TILES and \
-                    (tile in conv.wgrad_candidates(c, taps) or not planned_only):
+                    (tile in conv.wgrad_candidates(c, (kernel, kernel)) or not planned_only):
                 rows.append((extra["layer"], tile, int(slices), row["ours_ms"] * 1e3))
     return rows
 
 
-def features(tile: str, slices: int, m: int, n: int, k_tiles: int, operand_bytes: float) -> dict[str, float]:
-    tile_m, tile_n, cluster_m, cluster_n = conv.TILES[tile]
-    work = conv._work_tiles(tile, m, n, slices)
+def features(tile: str, slices: int, k: int, c: int, filter_rs: tuple[int, int], k_tiles: int,
+             operand_bytes: float) -> dict[str, float]:
+    t = conv.TILES[tile]
+    m, n = k, c * filter_rs[0] * filter_rs[1]
+    work = conv.wgrad_work_tiles(tile, k, c, filter_rs, slices)
     steps = math.ceil(k_tiles / slices)
     waves = math.ceil(work / conv.HOPPER_SMS)
-    rows_loaded = tile_m / cluster_n + tile_n / cluster_m
+    rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
     out = {f"step {base(tile)}": waves * steps, f"wave {base(tile)}": waves,
            "us_per_gb": work * steps * rows_loaded * conv.TILE_K * 2 / 1e9, "dram_us_per_gb": operand_bytes / 1e9}
     if slices > 1:
@@ -103,7 +106,8 @@ def relative_least_squares(design: np.ndarray, target: np.ndarray) -> tuple[np.n
 def score_plans(paths, split_us: float) -> tuple[float, int]:
     """ResNet-50's wgrad weighted by occurrence, cuDNN time / ours, with the plans conv2d makes (its constants,
     WGRAD_SPLIT_US = split_us) scored on the measured timings: for a plan whose split count was not timed,
-    the nearest timed count of the same tile.  Returns the ratio and how many plans were not timed exactly."""
+    the nearest timed count of the same tile.  Returns the ratio (NaN where a planned tile was never timed on
+    its layer: those are printed) and how many plans were not timed exactly."""
     from bench_conv2d import OCCURRENCES
     measured: dict[tuple[str, str, int], float] = {}
     cudnn: dict[str, float] = {}
@@ -124,11 +128,15 @@ def score_plans(paths, split_us: float) -> tuple[float, int]:
             out = conv.output_size(size, kernel, stride, padding, 1)
             k_tiles = math.ceil(BATCH * out * out / conv.TILE_K)
             if conv._uses_im2col(c, kernel, kernel):
-                tile, slices, _ = conv._plan_wgrad(k, conv.round_up(c * kernel * kernel), 1, k_tiles)
+                tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c * kernel * kernel), (1, 1), k_tiles)
             else:
-                tile, slices, _ = conv._plan_wgrad(k, conv.round_up(c), kernel * kernel, k_tiles)
+                tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c), (kernel, kernel), k_tiles)
             timed = [(abs(math.log(s / slices)), us) for (layer, t, s), us in measured.items()
                      if layer == f"L{index}" and t == tile]
+            if not timed:
+                print(f"  L{index}: the plan's tile {tile} was not timed on this layer")
+                ours = math.nan
+                continue
             distance, us = min(timed)
             inexact += distance > 0
             ours += weight * us

@@ -494,35 +494,64 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
         assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_module.SPLIT_TILE, 2)
     finally:
         conv_module.SPLIT_OVERRIDE["fprop"] = None
-    # wgrad (the fitted cost model): a 64-output-channel 3x3 layer takes 64-row tiles and splits its 1568
-    # k-steps to fill the SMs; short k-loops (the 7x7 layers) do not split, and a 1x1 one takes a cluster;
-    # the 3x3 256 reference layer keeps its large tile
-    tile, splits = conv_module.plan_gemm("wgrad", 64, 64 * 9, 1568)
-    assert tile == "64x128" and 100 <= splits * 5 <= 2 * 132
-    assert conv_module._plan_wgrad(2048, 512, 1, 25) == ("128x64c1x2", 1, True)
-    assert conv_module._plan_wgrad(512, 512, 9, 25)[1] == 1
-    assert conv_module.plan_gemm("wgrad", 256, 2304, 1568) == ("128x256", 7)
+    # wgrad (the fitted cost model): a 64-output-channel 3x3 layer over 64 channels takes the tile of a whole
+    # filter row (3 taps x 64 channels: 3 work tiles per slice) and splits its 1568 k-steps to fill the SMs;
+    # short k-loops (the 7x7 layers) do not split, and a 1x1 one takes a cluster; the 3x3 256 reference layer
+    # keeps its large tile
+    tile, splits, flat = conv_module.plan_wgrad(64, 64, (3, 3), 1568)
+    assert tile == "64x192t3" and flat and 100 <= splits * 3 <= 2 * 132
+    assert conv_module.plan_wgrad(2048, 512, (1, 1), 25) == ("128x64c1x2", 1, True)
+    assert conv_module.plan_wgrad(512, 512, (3, 3), 25)[1] == 1
+    assert conv_module.plan_wgrad(256, 256, (3, 3), 1568) == ("128x256", 7, True)
     # the model's terms: more slices cost reduction traffic, fewer leave SMs idle
-    cost = functools.partial(conv_module.wgrad_cost_us, "128x64", m=512, n=128, k_tiles=392)
+    cost = functools.partial(conv_module.wgrad_cost_us, "128x64", k=512, channels=128, filter_rs=(1, 1),
+                             k_tiles=392)
     assert cost(16) < cost(1) and cost(16) < cost(131)
-    for name in ("fprop", "dgrad", "wgrad"):
+    for name in ("fprop", "dgrad"):
         conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = "128x256", 1
         try:
             assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
         finally:
             conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+    conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "128x256", 1
+    try:
+        assert conv_module.plan_wgrad(256, 256, (3, 3), 36) == ("128x256", 1, True)
+        # a tile over a filter row of 3 taps x 64 channels cannot run a 1x1 filter or 128 channels
+        conv_module.TILE_OVERRIDE["wgrad"] = "64x192t3"
+        for channels, filter_rs in ((64, (1, 1)), (128, (3, 3)), (64, (3, 5))):
+            with pytest.raises(ValueError, match="64x192t3.*3 taps x 64 channels"):
+                conv_module.plan_wgrad(64, channels, filter_rs, 36)
+        assert conv_module.plan_wgrad(64, 64, (3, 3), 36)[0] == "64x192t3"
+    finally:
+        conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
+
+
+def test_wgrad_work_tiles_count_the_filter_mode_as_the_kernel_tiles_it():
+    # CUTLASS tiles wgrad's (C,S,R) mode by channels of one tap: a 128-wide tile over 64 channels of a 3x3
+    # filter runs 9 half-empty work tiles (not 576 / 128 = 5), a 64-wide one 9 full ones, a tile over the 3
+    # taps of a filter row 3; over 256 channels a 128-wide tile runs 2 per tap.
+    work = conv_module.wgrad_work_tiles
+    assert work("64x128", 64, 64, (3, 3), 1) == 9 and work("64x64", 64, 64, (3, 3), 1) == 9
+    assert work("64x192t3", 64, 64, (3, 3), 2) == 6 and work("128x128", 256, 256, (3, 3), 1) == 2 * 18
+    assert work("128x64c1x2", 2048, 512, (1, 1), 1) == 16 * 8 and work("128x256", 64, 64, (3, 3), 1) == 9
+    # which tiles a layer can take, and which of them store dw flat
+    assert "64x192t3" in conv_module.wgrad_candidates(64, (3, 3))
+    assert not {"64x192t3", "128x64c1x2"} & set(conv_module.wgrad_candidates(128, (3, 3)))
+    assert "64x192t3" not in conv_module.wgrad_candidates(64, (1, 1))
+    assert conv_module.wgrad_flat("64x192t3", 64, (3, 3)) and not conv_module.wgrad_flat("64x128", 64, (1, 3))
 
 
 def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
-    # A tile's columns are a flat range of dw's R*S*C only for a 1x1 filter or C a multiple of the tile width:
-    # a 128-wide tile over 64 channels of a 3x3 filter covers taps s = 0, 1 of one filter row.
-    assert conv_module.wgrad_flat("128x64", 64, 9) and not conv_module.wgrad_flat("64x128", 64, 9)
-    assert conv_module.wgrad_flat("64x128", 64, 1) and conv_module.wgrad_flat("128x256", 512, 9)
+    # A tile's columns are a flat range of dw's R*S*C only for a 1x1 filter, C a multiple of the tile width, or
+    # a tile over a whole filter row: a 128-wide tile over 64 channels of a 3x3 filter covers the 64 channels
+    # of one tap and 64 empty columns.
+    assert conv_module.wgrad_flat("128x64", 64, (3, 3)) and not conv_module.wgrad_flat("64x128", 64, (3, 3))
+    assert conv_module.wgrad_flat("64x128", 64, (1, 1)) and conv_module.wgrad_flat("128x256", 512, (3, 3))
     # The plan takes a tile that stores through TMA where one exists: a flat one, or a 64-row tile (which stores
     # from registers either way); a layer whose channels no tile width divides stores from registers.
     op = jitops.find("conv2d_weight_grad")
     sm90a = Target.parse("sm_90a")
-    for c, k, kernel, stride, padding, flat in ((64, 64, 3, 1, 1, False), (256, 256, 3, 1, 1, True),
+    for c, k, kernel, stride, padding, flat in ((64, 64, 3, 1, 1, True), (256, 256, 3, 1, 1, True),
                                                 (64, 256, 3, 1, 1, True), (64, 64, 1, 1, 0, True),
                                                 (3, 64, 7, 2, 3, True), (24, 256, 3, 1, 1, False)):
         x = torch.empty(32, c, 56, 56, device="meta", dtype=torch.float16)
@@ -531,7 +560,7 @@ def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
         cls = op.shape_class(dy, x, (k, c, kernel, kernel), stride, padding, 1)
         assert cls.flat == flat, (c, k, kernel, cls)
         if not cls.im2col:
-            assert cls.flat == conv_module.wgrad_flat(cls.tile, c, kernel * kernel)
+            assert cls.flat == conv_module.wgrad_flat(cls.tile, c, (kernel, kernel))
             assert cls.flat or conv_module.TILES[cls.tile].m == 64 or c % 64, cls
         [request] = [r for name, r in conv_module.weight_grad_cuda_kernels(cls, sm90a).items() if "wgrad" in name]
         assert dict(request.params)["WGRAD_FLAT"] == str(int(flat))

@@ -75,10 +75,20 @@ class Tile(NamedTuple):
     n: int
     cluster_m: int = 1          # thread block cluster: CTAs side by side along M share (TMA multicast) the B
     cluster_n: int = 1          # operand's loads, along N the A operand's
+    taps: int = 1               # wgrad: filter taps (consecutive s) per tile, n / taps channels each
+
+    @property
+    def channels(self) -> int:
+        """wgrad: the channels of one tap a tile covers."""
+        return self.n // self.taps
 
 
-# Names: "MxN", and "MxNcAxB" for a cluster of A x B CTAs.
-TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
+# Names: "MxN", "MxNcAxB" for a cluster of A x B CTAs, "MxNtT" for a wgrad tile over T filter taps.
+# A wgrad tile covers channels of one filter tap (CUTLASS's loads), so on a 64-channel 3x3 layer a 128-wide tile
+# is half zeros; 64x64 has none, and 64x192t3 covers a whole filter row (3 taps x 64 channels) and loads dy once
+# for the three (kernels/conv/conv_sm90.cuh, WgradTapSpanning).
+TILES = {"64x64": Tile(64, 64), "64x192t3": Tile(64, 192, taps=3),
+         "64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
          "128x256": Tile(128, 256), "128x64c1x2": Tile(128, 64, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
          # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22,
          # benchmarks/results/conv2d_tiles_wgrad_13*.json): the 128x128 ones within 1-3 us of 128x128 (13:13);
@@ -88,7 +98,8 @@ TILES = {"64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 6
 # wgrad's 128x64 clusters are planned for 1x1 filters only (wgrad_candidates).
 OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
                   "dgrad": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
-                  "wgrad": ("64x128", "128x64", "128x128", "128x256", "64x256", "128x64c1x2", "128x64c2x1")}
+                  "wgrad": ("64x64", "64x192t3", "64x128", "128x64", "128x128", "128x256", "64x256", "128x64c1x2",
+                            "128x64c2x1")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
 # fprop/dgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles, per tile (a cluster
 # tile has its own: its CTAs share the loads of the operand they have in common), fitted by least squares
@@ -111,9 +122,9 @@ GEMM_TILE_US = {
 # The fit also has a term for the bytes of dy and x (165 us per GB from DRAM), the same for every plan of a
 # layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 1.1 us against
 # 128x256's 3.8, and more work tiles fill the 132 SMs with fewer fp32 slices.
-WGRAD_TILE_US = {"64x128": (0.144, 3.48), "128x64": (0.145, 1.06), "128x128": (0.244, 1.95),
-                 "128x256": (0.492, 3.75), "64x256": (0.254, 7.39)}
-WGRAD_US_PER_GB_LOADED = 35.7    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
+WGRAD_TILE_US = {"64x64": (0.139, 1.46), "64x192": (0.258, 7.42), "64x128": (0.145, 3.34), "128x64": (0.144, 0.93),
+                 "128x128": (0.244, 1.68), "128x256": (0.491, 3.28), "64x256": (0.252, 6.42)}
+WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
 # Two or more slices: the reduction kernel and the split path.  The fit says 2.25 us; with it the plans split
 # the 14x14 and 28x28 3x3 layers (128x128 in 3 slices), 6-8 us slower than one slice, because a second kernel
 # in the stream and the fp32 slices cost more there than the model's terms.  4.5 us is where the plans of the
@@ -121,7 +132,7 @@ WGRAD_US_PER_GB_LOADED = 35.7    # operand tiles loaded from L2 into the SMs (ab
 # against cuDNN 0.888 at 2.25-3.5 us, 0.915 at 4.5, 0.909 at 5.5-8), the one constant set by the plans rather
 # than by the fit.
 WGRAD_SPLIT_US = 4.5
-WGRAD_US_PER_MB_SLICES = 0.417   # the fp32 slices written by the kernel and read by the reduction
+WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
 # Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
 # plan's choice.
 TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
@@ -240,14 +251,10 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
 
 
 def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[str, int]:
-    """(tile, splits) for an M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by the operator's
-    cost model (wgrad_cost_us; fprop/dgrad: gemm_cost_us), among `tiles` (default: the operator's)."""
+    """(tile, splits) for an fprop or dgrad M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by
+    gemm_cost_us among `tiles` (default: the operator's).  wgrad plans with plan_wgrad."""
     forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
     tiles = (forced_tile,) if forced_tile else tiles or OPERATOR_TILES[operator]
-    if operator == "wgrad":
-        candidates = [(t, s) for t in tiles for s in ((forced_splits,) if forced_splits else range(1, 257))]
-        return min(((t, normalize_splits(k_tiles, s)) for t, s in candidates),
-                   key=lambda plan: wgrad_cost_us(plan[0], plan[1], m, n, k_tiles))
     candidates = [(t, 1) for t in tiles]
     if forced_splits and forced_splits > 1:
         candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
@@ -256,49 +263,81 @@ def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[
     return _plan_best(operator, candidates, m, n, k_tiles)
 
 
-def wgrad_flat(tile: str, channels: int, taps: int) -> bool:
+def wgrad_flat(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
     """Whether the wgrad kernel with this tile can store dw (or its fp32 slices) as the flat K x (R*S*C) matrix
     through TMA (WGRAD_FLAT in kernels/conv/conv2d_sm90.cu): only when its tiles of the (C,S,R) mode are flat
-    column ranges, i.e. a 1x1 filter (taps = R*S = 1) or C a multiple of TILE_N.  The other kernels store from
-    registers, element by element (3-11 us slower on ResNet-50's one-slice layers: docs/benchmarks_conv2d.md)."""
-    return taps == 1 or channels % TILES[tile].n == 0
+    column ranges, i.e. a 1x1 filter, C a multiple of a one-tap TILE_N, or a tile over a whole filter row.  The
+    other kernels store from registers, element by element (3-11 us slower on ResNet-50's one-slice layers:
+    docs/benchmarks_conv2d.md)."""
+    t = TILES[tile]
+    if t.taps > 1:
+        return wgrad_tile_serves(tile, channels, filter_rs)
+    return filter_rs == (1, 1) or channels % t.n == 0
 
 
-def wgrad_candidates(channels: int, taps: int) -> tuple[str, ...]:
+def wgrad_tile_serves(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
+    """Whether a wgrad tile can run this layer: a tile over T taps is one whole filter row, exactly its channels
+    and its S = T taps (kernels/conv/conv_sm90.cuh, WgradTapSpanning::can_implement)."""
+    t = TILES[tile]
+    return t.taps == 1 or (channels == t.channels and filter_rs[1] == t.taps)
+
+
+def wgrad_candidates(channels: int, filter_rs: tuple[int, int]) -> tuple[str, ...]:
     """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
-    64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), and thread block clusters only
-    for 1x1 filters.  Clusters (multicast of the shared operand) were the fastest tile on 12 of the 14 1x1
-    layers of ResNet-50 and slower on 5 of the 7 3x3 ones (lent H100, 2026-11-22 16:18, best split each;
-    benchmarks/results/conv2d_tiles_wgrad_1618.json)."""
-    tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if (wgrad_flat(t, channels, taps) or TILES[t].m == 64) and
-                  (taps == 1 or TILES[t].cluster_m * TILES[t].cluster_n == 1))
-    return tiles or OPERATOR_TILES["wgrad"]
+    64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
+    1x1 filters, and tiles over several taps where the filter's width takes them.  Clusters (multicast of the
+    shared operand) were the fastest tile on 12 of the 14 1x1 layers of ResNet-50 and slower on 5 of the 7 3x3
+    ones (lent H100, 2026-11-22 16:18, best split each; benchmarks/results/conv2d_tiles_wgrad_1618.json)."""
+    one_by_one = filter_rs == (1, 1)
+    tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
+                  (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
+                  (one_by_one or TILES[t].cluster_m * TILES[t].cluster_n == 1))
+    return tiles or tuple(t for t in OPERATOR_TILES["wgrad"] if TILES[t].taps == 1)
 
 
-def _plan_wgrad(k: int, channels: int, taps: int, k_tiles: int) -> tuple[str, int, bool]:
-    """(tile, splits, flat) of a wgrad plan among wgrad_candidates."""
-    tile, splits = plan_gemm("wgrad", round_up(k), channels * taps, k_tiles, wgrad_candidates(channels, taps))
-    return tile, splits, wgrad_flat(tile, channels, taps)
+def plan_wgrad(k: int, channels: int, filter_rs: tuple[int, int], k_tiles: int) -> tuple[str, int, bool]:
+    """(tile, splits, flat) of the weight gradient dw (K x R*S*C) over k_tiles 64-deep k-steps: the cheapest by
+    wgrad_cost_us among wgrad_candidates, each at its best split count."""
+    forced_tile, forced_splits = TILE_OVERRIDE["wgrad"], SPLIT_OVERRIDE["wgrad"]
+    if forced_tile and not wgrad_tile_serves(forced_tile, channels, filter_rs):
+        raise ValueError(f"jitops: wgrad tile {forced_tile!r} (TILE_OVERRIDE) covers a filter row of "
+                         f"{TILES[forced_tile].taps} taps x {TILES[forced_tile].channels} channels; this layer's "
+                         f"is {filter_rs[1]} x {channels}")
+    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs)
+    plans = [(t, normalize_splits(k_tiles, s)) for t in tiles
+             for s in ((forced_splits,) if forced_splits else range(1, 257))]
+    tile, splits = min(plans, key=lambda plan: wgrad_cost_us(plan[0], plan[1], round_up(k), channels, filter_rs,
+                                                             k_tiles))
+    return tile, splits, wgrad_flat(tile, channels, filter_rs)
 
 
 def _work_tiles(tile: str, m: int, n: int, splits: int) -> int:
     """Work tiles the kernel's scheduler runs for an M x N GEMM in `splits` slices (whole clusters)."""
-    tile_m, tile_n, cluster_m, cluster_n = TILES[tile]
-    return _ceil(_ceil(m, tile_m), cluster_m) * cluster_m * _ceil(_ceil(n, tile_n), cluster_n) * cluster_n * splits
+    t = TILES[tile]
+    return _ceil(_ceil(m, t.m), t.cluster_m) * t.cluster_m * _ceil(_ceil(n, t.n), t.cluster_n) * t.cluster_n * splits
 
 
-def wgrad_cost_us(tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
+def wgrad_work_tiles(tile: str, k: int, channels: int, filter_rs: tuple[int, int], splits: int) -> int:
+    """Work tiles of a wgrad kernel: its N mode is the filter's (C,S,R), tiled by channels of one tap (or of
+    `taps` taps along S) as CUTLASS's scheduler does (cute::ceil_div by mode), not as the flat R*S*C."""
+    t = TILES[tile]
+    n_tiles = _ceil(channels, t.channels) * _ceil(filter_rs[1], t.taps) * filter_rs[0]
+    return _ceil(_ceil(k, t.m), t.cluster_m) * t.cluster_m * _ceil(n_tiles, t.cluster_n) * t.cluster_n * splits
+
+
+def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tuple[int, int],
+                  k_tiles: int) -> float:
     """Predicted microseconds of a wgrad plan (WGRAD_TILE_US and the constants after it)."""
-    tile_m, tile_n, cluster_m, cluster_n = TILES[tile]
-    step_us, wave_us = WGRAD_TILE_US.get(f"{tile_m}x{tile_n}", WGRAD_TILE_US["128x128"])
-    work = _work_tiles(tile, m, n, splits)
+    t = TILES[tile]
+    step_us, wave_us = WGRAD_TILE_US.get(f"{t.m}x{t.n}", WGRAD_TILE_US["128x128"])
+    work = wgrad_work_tiles(tile, k, channels, filter_rs, splits)
     steps = _ceil(k_tiles, splits)
     cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
     # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
-    rows_loaded = tile_m / cluster_n + tile_n / cluster_m
+    rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
     cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
     if splits > 1:
-        cost += WGRAD_SPLIT_US + splits * m * n * 4 / 1e6 * WGRAD_US_PER_MB_SLICES
+        cost += WGRAD_SPLIT_US + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * WGRAD_US_PER_MB_SLICES
     return cost
 
 
@@ -383,6 +422,8 @@ def _request(name: str, cls: ConvClass, target: Target):
     split = name != "wgrad" and cls.splits > 1
     defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,
                    CLUSTER_M=tile.cluster_m, CLUSTER_N=tile.cluster_n, SPLIT_K=int(split))
+    if tile.taps > 1:
+        defines["TILE_TAPS"] = tile.taps
     if name == "wgrad":
         defines["WGRAD_FLAT"] = int(cls.flat)
     if name == "wgrad" and wgrad_direct(cls):
@@ -537,9 +578,9 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
     else:
         p, q = expected[2], expected[3]
         if _uses_im2col(c, r, s):  # a 1x1 wgrad over the im2col matrix's round_up(c * r * s) columns
-            tile, splits, flat = _plan_wgrad(k, round_up(c * r * s), 1, _ceil(n * p * q, TILE_K))
+            tile, splits, flat = plan_wgrad(k, round_up(c * r * s), (1, 1), _ceil(n * p * q, TILE_K))
             return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat)
-        tile, splits, flat = _plan_wgrad(k, round_up(c), r * s, _ceil(n * p * q, TILE_K))
+        tile, splits, flat = plan_wgrad(k, round_up(c), (r, s), _ceil(n * p * q, TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat)
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 

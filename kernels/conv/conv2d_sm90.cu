@@ -7,6 +7,9 @@
 //   TILE_M, TILE_N tile of the implicit GEMM (TILE_K is 64: one 128-byte swizzle row of fp16/bf16); TILE_M 64
 //                  splits the tile between the two consumer warpgroups by columns
 //   CLUSTER_M, CLUSTER_N  thread block cluster (TMA multicast of the operand the cluster shares)
+//   TILE_TAPS      wgrad: filter taps (consecutive s) per tile, TILE_N / TILE_TAPS channels each (default 1:
+//                  a tile covers channels of one tap; conv_sm90.cuh, WgradTapSpanning): only for layers of
+//                  exactly that many channels and taps per filter row, stored flat (WGRAD_FLAT)
 //
 // Tensors are NHWC (activations, gradients) and KRSC (filters), channel-contiguous, 16-byte aligned, channel
 // counts multiples of 8 (the Python side pads others).  The filter size, stride, padding and dilation are
@@ -21,9 +24,15 @@ using namespace cute;
 using Element = ELEMENT;
 using cutlass::conv::Operator;
 constexpr Operator kOp = CONV_OP == 0 ? Operator::kFprop : CONV_OP == 1 ? Operator::kDgrad : Operator::kWgrad;
-// wgrad's N mode is the filter's (C,S,R), so its tile is nested like it (as in CUTLASS's wgrad tests).
+#ifndef TILE_TAPS
+#define TILE_TAPS 1
+#endif
+// wgrad's N mode is the filter's (C,S,R), so its tile is nested like it (as in CUTLASS's wgrad tests): channels,
+// or channels x taps along s.
+using WgradTileN = cute::conditional_t<TILE_TAPS == 1, Shape<Int<TILE_N>>,
+                                       Shape<Int<TILE_N / TILE_TAPS>, Int<TILE_TAPS>>>;
 using TileShape = cute::conditional_t<kOp == Operator::kWgrad,
-    Shape<Int<TILE_M>, Shape<Int<TILE_N>>, Shape<_64>>, Shape<Int<TILE_M>, Int<TILE_N>, Shape<_64>>>;
+    Shape<Int<TILE_M>, WgradTileN, Shape<_64>>, Shape<Int<TILE_M>, Int<TILE_N>, Shape<_64>>>;
 using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 
 // SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
@@ -38,15 +47,16 @@ using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 #endif
 // WGRAD_FLAT (wgrad): the epilogue sees dw (or a slice) as the flat row-major matrix K x (R*S*C) it is in memory
 // and stores it through TMA.  Only where the mainloop's tiles of the hierarchical N mode (C,S,R) are flat column
-// ranges too: C a multiple of TILE_N, or a 1x1 filter.  Otherwise (a 128-wide tile over 64 channels of a 3x3
-// filter covers taps s = 0,1 of one row r, then s = 2 and an empty s = 3) the epilogue follows the hierarchical
-// mode, storing from registers.
+// ranges too: C a multiple of TILE_N, a 1x1 filter, or a tile over a whole filter row (TILE_TAPS).  Otherwise
+// (a 128-wide tile over 64 channels of a 3x3 filter covers the 64 channels of one tap and 64 empty columns) the
+// epilogue follows the hierarchical mode, storing from registers.
 #ifndef WGRAD_FLAT
 #define WGRAD_FLAT 0
 #endif
 constexpr bool kSplitK = kOp == Operator::kWgrad || SPLIT_K;
 constexpr bool kWgradDirect = kOp == Operator::kWgrad && WGRAD_DIRECT;
 constexpr bool kWgradFlat = kOp == Operator::kWgrad && WGRAD_FLAT;
+static_assert(TILE_TAPS == 1 || kWgradFlat, "a tile over several taps covers a whole filter row: WGRAD_FLAT");
 
 // Outputs: fprop y (NHWC, + per-channel bias), dgrad dx (NHWC, any strides: a phase of a strided dgrad writes
 // every stride-th pixel), split-K fp32 partials: wgrad [splits][K][R][S][C], fprop/dgrad [splits][M][N];
@@ -78,7 +88,7 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
     EpilogueSchedule, FusionOp>::CollectiveOp;
 
 using MainloopTypes = jitops::conv::Mainloop<kOp, Element, TileShape, ClusterShape,
-                                             int(sizeof(typename CollectiveEpilogue::SharedStorage))>;
+                                             int(sizeof(typename CollectiveEpilogue::SharedStorage)), TILE_TAPS>;
 using Kernel = jitops::conv::ConvKernelCooperative<typename MainloopTypes::Collective, CollectiveEpilogue, kSplitK,
                                                    kWgradFlat>;
 using ProblemShape = typename Kernel::ProblemShape;
@@ -158,7 +168,7 @@ EXPORT int jitops_conv2d(const void* a, const void* b, void* d, const void* bias
 }
 
 // Introspection for tests and benchmarks: 0 tile M, 1 tile N, 2 pipeline stages, 3 shared memory bytes,
-// 4 threads per block, 5 operator, 6 split-K, 7 direct wgrad, 8 flat wgrad output.
+// 4 threads per block, 5 operator, 6 split-K, 7 direct wgrad, 8 flat wgrad output, 9 filter taps per tile.
 EXPORT int jitops_conv2d_info(int what) {
   switch (what) {
     case 0: return TILE_M;
@@ -170,6 +180,7 @@ EXPORT int jitops_conv2d_info(int what) {
     case 6: return kSplitK ? 1 : 0;
     case 7: return kWgradDirect ? 1 : 0;
     case 8: return kWgradFlat ? 1 : 0;
+    case 9: return TILE_TAPS;
     default: return -1;
   }
 }

@@ -48,9 +48,136 @@ using cutlass::conv::Operator;
 // only selects our kernel below.
 struct KernelConvCooperative {};
 
+// ---- wgrad tiles that span filter taps --------------------------------------------------------------------
+// CUTLASS's collective loads wgrad's B operand (x, through TMA im2col) as boxes of channels at one filter tap
+// and tiles the (C,S,R) mode by channels, so a tile wider than C multiplies zeros: on a 64-channel 3x3 layer a
+// 128-wide tile is half empty (9 work tiles of 64 useful columns instead of 5), which is why that layer ran at
+// half of cuDNN's speed.  This collective takes a tile of TapsPerTile taps (consecutive s of one r) of
+// TILE_N / TapsPerTile channels each, e.g. 64 channels x 3 taps = 192 columns, all of a 3x3 filter's row, and
+// loads its B tile as TapsPerTile boxes, one per tap, into consecutive column ranges of the stage.  dy (the A
+// tile) is then loaded once for three taps instead of once per tap.  Everything but the loads is CUTLASS's.
+template <class Base, class SmemLayoutAtomB, int TapsPerTile>
+struct WgradTapSpanning : Base {
+  using TileShape = typename Base::TileShape;
+  using ProblemShape = typename Base::ProblemShape;
+  using Arguments = typename Base::Arguments;
+  using StrideB = typename Base::StrideB;
+  using InternalElementB = typename Base::InternalElementB;
+  using SmemLayoutA = typename Base::SmemLayoutA;
+  using MainloopPipeline = typename Base::MainloopPipeline;
+  using PipelineState = typename Base::PipelineState;
+  using TensorStorage = typename Base::TensorStorage;
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+  static_assert(size(ClusterShape{}) == 1, "tap-spanning tiles take no cluster");
+
+  static constexpr int TapChannels = size<1>(TileShape{}) / TapsPerTile;
+  // One tap's B tile: the stage's columns [j * TapChannels, (j + 1) * TapChannels), laid out as the stage's
+  // B tile is (swizzle atoms along K first, then along N), so that it starts j * TapElements in.
+  using SmemLayoutBTap = decltype(tile_to_shape(
+      SmemLayoutAtomB{}, make_shape(Int<TapChannels>{}, size<2>(TileShape{})), Step<_2, _1>{}));
+  static constexpr int TapElements = TapChannels * size<2>(TileShape{});
+  static constexpr int StageElementsB = size<1>(TileShape{}) * size<2>(TileShape{});
+  using TapTileShape = Shape<decltype(get<0>(TileShape{})), Shape<Int<TapChannels>>, decltype(get<2>(TileShape{}))>;
+
+  template <class TensorB>
+  static auto make_tap_tma(TensorB const& tensor_b, ProblemShape const& problem_shape) {
+    namespace detail = cutlass::conv::collective::detail;
+    auto lower_corner_whd = detail::compute_lower_corner_whd(problem_shape);
+    auto upper_corner_whd = detail::compute_upper_corner_whd(problem_shape);
+    auto lower_srt = detail::compute_lower_srt(problem_shape);
+    return make_im2col_tma_copy(
+        typename Base::GmemTiledCopyB{}, tensor_b, SmemLayoutBTap{}, product_each(shape(SmemLayoutBTap{})),
+        size<0>(ClusterShape{}), shape(lower_corner_whd), shape(upper_corner_whd),
+        cute::reverse(shape(problem_shape.lower_padding)), cute::reverse(shape(problem_shape.upper_padding)),
+        cute::reverse(shape(problem_shape.traversal_stride)), shape(lower_srt),
+        cute::reverse(shape(problem_shape.dilation)));
+  }
+  using TmaLoadBTap = decltype(make_tap_tma(
+      make_tensor(make_gmem_ptr(static_cast<InternalElementB const*>(nullptr)),
+                  make_layout(typename Base::Params::TensorShapeB{}, StrideB{})),
+      ProblemShape{}));
+
+  struct Params : Base::Params {
+    TmaLoadBTap tma_load_b_tap;
+  };
+
+  static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args, void* workspace) {
+    auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, problem_shape.stride_B, Base::DispatchPolicy::ConvOp);
+    auto tensor_b = make_tensor(make_gmem_ptr(reinterpret_cast<InternalElementB const*>(args.ptr_B)),
+                                make_layout(problem_shape.get_shape_B(), stride_b));
+    return {Base::to_underlying_arguments(problem_shape, args, workspace), make_tap_tma(tensor_b, problem_shape)};
+  }
+
+  // A tile is one whole filter row: C = TapChannels and S = TapsPerTile (wgrad's shape_C is the filter, KRSC),
+  // so that its columns are the flat range [r * S * C, (r + 1) * S * C) of dw, which the kernel's flat
+  // epilogue stores (CUTLASS's register epilogue cannot split a (channels, taps) tile between its two
+  // warpgroups' 96 columns each).
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    return Base::can_implement(problem_shape, args) && problem_shape.shape_C[3] == TapChannels &&
+           problem_shape.shape_C[2] == TapsPerTile;
+  }
+
+  CUTLASS_DEVICE
+  static void prefetch_tma_descriptors(Params const& params) {
+    Base::prefetch_tma_descriptors(params);
+    cute::prefetch_tma_descriptor(params.tma_load_b_tap.get_tma_descriptor());
+  }
+
+  // (gA_mk, gB_nk, gB_tap): the base's tiled views (gB_nk by the spanning tile: the kernel takes the tile
+  // counts from it) and x tiled by one tap's channels, (TAP_C, BLK_K, (c, s, r) tiles, k).
+  template <class ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem_shape_MNKL, Params const& params) {
+    auto [M, N, K, L] = problem_shape_MNKL;
+    auto base_inputs = Base::load_init(problem_shape_MNKL, params);
+    Tensor mB_tap = params.tma_load_b_tap.get_tma_tensor(make_shape(N, K));
+    Tensor gB_tap = local_tile(mB_tap, TapTileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+    return cute::make_tuple(get<0>(base_inputs), get<1>(base_inputs), gB_tap);
+  }
+
+  template <class TensorA, class TensorB, class TensorBTap, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState producer_state,
+                           cute::tuple<TensorA, TensorB, TensorBTap> const& load_inputs,
+                           BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
+                           int /*thread_idx*/, uint32_t /*block_rank_in_cluster*/, TensorStorage& shared_tensors) {
+    if (!cute::elect_one_sync()) {
+      return;
+    }
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    auto block_tma_a = params.tma_load_a.get_slice(0);
+    auto block_tma_b = params.tma_load_b_tap.get_slice(0);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor tAgA = block_tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _));   // (TMA,TMA_M,TMA_K,k)
+    Tensor tAsA = block_tma_a.partition_D(sA);                                         // (TMA,TMA_M,TMA_K,PIPE)
+    // n_coord is (channel tile, group of taps along s, r); tap j of the group is s = group * TapsPerTile + j.
+    auto channel_tile = get<0>(n_coord);
+    auto first_tap = get<1>(n_coord) * TapsPerTile;
+    auto filter_row = get<2>(n_coord);
+    auto const& gB_tap = get<2>(load_inputs);
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(producer_state);
+      auto* tma_barrier = pipeline.producer_get_barrier(producer_state);
+      int stage = producer_state.index();
+      copy(params.tma_load_a.with(*tma_barrier, 0), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < TapsPerTile; ++j) {
+        Tensor gB = gB_tap(_, _, make_coord(channel_tile, first_tap + j, filter_row), *k_tile_iter);
+        Tensor sB = make_tensor(
+            make_smem_ptr(shared_tensors.smem_B.data() + stage * StageElementsB + j * TapElements), SmemLayoutBTap{});
+        copy(params.tma_load_b_tap.with(*tma_barrier, 0), block_tma_b.partition_S(gB), block_tma_b.partition_D(sB));
+      }
+      ++k_tile_iter;
+      ++producer_state;
+    }
+  }
+};
+
 // ---- mainloop: CUTLASS's sm90 implicit-GEMM collective, assembled as its CollectiveBuilder would for a
 // two-consumer-warpgroup tile (AtomLayout 2x1x1), with the stage count fitted to what the epilogue leaves.
-template <Operator Op, class Element, class TileShape, class ClusterShape, int EpilogueSmemBytes>
+// TapsPerTile > 1: a wgrad tile over that many filter taps (WgradTapSpanning).
+template <Operator Op, class Element, class TileShape, class ClusterShape, int EpilogueSmemBytes,
+          int TapsPerTile = 1>
 struct Mainloop {
   static constexpr GMMA::Major MajorA = Op == Operator::kWgrad ? GMMA::Major::MN : GMMA::Major::K;
   static constexpr GMMA::Major MajorB = Op == Operator::kFprop ? GMMA::Major::K : GMMA::Major::MN;
@@ -74,8 +201,11 @@ struct Mainloop {
 
   using SmemLayoutAtomA = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
       MajorA, Element, decltype(get<0>(TileShape{})), decltype(get<2>(TileShape{}))>());
+  // B's swizzle atom is chosen by one warpgroup's columns: an MN-major operand's wgmma spans whole atoms (64
+  // columns for the 128-byte swizzle), and a tile split by columns gives each warpgroup TILE_N / 2 of them
+  // (32 for a 64x64 tile, 96 for 64x192: the 64-byte swizzle's 32-column atoms).
   using SmemLayoutAtomB = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-      MajorB, Element, decltype(get<1>(TileShape{})), decltype(get<2>(TileShape{}))>());
+      MajorB, Element, decltype(size<1>(AtomTile{})), decltype(get<2>(TileShape{}))>());
 
   static constexpr int StageBytes =
       int(sizeof(Element)) * (size<0>(TileShape{}) + size<1>(TileShape{})) * size<2>(TileShape{}) +
@@ -92,10 +222,13 @@ struct Mainloop {
 
   using DispatchPolicy = cutlass::conv::MainloopSm90TmaGmmaWarpSpecializedImplicitGemm<
       Op, Stages, 2, ClusterShape, KernelConvCooperative>;
-  using Collective = cutlass::conv::collective::CollectiveConv<
+  using CutlassCollective = cutlass::conv::collective::CollectiveConv<
       DispatchPolicy, TileShape, Element, Element, TiledMma,
       cutlass::conv::collective::detail::Sm90ImplicitGemmTileTraits<GmemTiledCopyA, SmemLayoutA>,
       cutlass::conv::collective::detail::Sm90ImplicitGemmTileTraits<GmemTiledCopyB, SmemLayoutB>>;
+  static_assert(TapsPerTile == 1 || Op == Operator::kWgrad, "only wgrad tiles span filter taps");
+  using Collective = cute::conditional_t<(TapsPerTile > 1),
+      WgradTapSpanning<CutlassCollective, SmemLayoutAtomB, TapsPerTile>, CutlassCollective>;
 };
 
 // ---- the kernel ---------------------------------------------------------------------------------------------
@@ -148,6 +281,9 @@ class ConvKernelCooperative {
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
   static_assert(SharedStorageSize <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes);
+
+  using AccumulatorTileShape = cute::conditional_t<cute::rank_v<decltype(get<1>(TileShape{}))> == 1,
+      decltype(take<0, 2>(TileShape{})), Shape<decltype(get<0>(TileShape{})), decltype(size<1>(TileShape{}))>>;
 
   // The GEMM view: im2col-linearized (M, N, K, L); for split-K wgrad L is the number of splits.
   using LinearShape = decltype(CollectiveMainloop::get_problem_shape_MNKL(ProblemShape{}));
@@ -420,7 +556,8 @@ class ConvKernelCooperative {
       while (work_tile_info.is_valid()) {
         auto blk_coord = block_coord(work_tile_info);
         auto k_count = get<1>(k_range(work_tile_info));
-        auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));  // (MMA,MMA_M,MMA_N)
+        // (MMA,MMA_M,MMA_N), over the tile's flat N (a tap-spanning wgrad tile's N mode is (channels, taps)).
+        auto accumulators = partition_fragment_C(tiled_mma, AccumulatorTileShape{});
         collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_count,
                                 mma_thread_idx, shared_storage.tensors.mainloop, params.mainloop);
         collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_count);
