@@ -354,10 +354,17 @@ class FakeReduceKernel:
 
 def im2col_reference(x, r, s, stride, padding, dilation, p, q, columns):
     """[N, P, Q, columns] from x [N, C, H, W]: each row one output pixel's receptive field in (r, s, c) order,
-    zeros past R*S*C (torch's unfold, reordered)."""
-    n, c = x.shape[:2]
-    cols = F.unfold(x.double(), (r, s), dilation=dilation, padding=padding, stride=stride)  # [n, c*r*s, p*q]
-    cols = cols.view(n, c, r, s, p, q).permute(0, 4, 5, 2, 3, 1).reshape(n, p, q, r * s * c)
+    zeros past R*S*C and for windows past the padded image (a folded matrix's last rows; torch's unfold,
+    reordered)."""
+    n, c, h, w = x.shape
+    # Pad the bottom and right so that unfold yields at least p x q windows, then keep the first p x q.
+    bottom = max(padding[0], (p - 1) * stride[0] + (r - 1) * dilation[0] + 1 - h - padding[0])
+    right = max(padding[1], (q - 1) * stride[1] + (s - 1) * dilation[1] + 1 - w - padding[1])
+    padded = F.pad(x.double(), (padding[1], right, padding[0], bottom))
+    rows = (padded.shape[2] - (r - 1) * dilation[0] - 1) // stride[0] + 1
+    cols_ = (padded.shape[3] - (s - 1) * dilation[1] - 1) // stride[1] + 1
+    cols = F.unfold(padded, (r, s), dilation=dilation, stride=stride)  # [n, c*r*s, rows*cols_]
+    cols = cols.view(n, c, r, s, rows, cols_)[..., :p, :q].permute(0, 4, 5, 2, 3, 1).reshape(n, p, q, r * s * c)
     return F.pad(cols, (0, columns - r * s * c)).to(x.dtype)
 
 
@@ -469,6 +476,35 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
         conv_module.WGRAD_REDUCE_KERNEL = True
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_on_cpu):
+    # The stem (7x7 stride 2 over 3 channels): the plan folds 2 filter rows into each matrix row (2*7*3 = 42
+    # columns, padded to 48, over 115 rows of the 112 outputs) and runs a 4-tap conv over the matrix.
+    x = torch.randn(1, 3, 224, 224)
+    w, b = torch.randn(64, 3, 7, 7) / 12, torch.randn(64)
+    kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, 2, 3, 1), "fprop")
+    assert kern.shape_class.fold == 2
+    y = conv_module.run_cuda(kern, x, w, b, (2, 2), (3, 3), (1, 1))
+    [im2col], [conv] = kern.im2col.calls, kern.fprop.calls
+    assert im2col["taps_c"] == 42 and im2col["rows"] == 115 * 112
+    assert (conv["r"], conv["s"], conv["c"], conv["h"], conv["stride"]) == (4, 1, 48, 115, (1, 1))
+    assert y.stride() == channels_last_strides(y.shape)
+    torch.testing.assert_close(y, reference(x, w, b, 2, 3, 1), rtol=1e-4, atol=1e-4)
+    # Any fold of any filter: rows that do not fill the last tap, unequal strides, padding, dilation along W,
+    # odd sizes, 5 channels (the plan folds only where it pays; here forced)
+    for (n, c, h, wd), (k, r, s), stride, padding, dilation, fold in (
+            ((2, 5, 17, 13), (8, 5, 3), (3, 2), (2, 1), (1, 2), 3), ((1, 3, 12, 9), (16, 7, 7), (2, 1), (3, 2),
+                                                                     (1, 1), 2),
+            ((2, 4, 10, 10), (8, 3, 3), (2, 2), (0, 1), (1, 1), 2)):
+        x = torch.randn(n, c, h, wd).contiguous(memory_format=torch.channels_last)
+        w, b = torch.randn(k, c, r, s), torch.randn(k)
+        kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, stride, padding, dilation), "fprop")
+        kern.shape_class = kern.shape_class._replace(fold=fold)
+        y = conv_module.run_cuda(kern, x, w, b, stride, padding, dilation)
+        [conv] = kern.fprop.calls
+        assert conv["r"] == -(-r // fold) and conv["c"] == conv_module.round_up(fold * s * c)
+        torch.testing.assert_close(y, reference(x, w, b, stride, padding, dilation), rtol=1e-4, atol=1e-4)
 
 
 def test_few_channel_layers_go_through_im2col_while_its_tables_fit_shared_memory():

@@ -38,7 +38,8 @@ multiple of 8 in copies of x, w (and dy), and the output is computed at the padd
 channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels.
 Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
 run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead, and dgrad as the matrix's gradient
-(a 1x1 conv) summed into dx by col2im; both transforms are NVRTC kernels (see IM2COL_MAX_CHANNELS).
+(a 1x1 conv) summed into dx by col2im; both transforms are NVRTC kernels (see IM2COL_MAX_CHANNELS).  A strided
+fprop (the stem) folds only `stride` filter rows into the matrix and runs a conv over the rest (_plan_fold).
 
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
@@ -154,6 +155,7 @@ class ConvClass(NamedTuple):
     splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
     im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
     flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
+    fold: int = 0               # fprop over im2col: filter rows per matrix row (0: all, a 1x1 conv; see _plan_fold)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -495,6 +497,47 @@ COL2IM = CudaKernel("conv2d_col2im", Source.file("conv/im2col.cu"), "jitops::con
 def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> int:
     """kernels/conv/im2col.cu's shared memory: the rows, then 16 bytes a column (an offset and two ints)."""
     return block_rows * columns * element_size + 16 * columns
+
+
+# A strided few-channel fprop need not materialise every filter row: the matrix of a `fold` x S filter at stride
+# (fold, stride_w), one row per `fold` input rows, holds fold*S*C columns, and a conv of ceil(R/fold) taps over
+# it at unit stride is the layer (row p reads matrix rows p .. p + R/fold - 1, i.e. input rows p*fold - pad + r).
+# For the stem (7x7 stride 2, C=3, 224x224, batch 32) that is a 40 MB matrix of 48 columns and 4 k-steps a tile
+# instead of 122 MB, 152 columns, 3 k-steps.  _plan_fold picks by writing and reading the matrix at the im2col
+# kernel's measured rate (122 MB in 81.5 us, lent H100, docs/benchmarks_conv2d.md runs 12-14) plus the GEMM's
+# fitted cost.
+IM2COL_MB_PER_US = 122 / 81.5
+
+
+def _plan_fold(n: int, p: int, q: int, k: int, c: int, r: int, s: int, stride, dilation) -> tuple[int, str, int]:
+    """(fold, tile, splits) of a few-channel fprop: fold 0 is the whole im2col matrix and a 1x1 conv; fold f
+    (f = stride_h, unit dilation along H) folds f filter rows into the matrix and convolves ceil(R/f) taps."""
+    def plan(fold: int) -> tuple[float, str, int]:
+        rows, columns, taps = (p, round_up(c * r * s), 1) if fold == 0 else \
+            (p + _ceil(r, fold) - 1, round_up(fold * s * c), _ceil(r, fold))
+        k_tiles = _ceil(columns, TILE_K) * taps
+        tile, splits = plan_gemm("fprop", n * p * q, round_up(k), k_tiles)
+        matrix_mb = n * rows * q * columns * 2 / 1e6
+        return 2 * matrix_mb / IM2COL_MB_PER_US + gemm_cost_us("fprop", tile, splits, n * p * q, round_up(k),
+                                                               k_tiles), tile, splits
+    folds = [0] + ([stride[0]] if 1 < stride[0] < r and dilation[0] == 1 else [])
+    fold = min(folds, key=lambda f: plan(f)[0])
+    return (fold, *plan(fold)[1:])
+
+
+def _fold_weight(weight: torch.Tensor, fold: int, k8: int, columns: int) -> torch.Tensor:
+    """w [K, C, R, S] -> [k8, ceil(R/fold), 1, columns] (KRSC): tap j's channels are filter rows j*fold ..
+    j*fold + fold - 1 in (row, s, c) order, as the folded matrix's columns; missing rows and padding zero."""
+    k, c, r, s = weight.shape
+    taps, per_tap = _ceil(r, fold), fold * s * c
+    out = torch.zeros((k8, taps, 1, columns), dtype=weight.dtype, device=weight.device)
+    krsc = weight.permute(0, 2, 3, 1)
+    whole = r // fold  # taps with all `fold` rows; a last one may have fewer
+    out[:k, :whole, 0, :per_tap].copy_(krsc[:, :whole * fold].reshape(k, whole, per_tap))
+    if whole < taps:
+        rest = r - whole * fold
+        out[:k, whole, 0, :rest * s * c].copy_(krsc[:, whole * fold:].reshape(k, rest * s * c))
+    return out
 
 
 def _with_im2col(kernels: dict, cls: ConvClass) -> dict:
@@ -842,8 +885,8 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     if x.is_cpu:
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, "")
     if _uses_im2col(c, r, s):
-        tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c * r * s), TILE_K))
-        return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True)
+        fold, tile, splits = _plan_fold(n, p, q, k, c, r, s, stride, dilation)
+        return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, fold=fold)
     tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
     return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
@@ -866,12 +909,21 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     if c == 0:
         return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
     c8, k8 = round_up(c), round_up(k)
-    if cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
+    w_krsc = None
+    if cls.im2col and cls.fold:  # a conv of ceil(R/fold) taps over the matrix of `fold` filter rows (_plan_fold)
+        fold, taps = cls.fold, _ceil(r, cls.fold)
+        x = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), p + taps - 1,
+                    q).permute(0, 3, 1, 2)
+        w_krsc = _fold_weight(weight, fold, k8, x.shape[1])
+        c, h, w, r, s, c8 = x.shape[1], x.shape[2], q, taps, 1, x.shape[1]
+        cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    elif cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
         x = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
         weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
         c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
         cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
-    w_krsc = _nhwc(weight, c8) if k8 == k else None
+    if w_krsc is None and k8 == k:
+        w_krsc = _nhwc(weight, c8)
     if w_krsc is None:
         w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
         w_krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
