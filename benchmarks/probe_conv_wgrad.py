@@ -5,6 +5,7 @@ inside a profiler range, for Nsight Compute's hardware counters (DRAM and L2 byt
         python3 benchmarks/probe_conv_wgrad.py --layers 2,9,21 [--tile 128x128c2x1]
     python3 benchmarks/probe_conv_wgrad.py --tiny     # the least a call costs in GPU time, ours and cuDNN's
     python3 benchmarks/probe_conv_wgrad.py --stem     # the 7x7 stem's fprop in parts (im2col, 1x1 conv)
+    python3 benchmarks/probe_conv_wgrad.py --stem-folds  # the stem's fprop and wgrad at each fold: time, error
     ncu --clock-control none --profile-from-start off --metrics ... python3 benchmarks/probe_conv_wgrad.py --tiny-range
 
 The order of the calls (layer, side, plan) is printed first; ncu's rows follow it kernel by kernel (ours: the
@@ -113,6 +114,40 @@ def tiny_in_profiler_range() -> None:
     print("profiled, in order: wgrad, fprop, dgrad", flush=True)
 
 
+def stem_folds() -> None:
+    """The stem's fprop and wgrad (batch 32, fp16 and bf16) through the whole im2col matrix (fold 0) and two
+    folded filter rows (fold 2), against cuDNN: GPU time (graphs) and each side's relative error against
+    float64 on the same inputs (the GPU's float64 convolution)."""
+    from bench_conv2d import time_graphed
+    for dtype in (torch.float16, torch.bfloat16):
+        x, w, dy = layer_tensors(3, 64, 224, 7, 2, 3, dtype)
+        want_y = torch.nn.functional.conv2d(x.double(), w.double(), None, 2, 3)
+        want_dw = torch.nn.grad.conv2d_weight(x.double(), w.shape, dy.double(), 2, 3)
+
+        def error(got, want):
+            return float((got.double() - want).norm() / want.norm())
+
+        calls = {"cuDNN": (functools.partial(torch.nn.functional.conv2d, x, w, None, 2, 3),
+                           functools.partial(cudnn_weight_grad, dy, x, w, 2, 3))}
+        for fold in (0, 2):
+            conv_module.FOLD_OVERRIDE = fold
+            try:
+                classes = (jitops.find("conv2d").shape_class(x, w, None, 2, 3, 1),
+                           jitops.find("conv2d_weight_grad").shape_class(dy, x, w.shape, 2, 3, 1))
+                y, dw = jitops.conv2d(x, w, None, 2, 3, 1), jitops.conv2d_weight_grad(dy, x, w.shape, 2, 3, 1)
+                times = [time_graphed([functools.partial(jitops.conv2d, x, w, None, 2, 3, 1)]),
+                         time_graphed([functools.partial(jitops.conv2d_weight_grad, dy, x, w.shape, 2, 3, 1)])]
+            finally:
+                conv_module.FOLD_OVERRIDE = None
+            print(f"stem {str(dtype)[6:]} fold {fold}: fprop {classes[0].tile}/{classes[0].splits} "
+                  f"{times[0] * 1e3:6.1f} us error {error(y, want_y):.1e}; wgrad {classes[1].tile}/"
+                  f"{classes[1].splits} {times[1] * 1e3:6.1f} us error {error(dw, want_dw):.1e}", flush=True)
+        fprop, wgrad = calls["cuDNN"]
+        print(f"stem {str(dtype)[6:]} cuDNN: fprop {time_graphed([fprop]) * 1e3:6.1f} us error "
+              f"{error(fprop(), want_y):.1e}; wgrad {time_graphed([wgrad]) * 1e3:6.1f} us error "
+              f"{error(wgrad(), want_dw):.1e}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="2,5,9,15,21,22")
@@ -120,8 +155,12 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="time tiny problems instead (no profiler range)")
     parser.add_argument("--stem", action="store_true", help="time the stem's fprop in parts instead")
     parser.add_argument("--tiny-range", action="store_true", help="one tiny call per operator in a profiler range")
+    parser.add_argument("--stem-folds", action="store_true", help="the stem at each fold: time and error")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
+    if args.stem_folds:
+        stem_folds()
+        return 0
     if args.tiny or args.stem or args.tiny_range:
         tiny_problems() if args.tiny else stem_parts() if args.stem else tiny_in_profiler_range()
         return 0

@@ -491,6 +491,15 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
     assert (conv["r"], conv["s"], conv["c"], conv["h"], conv["stride"]) == (4, 1, 48, 115, (1, 1))
     assert y.stride() == channels_last_strides(y.shape)
     torch.testing.assert_close(y, reference(x, w, b, 2, 3, 1), rtol=1e-4, atol=1e-4)
+    # Its weight gradient: a wgrad of a 4x1 filter over the same matrix's 48 channels, unfolded into dw
+    grad = torch.randn_like(y)
+    kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, (grad, x, list(w.shape), 2, 3, 1), "wgrad")
+    assert kern.shape_class.fold == 2
+    dw = conv_module.run_weight_grad_cuda(kern, grad, x, list(w.shape), (2, 2), (3, 3), (1, 1))
+    [conv] = kern.wgrad.calls
+    assert (conv["r"], conv["s"], conv["c"], conv["h"]) == (4, 1, 48, 115)
+    assert dw.stride() == channels_last_strides(w.shape)
+    torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, grad, 2, 3), rtol=1e-4, atol=1e-3)
     # Any fold of any filter: rows that do not fill the last tap, unequal strides, padding, dilation along W,
     # odd sizes, 5 channels (the plan folds only where it pays; here forced)
     for (n, c, h, wd), (k, r, s), stride, padding, dilation, fold in (
@@ -499,12 +508,24 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
             ((2, 4, 10, 10), (8, 3, 3), (2, 2), (0, 1), (1, 1), 2)):
         x = torch.randn(n, c, h, wd).contiguous(memory_format=torch.channels_last)
         w, b = torch.randn(k, c, r, s), torch.randn(k)
-        kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, stride, padding, dilation), "fprop")
-        kern.shape_class = kern.shape_class._replace(fold=fold)
+        conv_module.FOLD_OVERRIDE = fold
+        try:
+            kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, stride, padding, dilation), "fprop")
+            grad = torch.randn_like(reference(x, w, b, stride, padding, dilation))
+            grad_kerns = [cuda_path_on_cpu(jitops.conv2d_weight_grad, (grad, x, list(w.shape), stride, padding,
+                                                                         dilation), "wgrad", splits=splits)
+                          for splits in (1, 3)]
+        finally:
+            conv_module.FOLD_OVERRIDE = None
+        assert kern.shape_class.fold == fold and all(g.shape_class.fold == fold for g in grad_kerns)
         y = conv_module.run_cuda(kern, x, w, b, stride, padding, dilation)
         [conv] = kern.fprop.calls
         assert conv["r"] == -(-r // fold) and conv["c"] == conv_module.round_up(fold * s * c)
         torch.testing.assert_close(y, reference(x, w, b, stride, padding, dilation), rtol=1e-4, atol=1e-4)
+        for kern in grad_kerns:
+            dw = conv_module.run_weight_grad_cuda(kern, grad, x, list(w.shape), stride, padding, dilation)
+            torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, grad, stride, padding, dilation),
+                                       rtol=1e-4, atol=1e-3)
 
 
 def test_few_channel_layers_go_through_im2col_while_its_tables_fit_shared_memory():
@@ -584,12 +605,13 @@ def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
     assert conv_module.wgrad_flat("128x64", 64, (3, 3)) and not conv_module.wgrad_flat("64x128", 64, (3, 3))
     assert conv_module.wgrad_flat("64x128", 64, (1, 1)) and conv_module.wgrad_flat("128x256", 512, (3, 3))
     # The plan takes a tile that stores through TMA where one exists: a flat one, or a 64-row tile (which stores
-    # from registers either way); a layer whose channels no tile width divides stores from registers.
+    # from registers either way); a layer whose channels no tile width divides stores from registers, as does
+    # the stem's wgrad over its folded matrix (a 4x1 filter of 48 channels: _plan_fold).
     op = jitops.find("conv2d_weight_grad")
     sm90a = Target.parse("sm_90a")
     for c, k, kernel, stride, padding, flat in ((64, 64, 3, 1, 1, True), (256, 256, 3, 1, 1, True),
                                                 (64, 256, 3, 1, 1, True), (64, 64, 1, 1, 0, True),
-                                                (3, 64, 7, 2, 3, True), (24, 256, 3, 1, 1, False)):
+                                                (3, 64, 7, 2, 3, False), (24, 256, 3, 1, 1, False)):
         x = torch.empty(32, c, 56, 56, device="meta", dtype=torch.float16)
         out = conv_module.output_size(56, kernel, stride, padding, 1)
         dy = torch.empty(32, k, out, out, device="meta", dtype=torch.float16)

@@ -161,33 +161,40 @@ def test_im2col_kernel_matches_unfold_for_any_layout(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_stem_fprop_over_folded_rows_matches_fp32_reference(dtype):
-    """The stem's fprop as planned (2 filter rows folded into the matrix, a 4-tap conv over it: conv2d.py
-    _plan_fold) against torch in fp32, channels_last and NCHW input, with a bias; and a fold forced on a
-    5x3 filter at stride (3, 2) with dilation 2 along W."""
+def test_stem_fprop_and_wgrad_over_folded_rows_match_fp32_reference(dtype):
+    """The stem's fprop and wgrad as planned (2 filter rows folded into the matrix, a 4-tap conv over it:
+    conv2d.py _plan_fold) against torch in fp32, channels_last and NCHW input, with a bias; and a fold forced on
+    a 5x3 filter at stride (3, 2) with dilation 2 along W."""
     x = torch.randn(2, 3, 224, 224, device="cuda").to(dtype)
     weight = (torch.randn(64, 3, 7, 7, device="cuda") / 147 ** 0.5).to(dtype)
     bias = torch.randn(64, device="cuda").to(dtype)
     cls = jitops.find("conv2d").shape_class(x, weight, bias, 2, 3, 1)
     assert cls.im2col and cls.fold == 2, cls
     want = F.conv2d(x.float(), weight.float(), bias.float(), 2, 3)
+    grad = torch.randn_like(want).to(dtype)
+    assert jitops.find("conv2d_weight_grad").shape_class(grad, x, weight.shape, 2, 3, 1).fold == 2
+    dw_want = torch.nn.grad.conv2d_weight(x.float(), weight.shape, grad.float(), 2, 3)
     for layout in (x, x.contiguous(memory_format=torch.channels_last)):
         y = jitops.conv2d(layout, weight, bias, 2, 3, 1)
         assert y.stride() == channels_last_strides(want.shape)
         assert relative_error(y, want) < TOLERANCE[dtype]
+        dw = jitops.conv2d_weight_grad(grad, layout, weight.shape, 2, 3, 1)
+        assert dw.stride() == channels_last_strides(weight.shape)
+        assert relative_error(dw, dw_want) < TOLERANCE[dtype]
     x = torch.randn(2, 5, 33, 29, device="cuda").to(dtype)
     weight = torch.randn(16, 5, 5, 3, device="cuda").to(dtype)
     geometry = ((3, 2), (2, 1), (1, 2))
-    original = conv_module._plan_fold
-    conv_module._plan_fold = lambda *args: (3, *original(*args)[1:])
-    conv_module._CLASS_CACHE.clear()
+    conv_module.FOLD_OVERRIDE = 3
     try:
         assert jitops.find("conv2d").shape_class(x, weight, None, *geometry).fold == 3
         y = jitops.conv2d(x, weight, None, *geometry)
+        grad = torch.randn_like(y)
+        dw = jitops.conv2d_weight_grad(grad, x, weight.shape, *geometry)
     finally:
-        conv_module._plan_fold = original
-        conv_module._CLASS_CACHE.clear()
+        conv_module.FOLD_OVERRIDE = None
     assert relative_error(y, F.conv2d(x.float(), weight.float(), None, *geometry)) < TOLERANCE[dtype]
+    want = torch.nn.grad.conv2d_weight(x.float(), weight.shape, grad.float(), *geometry)
+    assert relative_error(dw, want) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])

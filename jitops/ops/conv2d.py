@@ -39,7 +39,7 @@ channels_last result.  Cost: one extra pass over x and the output, plus the GEMM
 Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
 run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead, and dgrad as the matrix's gradient
 (a 1x1 conv) summed into dx by col2im; both transforms are NVRTC kernels (see IM2COL_MAX_CHANNELS).  A strided
-fprop (the stem) folds only `stride` filter rows into the matrix and runs a conv over the rest (_plan_fold).
+fprop or wgrad (the stem) folds only `stride` filter rows into the matrix and convolves the rest (_plan_fold).
 
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
@@ -138,6 +138,7 @@ WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and rea
 # plan's choice.
 TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
 SPLIT_OVERRIDE: dict[str, int | None] = {"fprop": None, "dgrad": None, "wgrad": None}
+FOLD_OVERRIDE: int | None = None   # the few-channel layers' fold (_plan_fold); 0 = the whole im2col matrix
 _OPERATOR = {"conv2d": "fprop", "conv2d_input_grad": "dgrad", "conv2d_weight_grad": "wgrad"}
 
 
@@ -155,7 +156,7 @@ class ConvClass(NamedTuple):
     splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
     im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
     flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
-    fold: int = 0               # fprop over im2col: filter rows per matrix row (0: all, a 1x1 conv; see _plan_fold)
+    fold: int = 0               # fprop/wgrad over im2col: filter rows per matrix row (0: all, 1x1; _plan_fold)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> C
     try:
         operator = _OPERATOR[op_name]
         key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
-               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator])
+               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator], FOLD_OVERRIDE)
         cls = _CLASS_CACHE.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
         return compute(op_name, a, b, *rest)
@@ -503,24 +504,45 @@ def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> in
 # (fold, stride_w), one row per `fold` input rows, holds fold*S*C columns, and a conv of ceil(R/fold) taps over
 # it at unit stride is the layer (row p reads matrix rows p .. p + R/fold - 1, i.e. input rows p*fold - pad + r).
 # For the stem (7x7 stride 2, C=3, 224x224, batch 32) that is a 40 MB matrix of 48 columns and 4 k-steps a tile
-# instead of 122 MB, 152 columns, 3 k-steps.  _plan_fold picks by writing and reading the matrix at the im2col
-# kernel's measured rate (122 MB in 81.5 us, lent H100, docs/benchmarks_conv2d.md runs 12-14) plus the GEMM's
-# fitted cost.
+# instead of 122 MB, 152 columns, 3 k-steps.  The weight gradient is the same wgrad over the folded matrix, its
+# (R/fold, 1) filter of fold*S*C channels unfolded into dw.  _plan_fold picks by writing and reading the matrix
+# at the im2col kernel's measured rate (122 MB in 81.5 us, lent H100, docs/benchmarks_conv2d.md runs 12-14) plus
+# the GEMM's fitted cost.
 IM2COL_MB_PER_US = 122 / 81.5
 
 
-def _plan_fold(n: int, p: int, q: int, k: int, c: int, r: int, s: int, stride, dilation) -> tuple[int, str, int]:
-    """(fold, tile, splits) of a few-channel fprop: fold 0 is the whole im2col matrix and a 1x1 conv; fold f
-    (f = stride_h, unit dilation along H) folds f filter rows into the matrix and convolves ceil(R/f) taps."""
-    def plan(fold: int) -> tuple[float, str, int]:
-        rows, columns, taps = (p, round_up(c * r * s), 1) if fold == 0 else \
-            (p + _ceil(r, fold) - 1, round_up(fold * s * c), _ceil(r, fold))
-        k_tiles = _ceil(columns, TILE_K) * taps
-        tile, splits = plan_gemm("fprop", n * p * q, round_up(k), k_tiles)
-        matrix_mb = n * rows * q * columns * 2 / 1e6
-        return 2 * matrix_mb / IM2COL_MB_PER_US + gemm_cost_us("fprop", tile, splits, n * p * q, round_up(k),
-                                                               k_tiles), tile, splits
+def _fold_matrix(n: int, p: int, q: int, c: int, r: int, s: int, fold: int) -> tuple[int, int, int, float]:
+    """(rows per image, columns, taps of the conv over it, megabytes at 2 bytes) of the im2col matrix that
+    folds `fold` filter rows (0: all of them; the conv is then 1x1)."""
+    if fold == 0:
+        rows, columns, taps = p, round_up(c * r * s), 1
+    else:
+        rows, columns, taps = p + _ceil(r, fold) - 1, round_up(fold * s * c), _ceil(r, fold)
+    return rows, columns, taps, n * rows * q * columns * 2 / 1e6
+
+
+def _plan_fold(operator: str, n: int, p: int, q: int, k: int, c: int, r: int, s: int, stride,
+               dilation) -> tuple[int, str, int, bool]:
+    """(fold, tile, splits, flat) of a few-channel fprop or wgrad: fold 0 is the whole im2col matrix and a 1x1
+    conv; fold f (f = stride_h, unit dilation along H) folds f filter rows into the matrix and convolves
+    ceil(R/f) taps over it."""
+    def plan(fold: int) -> tuple[float, str, int, bool]:
+        _, columns, taps, matrix_mb = _fold_matrix(n, p, q, c, r, s, fold)
+        if operator == "wgrad":
+            k_tiles = _ceil(n * p * q, TILE_K)
+            tile, splits, flat = plan_wgrad(k, columns, (taps, 1), k_tiles)
+            cost = wgrad_cost_us(tile, splits, round_up(k), columns, (taps, 1), k_tiles)
+        else:
+            k_tiles = _ceil(columns, TILE_K) * taps
+            (tile, splits), flat = plan_gemm("fprop", n * p * q, round_up(k), k_tiles), False
+            cost = gemm_cost_us("fprop", tile, splits, n * p * q, round_up(k), k_tiles)
+        return 2 * matrix_mb / IM2COL_MB_PER_US + cost, tile, splits, flat
     folds = [0] + ([stride[0]] if 1 < stride[0] < r and dilation[0] == 1 else [])
+    if FOLD_OVERRIDE is not None:
+        if FOLD_OVERRIDE < 0 or (FOLD_OVERRIDE and dilation[0] != 1):
+            raise ValueError(f"jitops: FOLD_OVERRIDE {FOLD_OVERRIDE} cannot serve this layer (a fold is >= 0, "
+                             f"and > 0 only with unit dilation along H, here {dilation[0]})")
+        folds = [FOLD_OVERRIDE]
     fold = min(folds, key=lambda f: plan(f)[0])
     return (fold, *plan(fold)[1:])
 
@@ -620,9 +642,9 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
                                  _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
     else:
         p, q = expected[2], expected[3]
-        if _uses_im2col(c, r, s):  # a 1x1 wgrad over the im2col matrix's round_up(c * r * s) columns
-            tile, splits, flat = plan_wgrad(k, round_up(c * r * s), (1, 1), _ceil(n * p * q, TILE_K))
-            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat)
+        if _uses_im2col(c, r, s):  # a wgrad over the im2col matrix (_plan_fold)
+            fold, tile, splits, flat = _plan_fold("wgrad", n, p, q, k, c, r, s, stride, dilation)
+            return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat, fold)
         tile, splits, flat = plan_wgrad(k, round_up(c), (r, s), _ceil(n * p * q, TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat)
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
@@ -813,6 +835,18 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
     c8, k8 = round_up(c), round_up(k)
     device, sms, stream = _launch_args(grad)
     splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
+    if cls.im2col and cls.fold:  # a wgrad of ceil(R/fold) taps over the folded matrix (_plan_fold), unfolded
+        fold, taps = cls.fold, _ceil(r, cls.fold)
+        columns = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), p + taps - 1, q)
+        width = columns.shape[-1]
+        partial = torch.empty((splits, k8, taps, 1, width), dtype=torch.float32, device=grad.device)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p + taps - 1, q, width,
+              k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
+        folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
+        _reduce_into(kern, partial.view(splits, k8, taps, width), folded)
+        dw.permute(0, 2, 3, 1).copy_(folded.permute(0, 2, 3, 1).reshape(k, taps * fold, s, c)[:, :r])
+        return dw
     if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
         columns = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
         width = columns.shape[-1]
@@ -885,7 +919,7 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     if x.is_cpu:
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, "")
     if _uses_im2col(c, r, s):
-        fold, tile, splits = _plan_fold(n, p, q, k, c, r, s, stride, dilation)
+        fold, tile, splits, _ = _plan_fold("fprop", n, p, q, k, c, r, s, stride, dilation)
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, fold=fold)
     tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
     return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
