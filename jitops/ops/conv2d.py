@@ -116,21 +116,22 @@ GEMM_TILE_US = {
     "dgrad": {"128x64": (0.364, 0.84), "128x128": (0.403, 2.15), "128x256": (0.658, 3.59),
               "128x64c1x2": (0.270, 0.99), "128x64c2x1": (0.358, 0.87)}}
 # wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue;
-# a cluster tile costs as its tile, less the operand bytes it multicasts), fitted by least squares (relative
-# error) by benchmarks/fit_wgrad_cost.py to 1086 timings of ResNet-50's wgrad layers at batch 32 and the 3x3
-# reference layer, every candidate tile at 1 to 131 slices (lent H100, 2026-11-22 16:15 and 16:18, after the
-# flat TMA epilogue; benchmarks/results/conv2d_tiles_wgrad_161*.json): median error 6.3%, 90th percentile 19%.
-# The fit also has a term for the bytes of dy and x (165 us per GB from DRAM), the same for every plan of a
-# layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 1.1 us against
-# 128x256's 3.8, and more work tiles fill the 132 SMs with fewer fp32 slices.
+# a cluster tile costs as its tile, less the operand bytes it multicasts; work tiles counted as the kernel's
+# scheduler does, wgrad_work_tiles), fitted by least squares (relative error) by benchmarks/fit_wgrad_cost.py
+# to 1322 timings of ResNet-50's wgrad layers at batch 32 and the 3x3 reference layer, every candidate tile at
+# 1 to 131 slices (lent H100, 2026-11-22 16:15, 16:18, 17:51 and 17:59; benchmarks/results/
+# conv2d_tiles_wgrad_161*.json and conv2d_tiles_wgrad_taps_17*.json): median error 6.8%, 90th percentile 19%.
+# The fit also has a term for the bytes of dy and x (170 us per GB from DRAM), the same for every plan of a
+# layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 0.9 us against
+# 128x256's 3.3, and more work tiles fill the 132 SMs with fewer fp32 slices.
 WGRAD_TILE_US = {"64x64": (0.139, 1.46), "64x192": (0.258, 7.42), "64x128": (0.145, 3.34), "128x64": (0.144, 0.93),
                  "128x128": (0.244, 1.68), "128x256": (0.491, 3.28), "64x256": (0.252, 6.42)}
 WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
-# Two or more slices: the reduction kernel and the split path.  The fit says 2.25 us; with it the plans split
+# Two or more slices: the reduction kernel and the split path.  The fit says 2.3 us; with it the plans split
 # the 14x14 and 28x28 3x3 layers (128x128 in 3 slices), 6-8 us slower than one slice, because a second kernel
 # in the stream and the fp32 slices cost more there than the model's terms.  4.5 us is where the plans of the
 # measured layers are best (`fit_wgrad_cost.py --score-split-us` on the same timings: ResNet-50's weighted wgrad
-# against cuDNN 0.888 at 2.25-3.5 us, 0.915 at 4.5, 0.909 at 5.5-8), the one constant set by the plans rather
+# against cuDNN 0.941 at 2.3-3 us, 0.973 at 4.5, 0.966 at 5.5-7), the one constant set by the plans rather
 # than by the fit.
 WGRAD_SPLIT_US = 4.5
 WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
