@@ -319,6 +319,9 @@ def main() -> int:
     parser.add_argument("--operators", default="fprop,dgrad,wgrad", help="comma-separated operators to time")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
+    parser.add_argument("--serial-dgrad-phases", action="store_true",
+                        help="run a strided dgrad's phases one after another on the caller's stream (an A/B of "
+                             "conv2d.DGRAD_PHASE_STREAMS)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
     args = parser.parse_args()
@@ -344,6 +347,7 @@ def main() -> int:
         REPLAYS["graph"] = 10
         harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
+    conv_module.DGRAD_PHASE_STREAMS = not args.serial_dgrad_phases
     name = "conv2d_sweep" if args.sweep else "conv2d"
     if args.tiles:
         name += "_tiles_" + args.operators.replace(",", "_")  # its own JSON beside the plain run's
@@ -380,7 +384,7 @@ def main() -> int:
     for name, value in weighted_totals(bench.rows).items():
         bench.note(**{name: value})
     bench.note(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
-               cudnn_benchmark=True, batch=BATCH)
+               cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=conv_module.DGRAD_PHASE_STREAMS)
     bench.finish()
     return 0
 

@@ -47,6 +47,7 @@ torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -693,32 +694,62 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
     if not full:
         out.zero_()
     device, sms, stream = _launch_args(grad)
-    for rows, cols in phases:
-        # The taps of a phase are evenly spaced: a sliced view of the filter (no index tensor, so CUDA graphs
-        # can capture this), made contiguous for TMA.
-        sub = w_krsc
-        if len(rows.taps) != r or len(cols.taps) != s:
-            sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
-        if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
-            view = out
-        else:
-            view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
-        problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
-                   cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
-        if cls.splits > 1:
-            k_tiles = _ceil(k8, TILE_K) * len(rows.taps) * len(cols.taps)
-            splits = normalize_splits(k_tiles, cls.splits)
-            partial = torch.empty((splits, n, rows.count, cols.count, c8), dtype=torch.float32, device=dx.device)
-            _call(kern.dgrad, "conv2d_input_grad", dy, sub, partial, None, *problem, 0, 0, 0, splits, device, sms,
-                  stream)
-            view.copy_(partial[0] if splits == 1 else partial.sum(0))
-        else:
-            sn, sh, sw, _ = view.stride()
-            _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, *problem, sn, sh, sw, 1, device, sms,
-                  stream)
+    # A strided dgrad's phases write disjoint pixels of dx: each runs on a side stream of its own, forked from and
+    # joined back into the caller's stream, so that their short kernels overlap instead of each leaving the SMs
+    # to drain (DGRAD_PHASE_STREAMS).
+    side = _side_streams(device, len(phases)) if DGRAD_PHASE_STREAMS and len(phases) > 1 and dx.is_cuda else None
+    main = torch.cuda.current_stream(device) if side else None
+    for index, (rows, cols) in enumerate(phases):
+        with torch.cuda.stream(side[index]) if side else contextlib.nullcontext():
+            if side:
+                side[index].wait_stream(main)
+                stream = side[index].cuda_stream
+            _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, (n, h, w, c8, k8, r, s), device, sms, stream)
+    for other in side or ():
+        main.wait_stream(other)
     if c8 != c:
         dx.permute(0, 2, 3, 1).copy_(out[..., :c])
     return dx
+
+
+def _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, dims, device, sms, stream) -> None:
+    """One phase of a dgrad (all of it at unit stride): dx's pixels of these rows and columns from the taps
+    that reach them."""
+    n, h, w, c8, k8, r, s = dims
+    stride = cls.stride
+    # The taps of a phase are evenly spaced: a sliced view of the filter (no index tensor, so CUDA graphs can
+    # capture this), made contiguous for TMA.
+    sub = w_krsc
+    if len(rows.taps) != r or len(cols.taps) != s:
+        sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
+    if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
+        view = out
+    else:
+        view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+    problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
+               cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
+    if cls.splits > 1:
+        k_tiles = _ceil(k8, TILE_K) * len(rows.taps) * len(cols.taps)
+        splits = normalize_splits(k_tiles, cls.splits)
+        partial = torch.empty((splits, n, rows.count, cols.count, c8), dtype=torch.float32, device=out.device)
+        _call(kern.dgrad, "conv2d_input_grad", dy, sub, partial, None, *problem, 0, 0, 0, splits, device, sms,
+              stream)
+        view.copy_(partial[0] if splits == 1 else partial.sum(0))
+    else:
+        sn, sh, sw, _ = view.stride()
+        _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, *problem, sn, sh, sw, 1, device, sms, stream)
+
+
+# Side streams per device for a strided dgrad's phases (at most 4 in flight; more phases share them).
+DGRAD_PHASE_STREAMS = True
+_SIDE_STREAMS: dict[int, list] = {}
+
+
+def _side_streams(device: int, count: int) -> list:
+    streams = _SIDE_STREAMS.get(device)
+    if streams is None:
+        streams = _SIDE_STREAMS[device] = [torch.cuda.Stream(device) for _ in range(4)]
+    return [streams[i % len(streams)] for i in range(count)]
 
 
 def _taps_slice(taps: tuple[int, ...]) -> slice:
