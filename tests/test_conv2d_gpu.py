@@ -111,6 +111,28 @@ def test_every_tile_and_split_configuration_is_correct(case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_tap_tile_wgrad_on_strided_dilated_and_ragged_layers(dtype):
+    # The tile over a whole filter row (64 channels x 3 taps, its loads one TMA box per tap) where the taps'
+    # offsets carry stride, dilation and asymmetric geometry, a 5-row filter, output channels that leave the
+    # last 64-row tile ragged, odd sizes; one slice (stored directly) and split.
+    cases = [((3, 64, 17, 15), (96, 3, 3), 2, 1, 1), ((2, 64, 19, 21), (40, 3, 3), 1, 2, 2),
+             ((2, 64, 13, 16), (64, 5, 3), (2, 1), (1, 0), (1, 2))]
+    for case in cases:
+        x, w, _, *geometry = make_args(case, dtype, "cuda", bias=False, channels_last=True)
+        grad = torch.randn_like(F.conv2d(x.float(), w.float(), None, *geometry)).to(dtype)
+        _, (_, dw_ref) = fp32_reference(x, w, None, *geometry, grad=grad)
+        for splits in (1, 2):
+            conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "64x192t3", splits
+            try:
+                cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
+                assert (cls.tile, cls.splits, cls.flat) == ("64x192t3", splits, True), cls
+                dw = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
+            finally:
+                conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
+            assert relative_error(dw, dw_ref) < TOLERANCE[dtype], (case, splits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_copy(dtype):
     # 7x7 1x1 2048->512 at batch 4 (GEMM-K 196: one slice): the kernel's own KRSC store against its fp32 slice
     # copied into dw by torch, the same accumulators rounded once either way.
