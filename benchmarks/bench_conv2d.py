@@ -197,8 +197,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                        conv_module.wgrad_tile_serves(t, wgrad_c, wgrad_rs)]
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
-                conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False
-                jitops.find("conv2d_weight_grad").clear_memory()  # the kernel set depends on the flag
+                conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False  # a class of its own
             else:
                 conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             try:
@@ -226,7 +225,6 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                 conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
                 if tile == "torch-reduce":
                     conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = True
-                    jitops.find("conv2d_weight_grad").clear_memory()
 
 
 def weighted_totals(rows) -> dict[str, str]:

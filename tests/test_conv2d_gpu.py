@@ -143,13 +143,12 @@ def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_c
     cls = op.shape_class(grad, x, w.shape, *geometry)
     assert cls.splits == 1 and conv_module.wgrad_direct(cls)
     direct = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-    conv_module.WGRAD_DIRECT_OUTPUT = False
-    op.clear_memory()
+    conv_module.WGRAD_DIRECT_OUTPUT = False  # the shape class carries it: no kernel memo to clear
     try:
+        assert not conv_module.wgrad_direct(op.shape_class(grad, x, w.shape, *geometry))
         copied = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
     finally:
         conv_module.WGRAD_DIRECT_OUTPUT = True
-        op.clear_memory()
     assert direct.stride() == channels_last_strides(w.shape)
     assert torch.equal(direct, copied)
     _, (_, want_dw) = fp32_reference(x, w, None, *geometry, grad=grad)

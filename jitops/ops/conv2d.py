@@ -159,6 +159,7 @@ class ConvClass(NamedTuple):
     im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
     flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
     fold: int = 0               # fprop/wgrad over im2col: filter rows per matrix row (0: all, 1x1; _plan_fold)
+    direct: bool = False        # wgrad: a one-slice plan writes dw itself (WGRAD_DIRECT_OUTPUT when planned)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> C
     try:
         operator = _OPERATOR[op_name]
         key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
-               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator], FOLD_OVERRIDE)
+               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator], FOLD_OVERRIDE, WGRAD_DIRECT_OUTPUT)
         cls = _CLASS_CACHE.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
         return compute(op_name, a, b, *rest)
@@ -648,7 +649,8 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
             fold, tile, splits, flat = _plan_fold("wgrad", n, p, q, k, c, r, s, stride, dilation)
             return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat, fold)
         tile, splits, flat = plan_wgrad(k, round_up(c), (r, s), _ceil(n * p * q, TILE_K))
-        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat)
+        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat,
+                         direct=WGRAD_DIRECT_OUTPUT and aligned)
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
 
@@ -818,12 +820,13 @@ REDUCE_BLOCK = 256
 
 # One slice and channel counts that need no padding: the wgrad kernel writes dw (KRSC, in its dtype) itself, no
 # fp32 slice and no copy (2-4 us a layer on ResNet-50's 7x7 layers, 13:22).  False: the slice and torch's copy (the
-# benchmark's A/B; clear the op's kernel memo after changing it).
+# benchmark's A/B).  Read when a layer is planned: the shape class carries it (ConvClass.direct), so the op's
+# kernel memo follows a change.
 WGRAD_DIRECT_OUTPUT = True
 
 
 def wgrad_direct(cls: ConvClass) -> bool:
-    return WGRAD_DIRECT_OUTPUT and cls.splits == 1 and cls.aligned and not cls.im2col
+    return cls.direct and cls.splits == 1 and cls.aligned and not cls.im2col
 
 
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
