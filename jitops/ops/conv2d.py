@@ -546,8 +546,18 @@ def _plan_fold(operator: str, n: int, p: int, q: int, k: int, c: int, r: int, s:
             raise ValueError(f"jitops: FOLD_OVERRIDE {FOLD_OVERRIDE} cannot serve this layer (a fold is >= 0, "
                              f"and > 0 only with unit dilation along H, here {dilation[0]})")
         folds = [FOLD_OVERRIDE]
-    fold = min(folds, key=lambda f: plan(f)[0])
-    return (fold, *plan(fold)[1:])
+    plans = {fold: plan(fold) for fold in folds}
+    fold = min(plans, key=lambda f: plans[f][0])
+    return (fold, *plans[fold][1:])
+
+
+def _folded_im2col(kern, x: torch.Tensor, cls: ConvClass, p: int, q: int) -> tuple[torch.Tensor, int]:
+    """The matrix of cls.fold filter rows [N, P + taps - 1, Q, round_up(fold*S*C)] for a conv of `taps` =
+    ceil(R/fold) taps at unit stride (_plan_fold), and that tap count."""
+    fold, (r, s), c = cls.fold, cls.kernel, x.shape[1]
+    rows, _, taps, _ = _fold_matrix(x.shape[0], p, q, c, r, s, fold)
+    matrix = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), rows, q)
+    return matrix, taps
 
 
 def _fold_weight(weight: torch.Tensor, fold: int, k8: int, columns: int) -> torch.Tensor:
@@ -826,7 +836,7 @@ WGRAD_DIRECT_OUTPUT = True
 
 
 def wgrad_direct(cls: ConvClass) -> bool:
-    return cls.direct and cls.splits == 1 and cls.aligned and not cls.im2col
+    return cls.direct and cls.splits == 1  # planned only for aligned layers without im2col (_grad_class)
 
 
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
@@ -871,12 +881,12 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
     device, sms, stream = _launch_args(grad)
     splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
     if cls.im2col and cls.fold:  # a wgrad of ceil(R/fold) taps over the folded matrix (_plan_fold), unfolded
-        fold, taps = cls.fold, _ceil(r, cls.fold)
-        columns = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), p + taps - 1, q)
+        fold = cls.fold
+        columns, taps = _folded_im2col(kern, x, cls, p, q)
         width = columns.shape[-1]
         partial = torch.empty((splits, k8, taps, 1, width), dtype=torch.float32, device=grad.device)
-        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p + taps - 1, q, width,
-              k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, columns.shape[1], q,
+              width, k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
         # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
         folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
         _reduce_into(kern, partial.view(splits, k8, taps, width), folded)
@@ -980,10 +990,9 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     c8, k8 = round_up(c), round_up(k)
     w_krsc = None
     if cls.im2col and cls.fold:  # a conv of ceil(R/fold) taps over the matrix of `fold` filter rows (_plan_fold)
-        fold, taps = cls.fold, _ceil(r, cls.fold)
-        x = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), p + taps - 1,
-                    q).permute(0, 3, 1, 2)
-        w_krsc = _fold_weight(weight, fold, k8, x.shape[1])
+        x, taps = _folded_im2col(kern, x, cls, p, q)
+        x = x.permute(0, 3, 1, 2)
+        w_krsc = _fold_weight(weight, cls.fold, k8, x.shape[1])
         c, h, w, r, s, c8 = x.shape[1], x.shape[2], q, taps, 1, x.shape[1]
         cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
     elif cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
