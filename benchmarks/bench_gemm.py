@@ -4,6 +4,7 @@
     python benchmarks/bench_gemm.py --tune     # also time candidate configurations x swizzles x raster orders (bf16)
     python benchmarks/bench_gemm.py --tune-only
     python benchmarks/bench_gemm.py --cold-compile DIR   # compile the main configurations into an empty cache DIR
+    python benchmarks/bench_gemm.py --survey   # beyond the goal's six: squares and LLM layer shapes (bf16)
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -18,6 +19,7 @@ import importlib
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,6 +59,19 @@ TUNE = {
     "skinny": [_coop((128, 64, 64), (1, 2)), _coop((128, 64, 64), (1, 4)), _coop((128, 64, 64), (1, 1)),
                _coop((128, 64, 128), (1, 2)), _coop((128, 128, 64), (1, 2), streamk=True)],
 }
+# --sweep-survey: candidates on the survey shapes, each stream-K build under several decompositions
+# ((decomposition, splits): (0, 1) CUTLASS's heuristic, (1, 1) data-parallel, (2, s) split-K, (3, 1) stream-K).
+SURVEY_CANDIDATES = [
+    (_coop((128, 256, 64), (2, 1)), [(0, 1)]),
+    (_coop((128, 128, 64), (2, 1)), [(0, 1)]),
+    (_pong((128, 128, 64), (2, 1)), [(0, 1)]),
+    (_coop((128, 64, 64), (1, 2)), [(0, 1)]),
+    (_pong((64, 128, 64), (1, 1)), [(0, 1)]),
+    (_pong((64, 256, 64), (1, 1)), [(0, 1)]),
+    (_coop((128, 128, 64), (1, 1), streamk=True), [(0, 1), (1, 1), (3, 1), (2, 2), (2, 4)]),
+    (_coop((128, 64, 64), (1, 1), streamk=True), [(0, 1), (1, 1), (3, 1), (2, 2), (2, 4), (2, 8)]),
+    (_coop((128, 256, 64), (1, 1), streamk=True), [(0, 1), (3, 1)]),
+]
 TUNE_SHAPES = {"large": [s for s in SHAPES if s[0] > 256], "skinny": [s for s in SHAPES if s[0] <= 256]}
 SWIZZLES = (1, 2, 4, 8)
 ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench): the clock drifts between them
@@ -64,6 +79,12 @@ ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench
 # in a graph (torch.matmul 51 / 48; lent H100, 2026-11-22, benchmarks/probe_gemm_timing.py).
 GRAPH_BELOW_MS = 0.1
 RASTERS = (1, 2)  # along M, along N (CUTLASS's heuristic, 0, is one of these)
+# --survey: shapes a user meets that the goal's six do not cover: squares from 256 to 6144, and the linear
+# layers of a 7B-class model (hidden 4096, MLP 14336) from one token (decode) to 2048 (prefill).
+SURVEY_SHAPES = ([(s, s, s) for s in (256, 512, 1024, 2048, 3072, 6144)]
+                 + [(m, n, k) for m in (1, 8, 32, 128, 512, 2048)
+                    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
+                 + [(1024, 1024, 16384), (16384, 128, 4096)])
 
 
 def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda", bias: bool = False):
@@ -74,7 +95,7 @@ def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda",
     return make(m, k), make(k, n), (make(n) if bias else None)
 
 
-def requests(target: Target, tune: bool = False) -> dict:
+def requests(target: Target, tune: bool = False, survey: bool = False) -> dict:
     """Every kernel this benchmark loads on `target` (for benchmarks/prebuild_gemm.py)."""
     found = {}
     op = G.gemm.op
@@ -95,6 +116,12 @@ def requests(target: Target, tune: bool = False) -> dict:
             for config in configs:
                 r = G.sm90_request(cls, config)
                 found[str(r.params)] = r
+    if survey:
+        a, b, _ = shape_args(1024, 1024, 1024, torch.bfloat16, "meta")
+        cls = G.shape_class(a, b, None, None, None)
+        for config, _ in SURVEY_CANDIDATES:
+            r = G.sm90_request(cls, config)
+            found[str(r.params)] = r
     return found
 
 
@@ -168,6 +195,74 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
                         baseline=lambda: F.gelu(torch.matmul(a, b) + bias), baseline_name="matmul+bias+gelu",
                         flops=2 * m * n * k)
     return row.speedup
+
+
+def survey(bench) -> None:
+    """jitops.gemm against torch.matmul beyond the goal's shapes (bf16), every call timed on the device (CUDA
+    graphs where short), so the table compares kernels; the host's cost per call is the overhead table's."""
+    ratios = []
+    for m, n, k in SURVEY_SHAPES:
+        a, b, _ = shape_args(m, n, k, torch.bfloat16)
+        check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} bf16")
+        cls = G.shape_class(a, b, None, None, None)
+        row = bench.compare(op="gemm survey", shape=f"{m}x{n}x{k}", dtype="bf16", ours=lambda: jitops.gemm(a, b),
+                            baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul",
+                            flops=2 * m * n * k, timing="auto", graph_below_ms=GRAPH_BELOW_MS,
+                            bucket=cls.bucket, config=str(G.SM90_CONFIGS.get(cls.bucket)))
+        ratios.append(row.speedup)
+        print(f"  survey {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
+    bench.note(survey_geomean=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+               survey_min=round(min(ratios), 3))
+
+
+def sweep_survey(target: Target) -> list[dict]:
+    """Every survey candidate on every survey shape (bf16, row-major a and b), device time (graphs where short),
+    torch.matmul timed before and after each shape's candidates."""
+    from harness import save_record, time_cuda, time_cuda_graph
+
+    def device_ms(fn):
+        estimate = time_cuda(fn, warmup=2, reps=5, min_ms=2.0)
+        return time_cuda_graph(fn, reps=10) if estimate < GRAPH_BELOW_MS else time_cuda(fn, reps=10, min_ms=30.0)
+
+    rows = []
+    for m, n, k in SURVEY_SHAPES:
+        a, b, _ = shape_args(m, n, k, torch.bfloat16)
+        want = a @ b
+        cls = G.shape_class(a, b, None, None, None)
+        torch_ms = [device_ms(lambda: torch.matmul(a, b))]
+        points = []
+        for config, schedules in SURVEY_CANDIDATES:
+            try:
+                lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+            except Exception as exc:  # noqa: BLE001 - a candidate not built (JITOPS_OFFLINE) is skipped
+                print(f"  sweep {config}: not loaded: {str(exc)[:200]}", flush=True)
+                continue
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            for decomposition, splits in schedules:
+                def call(config=config, lib=lib, out=out, decomposition=decomposition, splits=splits):
+                    G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, decomposition=decomposition,
+                               splits=splits)
+                try:
+                    out.zero_()
+                    call()
+                    check_close(out, want, f"{m}x{n}x{k} {config}")
+                    points.append((config, decomposition, splits, device_ms(call)))
+                except (RuntimeError, SystemExit) as exc:
+                    print(f"  sweep {m}x{n}x{k} {config.tile} {decomposition}/{splits}: {exc}", flush=True)
+        torch_ms.append(device_ms(lambda: torch.matmul(a, b)))
+        base = statistics.median(torch_ms)
+        for config, decomposition, splits, ms in sorted(points, key=lambda p: p[-1]):
+            rows.append({"shape": f"{m}x{n}x{k}", "bucket": cls.bucket,
+                         "config": f"{'pong' if config.pingpong else 'coop'} {config.tile[0]}x{config.tile[1]}x"
+                                   f"{config.tile[2]} c{config.cluster[0]}x{config.cluster[1]}"
+                                   f"{' sk' if config.streamk else ''}",
+                         "decomposition": decomposition, "splits": splits, "us": round(ms * 1e3, 2),
+                         "torch_us": round(base * 1e3, 2), "ratio": round(base / ms, 3)})
+        best = [r for r in rows if r["shape"] == f"{m}x{n}x{k}"][:3]
+        print(f"  sweep {m}x{n}x{k} ({cls.bucket}) torch {base * 1e3:.1f} us; best: " + "; ".join(
+            f"{r['config']} d{r['decomposition']}/{r['splits']} {r['us']} us x{r['ratio']}" for r in best), flush=True)
+    save_record("gemm-sweep-survey", {"torch_timings": "two per shape, median", "points": rows})
+    return rows
 
 
 def overhead(bench, target: Target, calls: int = 2000) -> None:
@@ -263,6 +358,8 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--tune-only", action="store_true", help="the --tune sweep alone")
     parser.add_argument("--cold-compile", type=Path)
+    parser.add_argument("--survey", action="store_true", help="the survey of other shapes alone")
+    parser.add_argument("--sweep-survey", action="store_true", help="every survey candidate on the survey shapes")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
@@ -270,8 +367,15 @@ def main() -> None:
 
     from harness import Bench, time_cuda
 
-    bench = Bench("gemm-tune" if args.tune_only else "gemm", rounds=ROUNDS)
+    bench = Bench("gemm-tune" if args.tune_only else "gemm-survey" if args.survey else "gemm", rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
+    if args.sweep_survey:
+        sweep_survey(target)
+        return
+    if args.survey:
+        survey(bench)
+        bench.finish()
+        return
     if args.tune_only:
         rows = tune(bench, target, time_cuda)
         bench.finish()

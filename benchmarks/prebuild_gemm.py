@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="also the candidate configurations of bench --tune")
     parser.add_argument("--tune-only", action="store_true",
                         help="only the candidates of bench --tune that nothing else loads (a second build root)")
+    parser.add_argument("--survey-only", action="store_true",
+                        help="only the candidates of bench --sweep-survey that nothing else loads")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print what would be built, build nothing")
     parser.add_argument("--only", choices=["nvcc", "nvrtc"], help="build only this backend's kernels")
@@ -41,7 +43,10 @@ def main() -> None:
         wanted.update(gemm_cases.requests(case, target))
     for r in bench_gemm.requests(target).values():
         wanted[r.label() + " " + str(r.params)] = r
-    if args.tune or args.tune_only:
+    if args.survey_only:
+        survey = {r.label() + " " + str(r.params): r for r in bench_gemm.requests(target, survey=True).values()}
+        wanted = {key: r for key, r in survey.items() if key not in wanted}
+    elif args.tune or args.tune_only:
         tune = {r.label() + " " + str(r.params): r for r in bench_gemm.requests(target, tune=True).values()}
         wanted = {key: r for key, r in tune.items() if key not in wanted} if args.tune_only else {**wanted, **tune}
     unique = {}

@@ -159,6 +159,25 @@ def test_buckets_and_family():
     bucket = lambda m, k, n: G.shape_class(meta(m, k), meta(k, n), None, None, None).bucket  # noqa: E731
     assert bucket(4096, 4096, 4096) == "large" and bucket(8192, 1024, 8192) == "large_short_k"
     assert bucket(128, 8192, 8192) == "skinny" and bucket(1000, 256, 384) == "small"
+    assert bucket(1, 4096, 14336) == "decode" and bucket(64, 4096, 4096) == "decode"
+    assert bucket(65, 4096, 4096) == "skinny" and bucket(32, 4096, 1024) == "small"  # decode: N >= 4096 only
+
+    class Symbolic(int):  # torch.compile's SymInt, which cannot be hashed (the memo is for plain ints)
+        __hash__ = None
+    assert G._bucket(Symbolic(4096), Symbolic(4096), Symbolic(4096)) == "large"
+
+
+@pytest.mark.parametrize("m, n, expected", [
+    (3072, 3072, "medium"),    # 288 tiles of 128x256 are 2.2 waves (3 run), 576 of 128x128 4.4 (5 run)
+    (2048, 2048, "large"),     # 128 tiles of 128x256: one wave
+    (512, 4096, "medium"),     # 64 of 128x256 leave half the SMs idle; 128 of 128x128 fill one wave
+    (1024, 1024, "small"),     # 128 tiles of 128x64: one wave
+    (16384, 128, "medium"),    # a 256-wide tile would be half empty
+    (4000, 4000, "large")])    # the goal shapes keep the tile they were tuned on
+def test_the_wave_model_picks_the_tile(m, n, expected):
+    assert G.shape_class(meta(m, 4096), meta(4096, n), None, None, None).bucket == expected
+    costs = {bucket: G._wave_cost(bucket, m, n) for bucket in G.WAVE_TILES}
+    assert min(costs, key=costs.get) == expected
     assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
@@ -264,7 +283,9 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
     assert len(requested) == 2
 
 
-def test_swizzle_follows_the_tile_columns():
+def test_swizzle_follows_the_tile_rows_and_columns():
     large = G.SM90_CONFIGS["large"]
-    assert G._swizzle(large, 4096) == large.swizzle == 8  # 16 columns of 256
-    assert G._swizzle(large, 2048) == 1                   # 16384x2048x4096 measured better with 1
+    assert G._swizzle(large, 4096, 4096) == large.swizzle == 8  # 32 x 16 tiles of 128x256
+    assert G._swizzle(large, 16384, 2048) == 1                  # 8 columns: measured better with 1
+    assert G._swizzle(large, 512, 14336) == 1                   # 4 rows: swizzle 8 would pad them to 8
+    assert G._swizzle(large, 2560, 4096) == 4                   # 20 rows: 8 does not divide them, 4 does

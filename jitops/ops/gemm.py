@@ -33,6 +33,7 @@ registration and autograd wiring without a GPU; it accepts fp64, fp32, bf16 and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -64,7 +65,7 @@ class GemmClass(NamedTuple):
     a_kmajor: bool    # a is row-major (K contiguous); else column-major
     b_kmajor: bool    # b is column-major (K contiguous); else row-major
     align: int        # elements every row start, leading dimension and contiguous extent is a multiple of
-    bucket: str       # picks the tile configuration: large, large_short_k, skinny, small; empty and cpu: none
+    bucket: str       # picks the tile configuration (SM90_CONFIGS' keys); empty and cpu: none
     fused: bool       # bias and/or activation in the epilogue
     family: str       # "auto": by the device's arch; "sm80": the CUTLASS 2 kernels on any arch (tests)
 
@@ -110,14 +111,44 @@ def _address_units(t: torch.Tensor) -> int:
     return shapes.byte_alignment(t) // t.element_size()
 
 
+# The wave model that picks a tile for the shapes no special bucket claims.  A persistent kernel runs its tiles
+# in waves of one tile an SM; a problem costs about (waves) x (one tile's time), one tile's time being its area
+# over its relative speed.  Speeds fitted on the lent H100's survey sweep (19:55 UTC, docs/benchmarks.md, "gemm
+# beyond the goal shapes"): per output element of a wave, on the six shapes of 512 rows or more with K >= 4096,
+# a 128x128 tile took 1.03-1.08x the time of a 128x256 and a 128x64 1.45-1.6x: speeds 0.93 and 0.66.  The SM
+# count is the H100 SXM's 132, a constant rather than the device's, so that a cache prewarmed without a GPU holds
+# the kernels the device picks (an H100 PCIe, 114 SMs, gets the same choices, slightly off its own optimum).
+WAVE_SMS = 132
+WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66)}
+
+
+def _wave_cost(bucket: str, m: int, n: int) -> float:
+    tile_m, tile_n, speed = WAVE_TILES[bucket]
+    tiles = -(-m // tile_m) * -(-n // tile_n)
+    return -(-tiles // WAVE_SMS) * tile_m * tile_n / speed
+
+
 def _bucket(m: int, n: int, k: int) -> str:
-    """Which tile configuration: measured on the lent H100 (docs/benchmarks.md, gemm)."""
-    tiles = -(-m // 128) * -(-n // 256)
-    if tiles >= 264:  # two full waves of 128x256 tiles on 132 SMs, or more
-        return "large_short_k" if k <= 1024 else "large"
+    """Which tile configuration (measured on the lent H100: docs/benchmarks.md, gemm).  Shapes repeat, so the
+    answer is memoized (the shape class runs on every call), but not for torch.compile's symbolic sizes, which
+    cannot be hashed."""
+    if type(m) is int and type(n) is int and type(k) is int:
+        return _memoized_bucket(m, n, k)
+    return _choose_bucket(m, n, k)
+
+
+def _choose_bucket(m: int, n: int, k: int) -> str:
+    if m <= 64 and n >= 4096:  # one to 64 rows against a wide matrix (a decode step): 64-row tiles
+        return "decode"
     if m <= 256 and n >= 4096:  # a few rows against a wide matrix: streaming b is the cost
         return "skinny"
-    return "small"
+    tiles = -(-m // 128) * -(-n // 256)
+    if tiles >= 2 * WAVE_SMS and k <= 1024:  # two full waves of 128x256 tiles or more, and a short K
+        return "large_short_k"
+    return min(WAVE_TILES, key=lambda bucket: _wave_cost(bucket, m, n))
+
+
+_memoized_bucket = functools.lru_cache(maxsize=4096)(_choose_bucket)
 
 
 def _check(a, b, bias, activation, out_dtype) -> None:
@@ -195,6 +226,10 @@ class Sm90Config(NamedTuple):
     streamk: bool
     swizzle: int = 1  # run-time arguments of the tile scheduler (not part of the build): tile swizzle, and
     raster: int = 0   # the order tiles are visited in: 0 CUTLASS's heuristic (along the shorter side), 1 M, 2 N
+    # Stream-K builds only (run-time too): 0 CUTLASS's heuristic, 1 data-parallel, 2 split-K into `splits`
+    # slices of K, 3 stream-K.
+    decomposition: int = 0
+    splits: int = 1
 
 
 class Sm80Config(NamedTuple):
@@ -217,17 +252,26 @@ class Sm80Config(NamedTuple):
 #   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
 #   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
 # 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607 in one run) than 8 (598 in the next): _swizzle.
+# `bench_gemm.py --sweep-survey` (19:55 UTC; time against torch.matmul's): with 1 to 32 rows and N = 14336 the
+# 64x128 ping-pong tile ran at 0.97-1.04x (the 128x64 cooperative 0.47-0.79x); squares of 256-1024 ran best on
+# 128x64 tiles (0.70-0.78x; 128x128 stream-K, the small bucket before: 0.44-0.58x); 512- to 2048-row layers on
+# 128x128 or 128x256 tiles by the wave model (0.94-1.09x; stream-K 0.75-0.87x).  Split-K and stream-K lost
+# nearly everywhere to their fix-up (the partial tiles' reduction); the stream-K build stays for sweeps.
 SM90_CONFIGS = {
     "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False, swizzle=8),
     "large_short_k": Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False),
+    "medium": Sm90Config((128, 128, 64), (2, 1), pingpong=False, streamk=False),
+    "small": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
     "skinny": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
-    "small": Sm90Config((128, 128, 64), (1, 1), pingpong=False, streamk=True),
+    "decode": Sm90Config((64, 128, 64), (1, 1), pingpong=True, streamk=False),
 }
 SM80_CONFIGS = {
     "large": Sm80Config((128, 256, 32), (64, 64, 32), 3),
     "large_short_k": Sm80Config((128, 256, 32), (64, 64, 32), 3),
-    "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+    "medium": Sm80Config((128, 128, 32), (64, 64, 32), 4),
     "small": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+    "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+    "decode": Sm80Config((128, 128, 32), (64, 64, 32), 4),
 }
 # 2-byte alignment: cp.async copies 4, 8 or 16 bytes, so this class takes CUTLASS's two-stage register-staged
 # mainloop, with smaller warp tiles (64x64 spilled at 255 registers).
@@ -237,8 +281,8 @@ SM90_GEMM = CudaLibrary(
     "gemm_sm90", Source.file("gemm/sm90_gemm.cu"),
     functions={
         "jitops_gemm_run": (("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i64", "i64", "i64", "i32", "i32",
-                             "i32", "i32", "ptr", "ptr"), "i32"),
-        "jitops_gemm_workspace": (("i32", "i32", "i32", "i32", "i32", "i32"), "i64"),
+                             "i32", "i32", "i32", "i32", "ptr", "ptr"), "i32"),
+        "jitops_gemm_workspace": (("i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32"), "i64"),
     },
     arch_specific=True)
 SM80_GEMM = CudaKernel(
@@ -295,25 +339,35 @@ def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, bool,
     return t, found[0], found[1]
 
 
-def _swizzle(config: Sm90Config, n: int) -> int:
-    """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile columns."""
-    return config.swizzle if -(-n // config.tile[1]) >= 16 else 1
+def _swizzle(config: Sm90Config, m: int, n: int) -> int:
+    """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile rows or columns,
+    and halved until it divides both counts.  CUTLASS pads the swizzled side's tiles to a multiple of the swizzle
+    with empty tiles: 512x14336x4096 (4 tile rows) ran at 194.6 us with swizzle 8 against 96.3 for torch.matmul
+    (lent H100, 2026-11-22 20:04, the survey)."""
+    tiles_m, tiles_n = -(-m // config.tile[0]), -(-n // config.tile[1])
+    swizzle = config.swizzle if min(tiles_m, tiles_n) >= 16 else 1
+    while swizzle > 1 and (tiles_m % swizzle or tiles_n % swizzle):
+        swizzle //= 2
+    return swizzle
 
 
 def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
-             swizzle: int | None = None, raster: int | None = None) -> None:
+             swizzle: int | None = None, raster: int | None = None, decomposition: int | None = None,
+             splits: int | None = None) -> None:
     device = out.get_device()
     ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
-    swizzle = swizzle or _swizzle(config, n)
+    swizzle = swizzle or _swizzle(config, m, n)
     raster = config.raster if raster is None else raster
+    decomposition = config.decomposition if decomposition is None else decomposition
+    splits = config.splits if splits is None else splits
     workspace = None
     sms = sm_count(device)
     if config.streamk:
-        size = lib.jitops_gemm_workspace(m, n, k, swizzle, raster, sms)
+        size = lib.jitops_gemm_workspace(m, n, k, swizzle, raster, decomposition, splits, sms)
         if size > 0:
             workspace = torch.empty(size, dtype=torch.uint8, device=out.device)
-    status = lib.jitops_gemm_run(a, b, out, bias, m, n, k, lda, ldb, n, activation, swizzle, raster, sms,
-                                 workspace, current_stream(device))
+    status = lib.jitops_gemm_run(a, b, out, bias, m, n, k, lda, ldb, n, activation, swizzle, raster,
+                                 decomposition, splits, sms, workspace, current_stream(device))
     if status:
         what = _STATUS[status] if status < len(_STATUS) else f"CUDA error {status - 1000}"
         raise RuntimeError(f"jitops.gemm: the sm_90 kernel {config} for {cls} failed on a ({m}, {k}) x ({k}, {n}) "

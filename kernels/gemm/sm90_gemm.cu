@@ -10,7 +10,9 @@
 //   GEMM_B_KMAJOR   1: B is column-major (K contiguous); 0: B is row-major (N contiguous)
 //   GEMM_TILE_M/N/K, GEMM_CLUSTER_M/N
 //   GEMM_PINGPONG   0: cooperative (two consumer warpgroups share a tile); 1: ping-pong (one tile each)
-//   GEMM_STREAMK    0: data-parallel persistent tiles; 1: stream-K (cooperative only)
+//   GEMM_STREAMK    0: data-parallel persistent tiles; 1: CUTLASS's stream-K scheduler (cooperative only), whose
+//                   decomposition is a run-time argument: its heuristic, data-parallel, split-K into `splits`
+//                   slices of K, or stream-K
 //   GEMM_FUSED      0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //
 // A transposed operand is a layout, not a copy: the leading dimensions come in at run time and the
@@ -121,7 +123,8 @@ StrideD stride_d(long long ldd) {
 
 typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, const void* bias, int m, int n,
                                          int k, long long lda, long long ldb, long long ldd, int activation,
-                                         int swizzle, int raster, int sm_count) {
+                                         int swizzle, int raster, int decomposition, int splits,
+                                         int sm_count) {
   typename GemmKernel::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {m, n, k, 1};
@@ -146,6 +149,15 @@ typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, 
   args.scheduler.max_swizzle_size = swizzle;
   // 0: CUTLASS's heuristic (along the dimension with fewer tiles), 1: along M, 2: along N.
   args.scheduler.raster_order = static_cast<decltype(args.scheduler.raster_order)>(raster);
+#if GEMM_STREAMK
+  // 0: CUTLASS's heuristic, 1: data-parallel, 2: split-K (`splits` slices), 3: stream-K.  The partial sums of a
+  // split tile are reduced in K order (ReductionMode::Deterministic): the same inputs give the same bits.
+  args.scheduler.decomposition_mode = static_cast<decltype(args.scheduler.decomposition_mode)>(decomposition);
+  args.scheduler.splits = splits;
+#else
+  (void)decomposition;
+  (void)splits;
+#endif
   return args;
 }
 
@@ -154,8 +166,10 @@ typename GemmKernel::Arguments arguments(const void* a, const void* b, void* d, 
 using namespace jitops_gemm;
 
 // Workspace bytes the configuration needs for this problem (stream-K partials; 0 for data-parallel tiles).
-JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, int raster, int sm_count) {
-  auto args = arguments(nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 0, swizzle, raster, sm_count);
+JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, int raster, int decomposition,
+                                              int splits, int sm_count) {
+  auto args = arguments(nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 0, swizzle, raster, decomposition,
+                        splits, sm_count);
   return static_cast<long long>(GemmKernel::get_workspace_size(args));
 }
 
@@ -163,9 +177,11 @@ JITOPS_EXPORT long long jitops_gemm_workspace(int m, int n, int k, int swizzle, 
 // run with this configuration, or 1000 + a cudaError_t when a CUDA call failed.
 JITOPS_EXPORT int jitops_gemm_run(const void* a, const void* b, void* d, const void* bias, int m, int n, int k,
                                   long long lda, long long ldb, long long ldd, int activation, int swizzle,
-                                  int raster, int sm_count, void* workspace, void* stream_ptr) {
+                                  int raster, int decomposition, int splits, int sm_count, void* workspace,
+                                  void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  auto args = arguments(a, b, d, bias, m, n, k, lda, ldb, ldd, activation, swizzle, raster, sm_count);
+  auto args = arguments(a, b, d, bias, m, n, k, lda, ldb, ldd, activation, swizzle, raster, decomposition, splits,
+                        sm_count);
   if (!GemmKernel::can_implement(args)) {
     return static_cast<int>(cutlass::Status::kErrorInvalidProblem);
   }
