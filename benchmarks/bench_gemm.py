@@ -72,6 +72,10 @@ SURVEY_CANDIDATES = [
     (_coop((128, 64, 64), (1, 1), streamk=True), [(0, 1), (1, 1), (3, 1), (2, 2), (2, 4), (2, 8)]),
     (_coop((128, 256, 64), (1, 1), streamk=True), [(0, 1), (3, 1)]),
 ]
+# --sweep-decode: the decode bucket's 64-row ping-pong tile at three widths (streaming b is bound by each SM's
+# bandwidth, so the tile count, one tile an SM, sets the speed).
+DECODE_SHAPES = [(m, n, k) for m in (1, 32, 64) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192))]
+DECODE_CANDIDATES = [(_pong((64, width, 64), (1, 1)), [(0, 1)]) for width in (128, 64, 32)]
 TUNE_SHAPES = {"large": [s for s in SHAPES if s[0] > 256], "skinny": [s for s in SHAPES if s[0] <= 256]}
 SWIZZLES = (1, 2, 4, 8)
 ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench): the clock drifts between them
@@ -215,9 +219,11 @@ def survey(bench) -> None:
                survey_min=round(min(ratios), 3))
 
 
-def sweep_survey(target: Target) -> list[dict]:
+def sweep_survey(target: Target, shapes=None, candidates=None, name: str = "gemm-sweep-survey") -> list[dict]:
     """Every survey candidate on every survey shape (bf16, row-major a and b), device time (graphs where short),
     torch.matmul timed before and after each shape's candidates."""
+    shapes = SURVEY_SHAPES if shapes is None else shapes
+    candidates = SURVEY_CANDIDATES if candidates is None else candidates
     from harness import save_record, time_cuda, time_cuda_graph
 
     def device_ms(fn):
@@ -225,13 +231,13 @@ def sweep_survey(target: Target) -> list[dict]:
         return time_cuda_graph(fn, reps=10) if estimate < GRAPH_BELOW_MS else time_cuda(fn, reps=10, min_ms=30.0)
 
     rows = []
-    for m, n, k in SURVEY_SHAPES:
+    for m, n, k in shapes:
         a, b, _ = shape_args(m, n, k, torch.bfloat16)
         want = a @ b
         cls = G.shape_class(a, b, None, None, None)
         torch_ms = [device_ms(lambda: torch.matmul(a, b))]
         points = []
-        for config, schedules in SURVEY_CANDIDATES:
+        for config, schedules in candidates:
             try:
                 lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
             except Exception as exc:  # noqa: BLE001 - a candidate not built (JITOPS_OFFLINE) is skipped
@@ -261,7 +267,7 @@ def sweep_survey(target: Target) -> list[dict]:
         best = [r for r in rows if r["shape"] == f"{m}x{n}x{k}"][:3]
         print(f"  sweep {m}x{n}x{k} ({cls.bucket}) torch {base * 1e3:.1f} us; best: " + "; ".join(
             f"{r['config']} d{r['decomposition']}/{r['splits']} {r['us']} us x{r['ratio']}" for r in best), flush=True)
-    save_record("gemm-sweep-survey", {"torch_timings": "two per shape, median", "points": rows})
+    save_record(name, {"torch_timings": "two per shape, median", "points": rows})
     return rows
 
 
@@ -360,6 +366,7 @@ def main() -> None:
     parser.add_argument("--cold-compile", type=Path)
     parser.add_argument("--survey", action="store_true", help="the survey of other shapes alone")
     parser.add_argument("--sweep-survey", action="store_true", help="every survey candidate on the survey shapes")
+    parser.add_argument("--sweep-decode", action="store_true", help="the decode tile widths on decode shapes")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
@@ -369,8 +376,9 @@ def main() -> None:
 
     bench = Bench("gemm-tune" if args.tune_only else "gemm-survey" if args.survey else "gemm", rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
-    if args.sweep_survey:
-        sweep_survey(target)
+    if args.sweep_survey or args.sweep_decode:
+        sweep_survey(target) if args.sweep_survey else sweep_survey(target, DECODE_SHAPES, DECODE_CANDIDATES,
+                                                                     "gemm-sweep-decode")
         return
     if args.survey:
         survey(bench)

@@ -68,10 +68,11 @@ TRANSPOSES = [Case(256, 320, 384, dtype, a_t, b_t) for dtype in (BF16, FP16) for
 # Awkward M; the backward of each runs the other layouts of TRANSPOSES.
 AWKWARD_M = [Case(m, 256, 512) for m in (1, 7, 1000, 4097)]
 # Every size bucket: large_short_k (K <= 1024), large, medium and small (the wave model), skinny (few rows, wide
-# b) and decode (up to 64 rows, wide b: ping-pong 64x128 tiles), with a fused epilogue and a transposed b.
+# b) and decode (up to 64 rows, wide b: ping-pong tiles 64x128, or 64x64 when b has under 99 columns of 128),
+# with a fused epilogue and a transposed b.
 LARGE = [Case(4096, 512, 4096, BF16), Case(4096, 512, 4096, FP16, grad=False), Case(4096, 1536, 4096, grad=False),
          Case(512, 1024, 4096), Case(128, 512, 4096), Case(64, 512, 4096), Case(7, 1024, 4096, FP16, b_t=True),
-         Case(33, 512, 4096, bias=True, activation="gelu")]
+         Case(33, 512, 4096, bias=True, activation="gelu"), Case(16, 256, 16384), Case(5, 384, 13000, FP16)]
 # Bias and activations in the epilogue, and an fp32 output.
 EPILOGUES = [Case(1000, 256, 384, dtype, bias=bias, activation=act)
              for dtype in (BF16, FP16) for bias in (False, True) for act in (None, "relu", "gelu")

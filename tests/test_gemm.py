@@ -159,7 +159,8 @@ def test_buckets_and_family():
     bucket = lambda m, k, n: G.shape_class(meta(m, k), meta(k, n), None, None, None).bucket  # noqa: E731
     assert bucket(4096, 4096, 4096) == "large" and bucket(8192, 1024, 8192) == "large_short_k"
     assert bucket(128, 8192, 8192) == "skinny" and bucket(1000, 256, 384) == "small"
-    assert bucket(1, 4096, 14336) == "decode" and bucket(64, 4096, 4096) == "decode"
+    assert bucket(1, 4096, 14336) == "decode" and bucket(64, 4096, 12800) == "decode"  # >= 99 tiles of 128
+    assert bucket(1, 4096, 4096) == "decode_narrow" and bucket(64, 8192, 12544) == "decode_narrow"  # 98 of 128
     assert bucket(65, 4096, 4096) == "skinny" and bucket(32, 4096, 1024) == "small"  # decode: N >= 4096 only
 
     class Symbolic(int):  # torch.compile's SymInt, which cannot be hashed (the memo is for plain ints)

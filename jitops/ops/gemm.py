@@ -119,6 +119,11 @@ def _address_units(t: torch.Tensor) -> int:
 # count is the H100 SXM's 132, a constant rather than the device's, so that a cache prewarmed without a GPU holds
 # the kernels the device picks (an H100 PCIe, 114 SMs, gets the same choices, slightly off its own optimum).
 WAVE_SMS = 132
+# A decode step streams b through few tiles, one an SM, each bound by its SM's bandwidth and its K loop: the
+# lent H100's decode sweep (2026-11-22 20:13 UTC, rows 1-64) ran N = 14336 best on 64x128 tiles (112 of them;
+# x0.97-1.01 of torch.matmul, 64x64 x0.88-0.94) and N = 8192 on 64x64 (128 tiles; x0.89-0.98, 64x128
+# x0.77-0.87).  64x32 tiles won nowhere.
+DECODE_WIDE_TILES = 99  # 3/4 of WAVE_SMS
 WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66)}
 
 
@@ -138,8 +143,9 @@ def _bucket(m: int, n: int, k: int) -> str:
 
 
 def _choose_bucket(m: int, n: int, k: int) -> str:
-    if m <= 64 and n >= 4096:  # one to 64 rows against a wide matrix (a decode step): 64-row tiles
-        return "decode"
+    if m <= 64 and n >= 4096:  # one to 64 rows against a wide matrix (a decode step): 64-row tiles, 128 wide
+        # where that still gives 3/4 of the SMs a tile, else 64 wide (bench_gemm.py --sweep-decode)
+        return "decode" if -(-n // 128) >= DECODE_WIDE_TILES else "decode_narrow"
     if m <= 256 and n >= 4096:  # a few rows against a wide matrix: streaming b is the cost
         return "skinny"
     tiles = -(-m // 128) * -(-n // 256)
@@ -264,6 +270,7 @@ SM90_CONFIGS = {
     "small": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
     "skinny": Sm90Config((128, 64, 64), (1, 2), pingpong=False, streamk=False),
     "decode": Sm90Config((64, 128, 64), (1, 1), pingpong=True, streamk=False),
+    "decode_narrow": Sm90Config((64, 64, 64), (1, 1), pingpong=True, streamk=False),
 }
 SM80_CONFIGS = {
     "large": Sm80Config((128, 256, 32), (64, 64, 32), 3),
@@ -272,6 +279,7 @@ SM80_CONFIGS = {
     "small": Sm80Config((128, 128, 32), (64, 64, 32), 4),
     "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
     "decode": Sm80Config((128, 128, 32), (64, 64, 32), 4),
+    "decode_narrow": Sm80Config((128, 128, 32), (64, 64, 32), 4),
 }
 # 2-byte alignment: cp.async copies 4, 8 or 16 bytes, so this class takes CUTLASS's two-stage register-staged
 # mainloop, with smaller warp tiles (64x64 spilled at 255 registers).
