@@ -75,7 +75,14 @@ SURVEY_CANDIDATES = [
 # --sweep-decode: the decode bucket's 64-row ping-pong tile at three widths (streaming b is bound by each SM's
 # bandwidth, so the tile count, one tile an SM, sets the speed).
 DECODE_SHAPES = [(m, n, k) for m in (1, 32, 64) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192))]
-DECODE_CANDIDATES = [(_pong((64, width, 64), (1, 1)), [(0, 1)]) for width in (128, 64, 32)]
+DECODE_CANDIDATES = [(_pong((64, width, depth), (1, 1)), [(0, 1)]) for width, depth in
+                     ((128, 64), (64, 64), (32, 64), (128, 128), (64, 128))]
+# --sweep-skinny: the skinny bucket's candidates (129-256 rows against a wide b).
+SKINNY_SHAPES = [(128, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192))] + \
+    [(256, 4096, 4096)]
+SKINNY_CANDIDATES = [(_coop((128, 64, 64), (1, 2)), [(0, 1)]), (_coop((128, 64, 64), (1, 1)), [(0, 1)]),
+                     (_coop((128, 64, 128), (1, 2)), [(0, 1)]),
+                     (_coop((128, 64, 64), (1, 1), streamk=True), [(1, 1), (2, 2)])]
 TUNE_SHAPES = {"large": [s for s in SHAPES if s[0] > 256], "skinny": [s for s in SHAPES if s[0] <= 256]}
 SWIZZLES = (1, 2, 4, 8)
 ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench): the clock drifts between them
@@ -367,6 +374,7 @@ def main() -> None:
     parser.add_argument("--survey", action="store_true", help="the survey of other shapes alone")
     parser.add_argument("--sweep-survey", action="store_true", help="every survey candidate on the survey shapes")
     parser.add_argument("--sweep-decode", action="store_true", help="the decode tile widths on decode shapes")
+    parser.add_argument("--sweep-skinny", action="store_true", help="the skinny candidates on skinny shapes")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
@@ -376,9 +384,14 @@ def main() -> None:
 
     bench = Bench("gemm-tune" if args.tune_only else "gemm-survey" if args.survey else "gemm", rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
-    if args.sweep_survey or args.sweep_decode:
-        sweep_survey(target) if args.sweep_survey else sweep_survey(target, DECODE_SHAPES, DECODE_CANDIDATES,
-                                                                     "gemm-sweep-decode")
+    if args.sweep_survey:
+        sweep_survey(target)
+        return
+    if args.sweep_decode or args.sweep_skinny:
+        name = "decode" if args.sweep_decode else "skinny"
+        shapes, candidates = (DECODE_SHAPES, DECODE_CANDIDATES) if args.sweep_decode else \
+            (SKINNY_SHAPES, SKINNY_CANDIDATES)
+        sweep_survey(target, shapes, candidates, f"gemm-sweep-{name}")
         return
     if args.survey:
         survey(bench)

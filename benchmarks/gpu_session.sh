@@ -2,8 +2,9 @@
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
 #   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [smoke] [notebooks-bg] [tests] [wait] [bench NAME...]
 #                                  [probe] [ncu-wgrad] [notebooks]  (default: tests and every benchmark)
-# prebuilt: import every archive in .prebuilt-pack/ (cache_tools export, made on a GPU-less machine, 20 MiB for the
-#   CUTLASS ops' kernels against 75 MiB unpacked) into one root that the GPU tests and benchmarks read, so nvcc runs
+# prebuilt: import every archive in .prebuilt-pack/ (cache_tools export archives of the CUTLASS ops' kernels, made on
+#   a GPU-less machine or by an earlier call here; conv2d's, gemm's and grouped_gemm's were 47 MB on 2026-11-22, under
+#   the 64 MiB a call carries with the tree) into one root that the GPU tests and benchmarks read, so nvcc runs
 #   nowhere here.
 # build-gemm: build jitops.gemm's sm_90a kernels here instead (16 cores: about 3 minutes, against an hour or more
 #   on the 2-core development box), those the tests and bench_gemm.py load and, in a second root, the other
