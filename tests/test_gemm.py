@@ -166,6 +166,13 @@ def test_buckets_and_family():
     class Symbolic(int):  # torch.compile's SymInt, which cannot be hashed (the memo is for plain ints)
         __hash__ = None
     assert G._bucket(Symbolic(4096), Symbolic(4096), Symbolic(4096)) == "large"
+    assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
+    cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
+    assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
+    with G.force_family("sm80"):
+        forced = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
+    assert forced != cls and list(G.cuda_kernels(forced, SM90)) == ["sm80"]
+    assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
 @pytest.mark.parametrize("m, n, expected", [
@@ -179,13 +186,6 @@ def test_the_wave_model_picks_the_tile(m, n, expected):
     assert G.shape_class(meta(m, 4096), meta(4096, n), None, None, None).bucket == expected
     costs = {bucket: G._wave_cost(bucket, m, n) for bucket in G.WAVE_TILES}
     assert min(costs, key=costs.get) == expected
-    assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
-    cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
-    assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
-    with G.force_family("sm80"):
-        forced = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
-    assert forced != cls and list(G.cuda_kernels(forced, SM90)) == ["sm80"]
-    assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
 def test_epilogue_variants_share_one_fused_kernel():

@@ -113,11 +113,13 @@ def _address_units(t: torch.Tensor) -> int:
 
 # The wave model that picks a tile for the shapes no special bucket claims.  A persistent kernel runs its tiles
 # in waves of one tile an SM; a problem costs about (waves) x (one tile's time), one tile's time being its area
-# over its relative speed.  Speeds fitted on the lent H100's survey sweep (19:55 UTC, docs/benchmarks.md, "gemm
-# beyond the goal shapes"): per output element of a wave, on the six shapes of 512 rows or more with K >= 4096,
-# a 128x128 tile took 1.03-1.08x the time of a 128x256 and a 128x64 1.45-1.6x: speeds 0.93 and 0.66.  The SM
-# count is the H100 SXM's 132, a constant rather than the device's, so that a cache prewarmed without a GPU holds
-# the kernels the device picks (an H100 PCIe, 114 SMs, gets the same choices, slightly off its own optimum).
+# over its relative speed.  Speeds fitted on the lent H100's survey sweep (19:52 UTC; docs/benchmarks.md, gemm,
+# "Beyond the goal's six shapes"): per output element of a wave, on the seven shapes of 512 rows or more with
+# K >= 4096, a 128x128 tile took 1.02-1.16x (median 1.07) the time of a 128x256 and a 128x64 1.43-1.75x (median
+# 1.57), leaving out one 128x256 point far off its other runs: speeds 0.93 and 0.66 (0.64 picks the same tile for
+# every shape of the survey, the goal and the tests).  The SM count is the H100 SXM's 132, a constant rather than
+# the device's, so that a cache prewarmed without a GPU holds the kernels the device picks (an H100 PCIe, 114
+# SMs, gets the same choices, slightly off its own optimum).
 WAVE_SMS = 132
 # A decode step streams b through few tiles, one an SM, each bound by its SM's bandwidth and its K loop: the
 # lent H100's decode sweep (2026-11-22 20:13 UTC, rows 1-64) ran N = 14336 best on 64x128 tiles (112 of them;
@@ -258,7 +260,7 @@ class Sm80Config(NamedTuple):
 #   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
 #   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
 # 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607 in one run) than 8 (598 in the next): _swizzle.
-# `bench_gemm.py --sweep-survey` (19:55 UTC; time against torch.matmul's): with 1 to 32 rows and N = 14336 the
+# `bench_gemm.py --sweep-survey` (19:52 UTC; time against torch.matmul's): with 1 to 32 rows and N = 14336 the
 # 64x128 ping-pong tile ran at 0.97-1.04x (the 128x64 cooperative 0.47-0.79x); squares of 256-1024 ran best on
 # 128x64 tiles (0.70-0.78x; 128x128 stream-K, the small bucket before: 0.44-0.58x); 512- to 2048-row layers on
 # 128x128 or 128x256 tiles by the wave model (0.94-1.09x; stream-K 0.75-0.87x).  Split-K and stream-K lost
