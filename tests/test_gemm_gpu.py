@@ -135,6 +135,19 @@ def test_bad_inputs_name_the_argument():
         jitops.gemm(a, b[:16])
 
 
+def test_repeated_calls_read_new_data_and_new_shapes():
+    """The sm_90 library keeps the Params of a thread's recent calls by their pointers, sizes and strides: a call
+    repeated on new data in the same buffers, and one on a narrower view of the same buffers, compute afresh."""
+    a = torch.randn(256, 320, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(320, 384, device="cuda", dtype=torch.bfloat16)
+    first = jitops.gemm(a, b)
+    a.mul_(2)  # exact in bf16: the same kernel on the same buffers gives exactly twice the first result
+    assert torch.equal(jitops.gemm(a, b), first * 2)
+    narrow = jitops.gemm(a[:, :256], b[:256])  # the same start addresses, K of 256 and a's row stride of 320
+    torch.testing.assert_close(narrow.float(), a[:, :256].float() @ b[:256].float(), rtol=1.6e-2, atol=1.6e-2)
+    torch.testing.assert_close(jitops.gemm(a, b).float(), a.float() @ b.float(), rtol=1.6e-2, atol=1.6e-2)
+
+
 def test_cases_are_unique():
     assert len({c.id for c in ALL}) == len(ALL)
 
