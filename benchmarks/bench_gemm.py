@@ -5,6 +5,8 @@
     python benchmarks/bench_gemm.py --tune-only
     python benchmarks/bench_gemm.py --cold-compile DIR   # compile the main configurations into an empty cache DIR
     python benchmarks/bench_gemm.py --survey   # beyond the goal's six: squares and LLM layer shapes (bf16)
+    python benchmarks/bench_gemm.py --sweep-survey | --sweep-decode | --sweep-skinny
+                                               # candidate configurations on the survey, decode or skinny shapes
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -72,8 +74,8 @@ SURVEY_CANDIDATES = [
     (_coop((128, 64, 64), (1, 1), streamk=True), [(0, 1), (1, 1), (3, 1), (2, 2), (2, 4), (2, 8)]),
     (_coop((128, 256, 64), (1, 1), streamk=True), [(0, 1), (3, 1)]),
 ]
-# --sweep-decode: the decode bucket's 64-row ping-pong tile at three widths (streaming b is bound by each SM's
-# bandwidth, so the tile count, one tile an SM, sets the speed).
+# --sweep-decode: the decode bucket's 64-row ping-pong tile at three widths and two depths of K (a decode step
+# keeps one tile an SM busy, so the tile count and each tile's K loop set the speed).
 DECODE_SHAPES = [(m, n, k) for m in (1, 32, 64) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192))]
 DECODE_CANDIDATES = [(_pong((64, width, depth), (1, 1)), [(0, 1)]) for width, depth in
                      ((128, 64), (64, 64), (32, 64), (128, 128), (64, 128))]
@@ -96,6 +98,8 @@ SURVEY_SHAPES = ([(s, s, s) for s in (256, 512, 1024, 2048, 3072, 6144)]
                  + [(m, n, k) for m in (1, 8, 32, 128, 512, 2048)
                     for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))]
                  + [(1024, 1024, 16384), (16384, 128, 4096)])
+SWEEPS = {"survey": (SURVEY_SHAPES, SURVEY_CANDIDATES), "decode": (DECODE_SHAPES, DECODE_CANDIDATES),
+          "skinny": (SKINNY_SHAPES, SKINNY_CANDIDATES)}
 
 
 def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda", bias: bool = False):
@@ -226,11 +230,10 @@ def survey(bench) -> None:
                survey_min=round(min(ratios), 3))
 
 
-def sweep_survey(target: Target, shapes=None, candidates=None, name: str = "gemm-sweep-survey") -> list[dict]:
-    """Every survey candidate on every survey shape (bf16, row-major a and b), device time (graphs where short),
-    torch.matmul timed before and after each shape's candidates."""
-    shapes = SURVEY_SHAPES if shapes is None else shapes
-    candidates = SURVEY_CANDIDATES if candidates is None else candidates
+def sweep(target: Target, name: str) -> list[dict]:
+    """Every candidate of SWEEPS[name] on each of its shapes (bf16, row-major a and b), device time (graphs where
+    short), torch.matmul timed before and after each shape's candidates."""
+    shapes, candidates = SWEEPS[name]
     from harness import save_record, time_cuda, time_cuda_graph
 
     def device_ms(fn):
@@ -274,7 +277,7 @@ def sweep_survey(target: Target, shapes=None, candidates=None, name: str = "gemm
         best = [r for r in rows if r["shape"] == f"{m}x{n}x{k}"][:3]
         print(f"  sweep {m}x{n}x{k} ({cls.bucket}) torch {base * 1e3:.1f} us; best: " + "; ".join(
             f"{r['config']} d{r['decomposition']}/{r['splits']} {r['us']} us x{r['ratio']}" for r in best), flush=True)
-    save_record(name, {"torch_timings": "two per shape, median", "points": rows})
+    save_record(f"gemm-sweep-{name}", {"torch_timings": "two per shape, median", "points": rows})
     return rows
 
 
@@ -384,15 +387,10 @@ def main() -> None:
 
     bench = Bench("gemm-tune" if args.tune_only else "gemm-survey" if args.survey else "gemm", rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
-    if args.sweep_survey:
-        sweep_survey(target)
-        return
-    if args.sweep_decode or args.sweep_skinny:
-        name = "decode" if args.sweep_decode else "skinny"
-        shapes, candidates = (DECODE_SHAPES, DECODE_CANDIDATES) if args.sweep_decode else \
-            (SKINNY_SHAPES, SKINNY_CANDIDATES)
-        sweep_survey(target, shapes, candidates, f"gemm-sweep-{name}")
-        return
+    for name in SWEEPS:
+        if getattr(args, f"sweep_{name}"):
+            sweep(target, name)
+            return
     if args.survey:
         survey(bench)
         bench.finish()
