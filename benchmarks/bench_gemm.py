@@ -248,12 +248,10 @@ def sweep(target: Target, name: str) -> list[dict]:
         torch_ms = [device_ms(lambda: torch.matmul(a, b))]
         points = []
         for config, schedules in candidates:
-            try:
-                lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
-            except Exception as exc:  # noqa: BLE001 - a candidate not built (JITOPS_OFFLINE) is skipped
-                print(f"  sweep {config}: not loaded: {str(exc)[:200]}", flush=True)
+            loaded = load_candidate(target, cls, config, m, n)
+            if loaded is None:
                 continue
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            lib, out = loaded
             for decomposition, splits in schedules:
                 def call(config=config, lib=lib, out=out, decomposition=decomposition, splits=splits):
                     G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, decomposition=decomposition,
@@ -268,10 +266,7 @@ def sweep(target: Target, name: str) -> list[dict]:
         torch_ms.append(device_ms(lambda: torch.matmul(a, b)))
         base = statistics.median(torch_ms)
         for config, decomposition, splits, ms in sorted(points, key=lambda p: p[-1]):
-            rows.append({"shape": f"{m}x{n}x{k}", "bucket": cls.bucket,
-                         "config": f"{'pong' if config.pingpong else 'coop'} {config.tile[0]}x{config.tile[1]}x"
-                                   f"{config.tile[2]} c{config.cluster[0]}x{config.cluster[1]}"
-                                   f"{' sk' if config.streamk else ''}",
+            rows.append({"shape": f"{m}x{n}x{k}", "bucket": cls.bucket, "config": config_name(config),
                          "decomposition": decomposition, "splits": splits, "us": round(ms * 1e3, 2),
                          "torch_us": round(base * 1e3, 2), "ratio": round(base / ms, 3)})
         best = [r for r in rows if r["shape"] == f"{m}x{n}x{k}"][:3]
@@ -340,17 +335,31 @@ def print_best(rows: list[dict], per_shape: int = 5) -> None:
                   f"{row['tflops']} TFLOP/s, x{row['ratio']} torch.matmul", flush=True)
 
 
+def config_name(config) -> str:
+    """A candidate's name in the tune and sweep records, e.g. "128x256x64 c2x1 coop"."""
+    return (f"{config.tile[0]}x{config.tile[1]}x{config.tile[2]} c{config.cluster[0]}x{config.cluster[1]} "
+            f"{'pingpong' if config.pingpong else 'coop'}{' streamK' if config.streamk else ''}")
+
+
+def load_candidate(target: Target, cls, config, m: int, n: int):
+    """(library, output buffer) of a candidate configuration, or None when it is not built (JITOPS_OFFLINE) or
+    does not build: reported, not fatal to the sweep."""
+    try:
+        lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+    except Exception as exc:  # noqa: BLE001 - one candidate must not stop the others
+        print(f"  {config_name(config)}: unavailable: {str(exc)[:300]}", flush=True)
+        return None
+    return lib, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+
 def tune_one(target: Target, time_cuda, config, a, b, want) -> list[dict]:
     (m, k), n = a.shape, b.shape[1]
     cls = G.shape_class(a, b, None, None, None)
-    try:
-        lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
-    except Exception as exc:  # noqa: BLE001 - a candidate that did not build is reported, not fatal
-        print(f"  tune: {config} unavailable: {str(exc)[:300]}", flush=True)
+    loaded = load_candidate(target, cls, config, m, n)
+    if loaded is None:
         return []
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    name = (f"{config.tile[0]}x{config.tile[1]}x{config.tile[2]} c{config.cluster[0]}x{config.cluster[1]} "
-            f"{'pingpong' if config.pingpong else 'coop'}{' streamK' if config.streamk else ''}")
+    lib, out = loaded
+    name = config_name(config)
     rows = []
     for swizzle in SWIZZLES:
         for raster in RASTERS:

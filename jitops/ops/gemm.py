@@ -277,15 +277,10 @@ SM90_CONFIGS = {
     "decode": Sm90Config((64, 128, 64), (1, 1), pingpong=True, streamk=False),
     "decode_narrow": Sm90Config((64, 64, 64), (1, 1), pingpong=True, streamk=False),
 }
-SM80_CONFIGS = {
-    "large": Sm80Config((128, 256, 32), (64, 64, 32), 3),
-    "large_short_k": Sm80Config((128, 256, 32), (64, 64, 32), 3),
-    "medium": Sm80Config((128, 128, 32), (64, 64, 32), 4),
-    "small": Sm80Config((128, 128, 32), (64, 64, 32), 4),
-    "skinny": Sm80Config((128, 128, 32), (64, 64, 32), 4),
-    "decode": Sm80Config((128, 128, 32), (64, 64, 32), 4),
-    "decode_narrow": Sm80Config((128, 128, 32), (64, 64, 32), 4),
-}
+# CUTLASS 2 (sm_80 family): two configurations; the buckets below large share the 128x128 one.
+SM80_LARGE = Sm80Config((128, 256, 32), (64, 64, 32), 3)
+SM80_SMALL = Sm80Config((128, 128, 32), (64, 64, 32), 4)
+SM80_CONFIGS = {bucket: SM80_LARGE if bucket.startswith("large") else SM80_SMALL for bucket in SM90_CONFIGS}
 # 2-byte alignment: cp.async copies 4, 8 or 16 bytes, so this class takes CUTLASS's two-stage register-staged
 # mainloop, with smaller warp tiles (64x64 spilled at 255 registers).
 SM80_ALIGN1 = Sm80Config((128, 128, 32), (64, 32, 32), 2)
@@ -352,6 +347,7 @@ def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, bool,
     return t, found[0], found[1]
 
 
+@functools.lru_cache(maxsize=4096)  # run_sm90 asks on every call; shapes repeat
 def _swizzle(config: Sm90Config, m: int, n: int) -> int:
     """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile rows or columns,
     and halved until it divides both counts.  CUTLASS pads the swizzled side's tiles to a multiple of the swizzle
