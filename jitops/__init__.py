@@ -13,7 +13,7 @@ from . import shapes
 from ._logging import install_handler
 from .config import config
 from .errors import CacheMissError, CompileError, ConfigError, JitopsError, ToolchainError
-from .op import Impl, Kernels, Op, find, op, registered
+from .op import CallRecorder, Impl, Kernels, Op, find, op, record_calls, registered
 from .runtime import MissContext, reset_stats, runtime, stats
 from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
@@ -21,7 +21,9 @@ install_handler()
 
 from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # noqa: E402 - registers the
                   gelu_backward, gemm, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
-                  layer_norm_forward, layer_norm_inference)
+                  layer_norm_forward, layer_norm_inference, linear)
+
+from .patch import PatchReport, patch, unpatch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -44,7 +46,9 @@ def cuda_type(dtype) -> str:
 __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
     "layer_norm_inference",
-    "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm",
+    "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm", "linear",
+    "patch", "unpatch", "PatchReport",
+    "record_calls", "CallRecorder",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",

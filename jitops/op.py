@@ -20,9 +20,10 @@ benchmarks/probe_launch_paths.py).  So the public function, generated per op:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -185,11 +186,21 @@ class Op:
         return self.fake(*args)
 
     def _setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        self._pad_needs_input_grad(ctx)
         self.setup_context(ctx, inputs, output)  # type: ignore[misc]
+
+    def _pad_needs_input_grad(self, ctx: Any) -> None:
+        """The dispatcher omits trailing defaulted arguments (conv2d(x, w) for conv2d(x, w, bias=None)), and
+        needs_input_grad then has fewer entries than the schema has arguments: ops index it by schema position
+        (conv2d's backward read needs_input_grad[2] and raised IndexError under the profiler)."""
+        needs = ctx.needs_input_grad
+        if len(needs) < len(self.args):
+            ctx.needs_input_grad = tuple(needs) + (False,) * (len(self.args) - len(needs))
 
     def _backward(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
         """The op's backward returns one gradient per Tensor/Tensor?/Tensor[] argument, in order; non-tensor
         arguments get None here, and so does every input that does not need a gradient."""
+        self._pad_needs_input_grad(ctx)
         tensor_grads = self.backward(ctx, *grads)  # type: ignore[misc]
         if not isinstance(tensor_grads, (tuple, list)):
             tensor_grads = (tensor_grads,)
@@ -197,11 +208,11 @@ class Op:
             raise RuntimeError(f"jitops.{self.name}: backward returned {len(tensor_grads)} gradients for "
                                f"{len(self._differentiable)} tensor arguments")
         result: list[Any] = [None] * len(self.args)
-        # The dispatcher omits trailing defaulted arguments (AOTAutograd calls gemm(a, b) for gemm(a, b,
-        # bias=None)): those are no inputs, need no gradient, and the surplus Nones returned are allowed.
+        # Omitted trailing arguments (see _pad_needs_input_grad) are no inputs and need no gradient; the surplus
+        # Nones returned are allowed.
         needs = ctx.needs_input_grad
         for position, grad in zip(self._differentiable, tensor_grads):
-            if position < len(needs) and needs[position]:
+            if needs[position]:
                 result[position] = grad
         return tuple(result)
 
@@ -378,6 +389,8 @@ class Op:
             impl = self._cuda if device_index >= 0 else self._cpu
         else:
             first = self._check_devices(args)
+            if first.is_meta:
+                return self._run_meta(args)
             impl = self.impls.get("cuda" if first.is_cuda else first.device.type)
             device_index = first.get_device()
         if impl is None:
@@ -393,6 +406,18 @@ class Op:
             with torch.cuda.device(device_index):
                 return impl.run(kernels, *args)
         return impl.run(kernels, *args)
+
+    def _run_meta(self, args: tuple[Any, ...]) -> Any:
+        """Meta tensors (a model built on device="meta"): the checks and the shape class as a GPU call would
+        meet them, then the fake implementation's outputs.  Nothing compiles or launches; inside
+        jitops.record_calls() the call is recorded as a manifest item, so a GPU-less machine can list (and
+        prewarm) the kernels a model will use."""
+        self.shape_class(*args)
+        if _meta_recorders:
+            item = self.manifest_item(args)
+            for recorder in _meta_recorders:
+                recorder.add(item)
+        return self.fake(*args)
 
     def _make_autograd_function(self) -> type | None:
         """Eager calls that need a gradient use this autograd.Function, which runs the device implementation
@@ -564,6 +589,47 @@ def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any]
               backward=backward, keyword_only=keyword_only, doc=doc).function
 
 
+class CallRecorder:
+    """The calls jitops' ops saw on meta tensors inside `record_calls()`, as manifest items (no duplicates)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+
+    def add(self, item: dict[str, Any]) -> None:
+        import json
+
+        key = json.dumps(item, sort_keys=True)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.items.append(item)
+
+    def manifest(self, archs: Sequence[str]) -> dict[str, Any]:
+        """A prewarm manifest (`jitops-cache prewarm --manifest FILE`) for the recorded calls."""
+        return {"archs": list(archs), "ops": list(self.items)}
+
+
+_meta_recorders: list[CallRecorder] = []
+
+
+@contextlib.contextmanager
+def record_calls() -> Iterator[CallRecorder]:
+    """Record every jitops op call made on meta tensors inside the block:
+
+        with torch.device("meta"):
+            model = build_model()
+        with jitops.record_calls() as calls:
+            model(inputs_on_meta).sum().backward()
+        json.dump(calls.manifest(["sm_90a"]), open("kernels.json", "w"))   # then: jitops-cache prewarm --manifest
+    """
+    recorder = CallRecorder()
+    _meta_recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _meta_recorders.remove(recorder)
+
+
 def registered() -> dict[str, Op]:
     """Every op declared in this process, by qualified name."""
     return dict(_REGISTRY)
@@ -581,4 +647,4 @@ def find(name: str) -> Op:
         raise ValueError(f"jitops: unknown op {name!r}; known ops: {known}") from None
 
 
-__all__ = ["Impl", "Kernels", "Op", "op", "registered", "find"]
+__all__ = ["Impl", "Kernels", "Op", "op", "registered", "find", "record_calls", "CallRecorder"]

@@ -15,10 +15,11 @@ from .gelu import gelu, gelu_backward
 from .gemm import gemm
 from .grouped_gemm import grouped_gemm
 from .layer_norm import layer_norm, layer_norm_backward, layer_norm_forward, layer_norm_inference
+from .linear import linear
 
 PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_layer_norm_module.PREWARM,
                        *_conv2d_module.PREWARM, *_grouped_gemm_module.PREWARM, *_gemm_module.PREWARM]
 
 __all__ = ["add", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gelu", "gelu_backward", "gemm",
-           "grouped_gemm", "layer_norm", "layer_norm_forward", "layer_norm_backward", "layer_norm_inference",
+           "grouped_gemm", "layer_norm", "linear", "layer_norm_forward", "layer_norm_backward", "layer_norm_inference",
            "PREWARM"]

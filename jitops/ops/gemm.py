@@ -1,9 +1,10 @@
-"""jitops.gemm(a, b, *, bias=None, activation=None | "relu" | "gelu", out_dtype=None)
+"""jitops.gemm(a, b, *, bias=None, activation=None | "relu" | "gelu" | "gelu_tanh", out_dtype=None)
 
     out = act(a @ b + bias)        a: (M, K), b: (K, N), bias: (N,), out: (M, N) row-major
 
 bf16 and fp16 on CUDA, accumulating in fp32; out_dtype is the inputs' dtype (default) or float32.  The bias and
-the activation run in the GEMM's epilogue ("gelu" is the exact erf form, torch's default).
+the activation run in the GEMM's epilogue ("gelu" is the exact erf form, torch's default; "gelu_tanh" is
+F.gelu(approximate="tanh")).
 
 Layouts come from the strides: each operand may be row- or column-major (a transposed view such as `w.t()`
 costs no copy), with any leading dimension.  Only a view with no unit stride (e.g. `x[::2, ::2]`) is copied.
@@ -53,7 +54,10 @@ log = logging.getLogger("jitops")
 
 CUDA_DTYPES = (torch.bfloat16, torch.float16)
 CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+# The approximation jitops.gelu applies for each GELU activation (the training path runs the GEMM with the
+# bias fused, then jitops.gelu, which keeps the pre-activation its backward needs).
+GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
 CUTLASS_TYPES = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t", torch.float32: "float"}
 INT32_MAX = 2**31 - 1
 
@@ -89,9 +93,14 @@ def force_family(family: str) -> Iterator[None]:
 
 def _layout(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, int] | None:
     """(row_major, leading dimension) of a 2-D operand that a kernel can read in place, or None when it must be
-    copied.  A dimension of size 1 has no meaningful stride, so either layout may fit; the leading dimension
-    is then chosen 16-byte friendly."""
+    copied."""
     s0, s1 = t.stride()
+    return layout_of(s0, s1, rows, cols)
+
+
+def layout_of(s0: int, s1: int, rows: int, cols: int) -> tuple[bool, int] | None:
+    """_layout from the strides of a (rows, cols) view.  A dimension of size 1 has no meaningful stride, so
+    either layout may fit; the leading dimension is then chosen 16-byte friendly."""
     if rows > 1 and cols > 1:
         if s1 == 1 and s0 >= cols:
             return True, s0
@@ -166,7 +175,8 @@ def _check(a, b, bias, activation, out_dtype) -> None:
     if bias is not None:
         shapes.check_tensor("gemm", "bias", bias)
     if activation not in ACTIVATIONS:
-        raise ValueError(f"jitops.gemm: argument 'activation' is {activation!r}; use None, 'relu' or 'gelu'")
+        raise ValueError(f"jitops.gemm: argument 'activation' is {activation!r}; use None, 'relu', 'gelu' or "
+                         "'gelu_tanh'")
     if a.dim() != 2:
         raise ValueError(f"jitops.gemm: argument 'a' must be a 2-D (M, K) matrix, got shape {tuple(a.shape)}")
     if b.dim() != 2:
@@ -211,10 +221,17 @@ def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
         _check(a, b, bias, activation, out_dtype)
     if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
         return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
+    return class_from_layouts(dtype, out, m, n, k, a, _layout(a, m, k), b, _layout(b, k, n), bias, fused)
+
+
+def class_from_layouts(dtype: torch.dtype, out: torch.dtype, m: int, n: int, k: int, a: torch.Tensor,
+                       la: tuple[bool, int] | None, b: torch.Tensor, lb: tuple[bool, int] | None, bias, fused: bool
+                       ) -> GemmClass:
+    """The class of a checked, non-empty CUDA problem whose operands start at a's and b's addresses with the
+    layouts la and lb (None: copied to a contiguous matrix first).  jitops.linear computes its layouts from
+    strides without making 2-D views, and lands on the same classes (and kernels) as jitops.gemm."""
     # Every row start, leading dimension and contiguous extent, in elements; the output is (M, N) contiguous.
     # An operand no kernel can read in place (None) is copied to a fresh contiguous (row-major) matrix.
-    la = _layout(a, m, k)
-    lb = _layout(b, k, n)
     units = n | (la[1] | _address_units(a) if la is not None else k)
     units |= lb[1] | _address_units(b) if lb is not None else n
     a_kmajor = la is None or la[0]
@@ -418,22 +435,29 @@ def run_cuda(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
         return _epilogue_only(out, bias, activation)
     a, _, lda = _operand(a, m, k)
     b, _, ldb = _operand(b, k, n)
+    launch(kernels, a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+    return out
+
+
+def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int, activation: int) -> None:
+    """out (M, N) = act(a . b + bias) with the loaded kernels of the class; a and b are read in place with the
+    given leading dimensions (their layouts are the class's)."""
+    cls = kernels.shape_class
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
     lib = kernels.__dict__.get("sm90")
     if lib is not None:
-        run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+        run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, activation)
     else:
-        run_sm80(kernels.sm80, cls, sm80_config(cls), a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
-    return out
+        run_sm80(kernels.sm80, cls, sm80_config(cls), a, b, out, bias, m, n, k, lda, ldb, activation)
 
 
 # ---- CPU (ATen) -----------------------------------------------------------------------------------------------
 def _activate(z: torch.Tensor, activation) -> torch.Tensor:
     if activation == "relu":
         return torch.relu(z)
-    if activation == "gelu":
-        return F.gelu(z)
+    if activation in GELU_APPROXIMATE:
+        return F.gelu(z, approximate=GELU_APPROXIMATE[activation])
     return z
 
 
@@ -463,21 +487,23 @@ def setup_context(ctx, inputs, output) -> None:
     ctx.bias_dtype = bias.dtype if bias is not None else None
     # dA needs B, dB needs A; relu's mask comes from the output; gelu recomputes its pre-activation.  (Only
     # tensors are saved: AOTAutograd drops saved Nones.)
-    extra = output if activation == "relu" else bias if activation == "gelu" and bias is not None else None
+    extra = output if activation == "relu" else bias if activation in GELU_APPROXIMATE and bias is not None else None
     ctx.save_for_backward(a, b, *([] if extra is None else [extra]))
 
 
 def backward(ctx, grad: torch.Tensor):
     a, b, *extra = ctx.saved_tensors
     out = extra[0] if ctx.activation == "relu" else None
-    bias = extra[0] if ctx.activation == "gelu" and extra else None
+    bias = extra[0] if ctx.activation in GELU_APPROXIMATE and extra else None
     # Under AOTAutograd an omitted trailing bias is not an input at all: pad to (a, b, bias).
     need_a, need_b, need_bias = (tuple(ctx.needs_input_grad) + (False, False, False))[:3]
     if ctx.activation == "relu":
         grad = torch.where(out > 0, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
-    elif ctx.activation == "gelu":  # reached through torch.ops only; jitops.gemm keeps the pre-activation
+    elif ctx.activation in GELU_APPROXIMATE:  # through torch.ops only; jitops.gemm keeps the pre-activation
         z = _op(a, b, bias=bias, out_dtype=ctx.out_dtype)
-        grad = torch.ops.aten.gelu_backward(grad, z) if grad.is_cpu else gelu_backward(grad, z, "none")
+        approximate = GELU_APPROXIMATE[ctx.activation]
+        grad = torch.ops.aten.gelu_backward(grad, z, approximate=approximate) if grad.is_cpu else \
+            gelu_backward(grad, z, approximate)
     grad_in = grad if grad.dtype == a.dtype else grad.to(a.dtype)
     grad_a = _op(grad_in, b.t()) if need_a else None    # (M, N) x (N, K): B^T is a stride view
     grad_b = _op(a.t(), grad_in) if need_b else None    # (K, M) x (M, N): A^T is a stride view
@@ -555,8 +581,8 @@ def gemm(a, b, *, bias=None, activation=None, out_dtype=None):
         needs_grad = False
     if needs_grad and not a.is_cpu and not torch.compiler.is_compiling():
         compile_backward_in_background(a, b, bias, activation, out_dtype)
-    if needs_grad and activation == "gelu" and not a.is_cpu:
-        return gelu(_op(a, b, bias=bias, out_dtype=out_dtype), "none")
+    if needs_grad and activation in GELU_APPROXIMATE and not a.is_cpu:
+        return gelu(_op(a, b, bias=bias, out_dtype=out_dtype), GELU_APPROXIMATE[activation])
     return _op(a, b, bias=bias, activation=activation, out_dtype=out_dtype)
 
 

@@ -1,5 +1,6 @@
 // jitops.gemm epilogue math, shared by the CUTLASS 3 (sm_90a) and CUTLASS 2 (sm_80 family) kernels:
-//     D = act(acc + bias)      act: 0 none, 1 relu, 2 gelu (erf form, torch's default)
+//     D = act(acc + bias)      act: 0 none, 1 relu, 2 gelu (erf form, torch's default), 3 gelu (tanh form,
+//                              torch's approximate="tanh": GPT-2's and ViT's MLPs)
 // The activation is a run-time argument (one warp-uniform branch per fragment), so one compiled kernel serves
 // every bias/activation combination: fewer configurations to compile and to prewarm.
 #pragma once
@@ -9,11 +10,14 @@
 
 namespace jitops_gemm {
 
-enum Activation : int { kNone = 0, kRelu = 1, kGelu = 2 };
+enum Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
 
 CUTLASS_HOST_DEVICE float activate(float z, int activation) {
   if (activation == kGelu) {
     return 0.5f * z * (1.0f + erff(z * 0.70710678118654752440f));
+  }
+  if (activation == kGeluTanh) {  // sqrt(2/pi) (z + 0.044715 z^3), as torch writes it
+    return 0.5f * z * (1.0f + tanhf(0.79788456080286535588f * (z + 0.044715f * z * z * z)));
   }
   if (activation == kRelu) {
     return z < 0.0f ? 0.0f : z;  // NaN stays NaN, as in torch.relu
@@ -45,6 +49,9 @@ struct BiasActivation<cutlass::Array<float, N>> {
     if (args.activation == kGelu) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < N; ++i) out[i] = activate(acc[i] + bias[i], kGelu);
+    } else if (args.activation == kGeluTanh) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) out[i] = activate(acc[i] + bias[i], kGeluTanh);
     } else if (args.activation == kRelu) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < N; ++i) out[i] = activate(acc[i] + bias[i], kRelu);

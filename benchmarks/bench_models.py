@@ -1,0 +1,398 @@
+"""Real models' training steps with and without jitops.patch, in one run on one GPU.
+
+    python3 benchmarks/bench_models.py                         # every model, every mode
+    python3 benchmarks/bench_models.py --models gpt2 --modes eager,patched --profile
+    python3 benchmarks/bench_models.py --prewarm-only          # list the models' kernels on meta tensors, prewarm
+    python3 benchmarks/bench_models.py --device cpu --tiny     # the same logic on tiny configs, no GPU
+
+Models, built from their configs (random init, no downloads), bf16, AdamW:
+    gpt2      HF GPT2LMHeadModel, n_embd 1024, 4 layers, 16 heads, batch 8 x 512 tokens
+    llama     HF LlamaForCausalLM, hidden 1024, 4 layers, 16 heads, MLP 2816, vocab 32000, batch 8 x 512
+    vit       timm vit_base_patch16_224 (ViT-B/16), batch 32 at 224 (transformers' ViT with --tiny)
+    resnet50  timm resnet50, batch 32 at 224, channels_last (transformers' ResNet with --tiny)
+Modes: eager (torch), patched (jitops.patch, eager), compile (torch.compile), patched_compile.
+
+Per model and mode: the steady training step (forward, backward, optimizer; median of timed blocks), the host
+time of a step (the GPU held busy by a sleep kernel first, so nothing waits on it: what the CPU spends issuing the
+step), GPU kernel time per step (torch.profiler), the first step's wall time and jitops compiles, peak memory,
+and the loss and gradients of one step against the unpatched model from the same weights.  Ratios are against
+torch eager in the same run.  Results: benchmarks/results/models.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jitops  # noqa: E402
+from harness import save_record  # noqa: E402
+
+MODES = ("eager", "patched", "compile", "patched_compile")
+
+
+# ---- models -----------------------------------------------------------------------------------------------------
+@dataclass
+class Model:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    batch: Callable[[str], tuple[Any, ...]]          # device -> inputs
+    loss: Callable[[torch.nn.Module, tuple[Any, ...]], torch.Tensor]
+    channels_last: bool = False
+
+
+def _lm_loss(model, batch):
+    (ids,) = batch
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _image_loss(model, batch):
+    images, labels = batch
+    out = model(images)
+    logits = out.logits if hasattr(out, "logits") else out
+    return F.cross_entropy(logits.float(), labels)
+
+
+def gpt2(tiny: bool) -> Model:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64) if tiny else \
+        GPT2Config(n_embd=1024, n_layer=4, n_head=16, n_positions=1024)
+    b, t = (2, 16) if tiny else (8, 512)
+    return Model("gpt2", lambda: GPT2LMHeadModel(cfg),
+                 lambda device: (torch.randint(0, cfg.vocab_size, (b, t), device=device),), _lm_loss)
+
+
+def llama(tiny: bool) -> Model:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if tiny:
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, vocab_size=256, max_position_embeddings=64)
+    else:
+        cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                          num_key_value_heads=16, vocab_size=32000, max_position_embeddings=1024)
+    b, t = (2, 16) if tiny else (8, 512)
+    return Model("llama", lambda: LlamaForCausalLM(cfg),
+                 lambda device: (torch.randint(0, cfg.vocab_size, (b, t), device=device),), _lm_loss)
+
+
+def _timm_available() -> bool:
+    try:
+        import timm  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001 - timm needs a torchvision that matches torch (not on the CPU boxes)
+        return False
+
+
+def vit(tiny: bool) -> Model:
+    if not tiny and _timm_available():
+        import timm
+
+        build = lambda: timm.create_model("vit_base_patch16_224", num_classes=1000)  # noqa: E731
+        size, classes, b = 224, 1000, 32
+    else:
+        from transformers import ViTConfig, ViTForImageClassification
+
+        cfg = ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        image_size=32, patch_size=8, num_labels=10) if tiny else ViTConfig(num_labels=1000)
+        build = lambda: ViTForImageClassification(cfg)  # noqa: E731
+        size, classes, b = (32, 10, 2) if tiny else (224, 1000, 32)
+    return Model("vit", build, lambda device: (torch.randn(b, 3, size, size, device=device),
+                                               torch.randint(0, classes, (b,), device=device)), _image_loss)
+
+
+def resnet50(tiny: bool) -> Model:
+    if not tiny and _timm_available():
+        import timm
+
+        build = lambda: timm.create_model("resnet50", num_classes=1000)  # noqa: E731
+        size, classes, b = 224, 1000, 32
+    else:
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        cfg = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10) if tiny else \
+            ResNetConfig(num_labels=1000)
+        build = lambda: ResNetForImageClassification(cfg)  # noqa: E731
+        size, classes, b = (32, 10, 2) if tiny else (224, 1000, 32)
+    return Model("resnet50", build, lambda device: (torch.randn(b, 3, size, size, device=device),
+                                                    torch.randint(0, classes, (b,), device=device)),
+                 _image_loss, channels_last=True)
+
+
+MODELS = {"gpt2": gpt2, "llama": llama, "vit": vit, "resnet50": resnet50}
+
+
+# ---- running a mode ---------------------------------------------------------------------------------------------
+def make(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str):
+    """A fresh copy of the model in `mode`, from the same weights; (module to call, module holding the
+    parameters, patch report or None)."""
+    with torch.device(device):
+        net = model.build()
+    net.load_state_dict(base_state)
+    net = net.to(device=device, dtype=dtype)
+    if model.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    report = jitops.patch(net) if mode.startswith("patched") else None
+    runner = torch.compile(net) if mode.endswith("compile") else net
+    return runner, net, report
+
+
+def batch_for(model: Model, device: str, dtype: torch.dtype) -> tuple[Any, ...]:
+    torch.manual_seed(1)
+    batch = model.batch(device)
+    fixed = []
+    for t in batch:
+        if t.is_floating_point():
+            t = t.to(dtype)
+            if model.channels_last:
+                t = t.contiguous(memory_format=torch.channels_last)
+        fixed.append(t)
+    return tuple(fixed)
+
+
+def train_step(model: Model, runner, net, batch, opt) -> torch.Tensor:
+    loss = model.loss(runner, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def steady_ms(step: Callable[[], Any], device: str, blocks: int = 5, steps: int = 10) -> float:
+    """Median over `blocks` of the mean step time of `steps` back-to-back steps."""
+    times = []
+    for _ in range(blocks):
+        sync(device)
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        times.append((time.perf_counter() - started) / steps * 1e3)
+    return statistics.median(times)
+
+
+def host_ms(step: Callable[[], Any], device: str, reps: int = 5) -> float:
+    """CPU milliseconds to issue one step while the GPU is busy with a sleep kernel queued before it, so the
+    host never waits on the device: the step's host cost alone.  (On the CPU: the plain step time.)"""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        if device == "cuda":
+            torch.cuda._sleep(int(2e9))  # ~1 s at the H100's clock: longer than any step's host time
+        started = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - started) * 1e3)
+        sync(device)
+    return statistics.median(times)
+
+
+def gpu_ms(step: Callable[[], Any], steps: int = 3) -> float:
+    """Sum of device time of every kernel, memcpy and memset per step (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / steps / 1e3
+
+
+def compare_with_eager(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str,
+                       batch) -> dict[str, float]:
+    """One forward and backward of the unpatched model and of `mode` from the same weights and inputs."""
+    results = []
+    for m in ("eager", mode):
+        runner, net, _ = make(model, base_state, device, dtype, m)
+        torch.manual_seed(2)  # the same dropout masks
+        loss = model.loss(runner, batch)
+        loss.backward()
+        grads = {n: p.grad.detach().float().clone() for n, p in net.named_parameters() if p.grad is not None}
+        results.append((loss.detach().float().item(), grads))
+        del runner, net
+    (loss_ref, g_ref), (loss, g) = results
+    # Relative error per parameter, against at least 1e-3 of the largest parameter gradient: some gradients are
+    # zero in exact arithmetic (a key projection's bias under softmax) and hold only rounding noise.
+    floor = 1e-3 * max((ref.norm().item() for ref in g_ref.values()), default=0.0)
+    worst = 0.0
+    for name, ref in g_ref.items():
+        denom = max(ref.norm().item(), floor)
+        if denom > 0 and name in g:
+            worst = max(worst, (g[name] - ref).norm().item() / denom)
+    return {"loss_ref": loss_ref, "loss": loss, "loss_diff": abs(loss - loss_ref), "grad_rel_err_max": worst,
+            "grads_compared": len(g_ref), "grads_missing": len(set(g_ref) - set(g))}
+
+
+def run_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str, args) -> dict[str, Any]:
+    batch = batch_for(model, device, dtype)
+    jitops.reset_stats()
+    torch.manual_seed(3)
+    runner, net, report = make(model, base_state, device, dtype, mode)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
+    step = lambda: train_step(model, runner, net, batch, opt)  # noqa: E731
+    row: dict[str, Any] = {"model": model.name, "mode": mode}
+    if report is not None:
+        row["patched_modules"] = len(report.swapped)
+        row["fused_pairs"] = len(report.fused)
+        row["left_alone"] = [f"{a.kind}: {a.reason}" for a in report.left_alone][:20]
+        print(report, flush=True)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync(device)
+    started = time.perf_counter()
+    step()
+    sync(device)
+    row["first_step_s"] = time.perf_counter() - started
+    row["first_step_compiles"] = jitops.stats.compiles
+    row["first_step_disk_hits"] = jitops.stats.disk_hits
+    for _ in range(args.warmup):
+        step()
+    row["step_ms"] = steady_ms(step, device, blocks=args.blocks, steps=args.steps)
+    row["host_ms"] = host_ms(step, device)
+    if device == "cuda":
+        row["gpu_ms"] = gpu_ms(step)
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if args.profile and mode == "patched":
+        profile_step(step, device)
+    del opt, runner, net
+    if mode != "eager" and not args.no_check:
+        row.update(compare_with_eager(model, base_state, device, dtype, mode, batch))
+    return row
+
+
+def profile_step(step: Callable[[], Any], device: str) -> None:
+    """Where a patched step's host time goes: cProfile by function, then torch.profiler's CPU ops."""
+    sync(device)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(3):
+        step()
+    sync(device)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    print(text.getvalue(), flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        sync(device)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+
+
+# ---- prewarming the models' kernels from meta tensors -----------------------------------------------------------
+def record_manifest(names: list[str], tiny: bool, dtype: torch.dtype, arch: str) -> dict[str, Any]:
+    """Every kernel call the patched models make in a training step, from a forward and backward on meta
+    tensors (no GPU, nothing compiled): a prewarm manifest."""
+    items: list[dict[str, Any]] = []
+    for name in names:
+        model = MODELS[name](tiny)
+        with torch.device("meta"):
+            net = model.build().to(dtype)
+        if model.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        jitops.patch(net)
+        batch = tuple(t.to("meta") for t in batch_for(model, "cpu", dtype))
+        with jitops.record_calls() as calls:
+            model.loss(net, batch).backward()
+        items += calls.items
+    return {"archs": [arch], "ops": items}
+
+
+def prewarm(names: list[str], tiny: bool, dtype: torch.dtype, arch: str, jobs: int) -> float:
+    manifest = record_manifest(names, tiny, dtype, arch)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(manifest, f)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", f.name, "--jobs", str(jobs)],
+                   check=True)
+    os.unlink(f.name)
+    return time.perf_counter() - started
+
+
+# ---- main -------------------------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="tiny configs (a CPU smoke run)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="cProfile and torch.profiler of a patched step")
+    parser.add_argument("--no-check", action="store_true", help="skip the loss/gradient comparison")
+    parser.add_argument("--prewarm", action="store_true", help="prewarm the models' kernels first")
+    parser.add_argument("--prewarm-only", action="store_true")
+    parser.add_argument("--arch", default="sm_90a")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    names = [n for n in args.models.split(",") if n]
+    modes = [m for m in args.modes.split(",") if m]
+    for n in names:
+        if n not in MODELS:
+            parser.error(f"unknown model {n!r}; choose among {', '.join(MODELS)}")
+    for m in modes:
+        if m not in MODES:
+            parser.error(f"unknown mode {m!r}; choose among {', '.join(MODES)}")
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    notes: dict[str, Any] = {"dtype": str(dtype), "tiny": args.tiny}
+    if args.prewarm or args.prewarm_only:
+        notes["prewarm_s"] = prewarm(names, args.tiny, torch.bfloat16, args.arch, args.jobs)
+        print(f"prewarm: {notes['prewarm_s']:.1f} s", flush=True)
+        if args.prewarm_only:
+            return 0
+    rows = []
+    for name in names:
+        model = MODELS[name](args.tiny)
+        torch.manual_seed(0)
+        base_state = {k: v.clone() for k, v in model.build().state_dict().items()}
+        for mode in modes:
+            row = run_mode(model, base_state, args.device, dtype, mode, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    eager = {r["model"]: r for r in rows if r["mode"] == "eager"}
+    compiled = {r["model"]: r for r in rows if r["mode"] == "compile"}
+    print(f"\n{'model':10s} {'mode':16s} {'step ms':>9s} {'x eager':>8s} {'host ms':>8s} {'gpu ms':>8s} "
+          f"{'first s':>8s} {'compiles':>8s} {'peak GB':>8s} {'loss diff':>10s} {'grad err':>9s}")
+    for r in rows:
+        base = eager.get(r["model"])
+        r["speedup_vs_eager"] = base["step_ms"] / r["step_ms"] if base else None
+        if r["mode"] == "patched_compile" and r["model"] in compiled:
+            r["speedup_vs_compile"] = compiled[r["model"]]["step_ms"] / r["step_ms"]
+        print(f"{r['model']:10s} {r['mode']:16s} {r['step_ms']:9.2f} "
+              f"{(r['speedup_vs_eager'] or float('nan')):8.3f} {r['host_ms']:8.2f} {r.get('gpu_ms', float('nan')):8.2f} "
+              f"{r['first_step_s']:8.2f} {r['first_step_compiles']:8d} {r.get('peak_mem_gb', float('nan')):8.2f} "
+              f"{r.get('loss_diff', float('nan')):10.2e} {r.get('grad_rel_err_max', float('nan')):9.2e}")
+    if not args.tiny:
+        save_record("models", notes, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""jitops.linear(x, weight, bias=None, *, activation=None): F.linear on jitops.gemm's kernels.
+
+    y = act(x . weight^T + bias)      x: (*, K), weight: (N, K), bias: (N,), y: (*, N)
+
+The semantics of torch.nn.functional.linear: any number of leading dimensions (none too: x of shape (K,)), and
+gradients for x, weight and bias.  activation is None, "relu", "gelu" (erf) or "gelu_tanh" (approximate="tanh"),
+run in the GEMM's epilogue.
+
+No views and no copies on the way in: the leading dimensions of a contiguous x are the GEMM's M, and weight^T is
+read in place as the column-major (K, N) operand, so a call lands on the same shape classes (and cached kernels)
+as jitops.gemm(x.view(-1, K), weight.t()) without making either view.  A weight that is itself a transposed view
+(transformers' Conv1D keeps its weight as (K, N): jitops.patch passes weight.t()) is read in place too, and its
+gradient is produced in the parameter's own layout, so autograd never copies it into place.
+
+Backward: dx = dy . weight and dweight = dy^T . x (or its transpose, in the parameter's layout) with jitops.gemm,
+dbias = dy summed over the rows; each only when needed.  With a gradient to record, a GELU activation runs as the
+GEMM with the bias fused followed by jitops.gelu (which keeps the pre-activation its backward needs); without one,
+it is fused into the epilogue.
+
+CUDA: bf16 and fp16 (fp32 accumulation).  CPU: fp64, fp32, bf16, fp16 through ATen (a reference path).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import shapes
+from ..op import Impl, op
+from .gelu import gelu, gelu_backward
+from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass, class_from_layouts,
+                   cuda_kernels, launch, layout_of)
+from .gemm import gemm as _gemm
+from .gemm import _activate, _epilogue_only
+
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+
+
+# ---- shape class ----------------------------------------------------------------------------------------------
+def _check(x, weight, bias, activation) -> None:
+    """The slow path of the shape class: say exactly what is wrong, naming the argument."""
+    shapes.check_tensor("linear", "x", x)
+    shapes.check_tensor("linear", "weight", weight)
+    if bias is not None:
+        shapes.check_tensor("linear", "bias", bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"jitops.linear: argument 'activation' is {activation!r}; use None, 'relu', 'gelu' or "
+                         "'gelu_tanh'")
+    if weight.dim() != 2:
+        raise ValueError(f"jitops.linear: argument 'weight' must be a 2-D (out_features, in_features) matrix, got "
+                         f"shape {tuple(weight.shape)}")
+    if x.dim() < 1:
+        raise ValueError("jitops.linear: argument 'x' must have at least one dimension (in_features), got a 0-d "
+                         "tensor")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"jitops.linear: argument 'x' has shape {tuple(x.shape)} (in_features = {x.shape[-1]}) "
+                         f"but 'weight' has shape {tuple(weight.shape)} (in_features = {weight.shape[1]})")
+    allowed = CPU_DTYPES if x.is_cpu else CUDA_DTYPES
+    shapes.check_dtype("linear", "x", x, allowed)
+    shapes.check_same_dtype("linear", ("x", x), ("weight", weight), ("bias", bias))
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"jitops.linear: argument 'bias' has shape {tuple(bias.shape)}, expected "
+                         f"({weight.shape[0]},): one value per output feature")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if max(rows, weight.shape[0], weight.shape[1]) > INT32_MAX:
+        raise ValueError(f"jitops.linear: rows, in_features and out_features must each be below 2**31, got x "
+                         f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
+    raise AssertionError("jitops.linear: _check found nothing wrong")  # pragma: no cover - callers saw a problem
+
+
+def _rows_view(x: torch.Tensor, k: int) -> tuple[torch.Tensor, tuple[bool, int] | None]:
+    """x as the GEMM's (M, K) operand and its layout: a contiguous x is read as it is (no view is made); other
+    inputs are reshaped (a view where the leading dimensions collapse, else a copy)."""
+    if x.is_contiguous():
+        return x, layout_of(k, 1, x.numel() // k, k)
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    return x2, layout_of(x2.stride(0), x2.stride(1), x2.shape[0], k)
+
+
+def shape_class(x, weight, bias, activation) -> GemmClass:
+    # Runs on every call: plain comparisons first, _check (which builds the messages) only on failure.
+    if (type(x) is not _Tensor and not isinstance(x, _Tensor)) or \
+            (type(weight) is not _Tensor and not isinstance(weight, _Tensor)) or \
+            weight.dim() != 2 or x.dim() < 1 or activation not in ACTIVATIONS:
+        _check(x, weight, bias, activation)
+    n, k = weight.shape
+    dtype = x.dtype
+    if x.shape[-1] != k or weight.dtype != dtype or \
+            (bias is not None and (bias.dtype != dtype or bias.shape != (n,))):
+        _check(x, weight, bias, activation)
+    m = x.numel() // k if k else 0
+    fused = bias is not None or activation is not None
+    if x.is_cpu:
+        if dtype not in CPU_DTYPES:
+            _check(x, weight, bias, activation)
+        return GemmClass(dtype, dtype, True, True, 1, "cpu", fused, "cpu")
+    if dtype is not torch.bfloat16 and dtype is not torch.float16:
+        _check(x, weight, bias, activation)
+    if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
+        return GemmClass(dtype, dtype, True, True, 8, "empty", fused, "auto")
+    if m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
+        _check(x, weight, bias, activation)
+    a, la = _rows_view(x, k)
+    s0, s1 = weight.stride()
+    return class_from_layouts(dtype, dtype, m, n, k, a, la, weight, layout_of(s1, s0, k, n), bias, fused)
+
+
+# ---- running --------------------------------------------------------------------------------------------------
+def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
+    n, k = weight.shape
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    m = out.numel() // n if n else 0
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        _epilogue_only(out.view(m, n), bias, activation)
+        return out
+    a, la = _rows_view(x, k)
+    if la is None:
+        a, lda = a.contiguous(), k
+    else:
+        lda = la[1]
+    s0, s1 = weight.stride()
+    lb = layout_of(s1, s0, k, n)
+    if lb is None:  # no unit stride: the (K, N) operand is copied row-major, as jitops.gemm copies it
+        b, ldb = weight.t().contiguous(), n
+    else:
+        b, ldb = weight, lb[1]
+    launch(kernels, a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+    return out
+
+
+def run_cpu(kernels, x, weight, bias, activation) -> torch.Tensor:
+    """The reference semantics through ATen: fp32 accumulation (fp64 for fp64), one rounding at the end."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    z = F.linear(x.to(acc), weight.to(acc), bias.to(acc) if bias is not None else None)
+    return _activate(z, activation).to(x.dtype).contiguous()
+
+
+def cpu_kernels(cls: GemmClass, target) -> dict:
+    return {}  # ATen: nothing to compile
+
+
+def fake(x, weight, bias, activation):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# ---- autograd -------------------------------------------------------------------------------------------------
+def setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, activation = inputs
+    ctx.activation = activation
+    # relu's mask comes from the output; a GELU's pre-activation is recomputed (only reached through torch.ops:
+    # jitops.linear itself keeps it).  Only tensors are saved: AOTAutograd drops saved Nones.
+    extra = output if activation == "relu" else bias if activation in GELU_APPROXIMATE and bias is not None else None
+    ctx.save_for_backward(x, weight, *([] if extra is None else [extra]))
+
+
+def backward(ctx, grad: torch.Tensor):
+    x, weight, *extra = ctx.saved_tensors
+    need_x, need_w, need_b = (tuple(ctx.needs_input_grad) + (False, False, False))[:3]
+    if ctx.activation == "relu":
+        grad = torch.where(extra[0] > 0, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    elif ctx.activation in GELU_APPROXIMATE:
+        z = _linear(x, weight, extra[0] if extra else None)
+        approximate = GELU_APPROXIMATE[ctx.activation]
+        grad = torch.ops.aten.gelu_backward(grad, z, approximate=approximate) if grad.is_cpu else \
+            gelu_backward(grad, z, approximate)
+    n, k = weight.shape
+    g = grad.reshape(-1, n)
+    grad_x = grad_w = grad_b = None
+    if need_x:
+        grad_x = _gemm(g, weight).view(x.shape)          # (M, N) . (N, K)
+    if need_w:
+        x2 = x.reshape(-1, k)
+        if weight.stride(1) == 1 or weight.stride(0) != 1:
+            grad_w = _gemm(g.t(), x2)                      # (N, M) . (M, K), weight's own row-major layout
+        else:  # a transposed view of a (K, N) parameter: its gradient in that layout, so autograd copies nothing
+            grad_w = _gemm(x2.t(), g).t()
+    if need_b:
+        grad_b = g.sum(0)
+    return grad_x, grad_w, grad_b
+
+
+# ---- declaration ----------------------------------------------------------------------------------------------
+_linear = op(
+    "jitops::linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor",
+    shape_class=shape_class,
+    cuda=Impl(cuda_kernels, run_cuda),
+    cpu=Impl(cpu_kernels, run_cpu),
+    fake=fake,
+    setup_context=setup_context,
+    backward=backward,
+    keyword_only=("activation",),
+    doc=__doc__,
+)
+
+
+def linear(x, weight, bias=None, *, activation=None):
+    if activation is None:
+        return _linear(x, weight, bias)
+    if activation in GELU_APPROXIMATE and torch.is_grad_enabled() and not getattr(x, "is_cpu", True) and \
+            (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False) or
+             getattr(bias, "requires_grad", False)):
+        # Training: the GEMM with the bias fused, then jitops.gelu, which saves the pre-activation.  The
+        # backward's dgelu then needs no second GEMM.
+        return gelu(_linear(x, weight, bias), GELU_APPROXIMATE[activation])
+    return _linear(x, weight, bias, activation=activation)
+
+
+linear.__doc__ = __doc__
+linear.op = _linear.op  # type: ignore[attr-defined]

@@ -1,0 +1,461 @@
+"""jitops.patch(model): swap jitops' ops into a model in place, and jitops.unpatch(model) to restore it.
+
+    report = jitops.patch(model)                    # nn.Linear, transformers' Conv1D, nn.LayerNorm, GELUs, nn.Conv2d
+    print(report)                                   # what was swapped, what was fused, what was left alone and why
+    jitops.unpatch(model)                           # the model as it was
+
+How: each swapped module's class is replaced by a subclass whose forward calls jitops (`module.__class__`), so
+parameters, buffers, names, hooks, weight tying and the state_dict stay exactly as they were, isinstance checks
+still hold, and unpatch only puts the class back.  Where a Linear feeds a GELU inside one block (transformers'
+GPT2MLP, BertIntermediate, ViTMLP/ViTIntermediate, timm's Mlp, two neighbours in an nn.Sequential), the pair
+becomes one jitops.linear(..., activation="gelu" | "gelu_tanh") call and the GELU module passes its input through.
+
+A swapped module still accepts every input its torch forward accepts: inputs jitops does not take (a dtype or
+device it has no kernels for, conv2d's groups) run the original forward, and each such combination is logged once.
+Under torch.autocast the inputs are cast as autocast would cast them for the torch op (linear and conv2d to the
+autocast dtype, layer_norm to float32).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops.conv2d import CPU_DTYPES as _CONV_CPU
+from .ops.conv2d import CUDA_DTYPES as _CONV_CUDA
+from .ops.conv2d import conv2d as _conv2d
+from .ops.gelu import CPU_DTYPES as _GELU_CPU
+from .ops.gelu import CUDA_DTYPES as _GELU_CUDA
+from .ops.gelu import gelu as _gelu
+from .ops.gemm import CPU_DTYPES as _GEMM_CPU
+from .ops.gemm import CUDA_DTYPES as _GEMM_CUDA
+from .ops.layer_norm import CPU_DTYPES as _LAYER_NORM_CPU
+from .ops.layer_norm import CUDA_DTYPES as _LAYER_NORM_CUDA
+from .ops.layer_norm import layer_norm as _layer_norm
+from .ops.linear import linear as _linear
+
+log = logging.getLogger("jitops")
+
+OPS = ("linear", "layer_norm", "gelu", "conv2d")
+
+# What each op takes, by device kind; anything else runs the module's torch forward.
+_LINEAR_DTYPES = {"cuda": frozenset(_GEMM_CUDA), "cpu": frozenset(_GEMM_CPU)}
+_LAYER_NORM_DTYPES = {"cuda": frozenset(_LAYER_NORM_CUDA), "cpu": frozenset(_LAYER_NORM_CPU)}
+_GELU_DTYPES = {"cuda": frozenset(_GELU_CUDA), "cpu": frozenset(_GELU_CPU)}
+_CONV_DTYPES = {"cuda": frozenset(_CONV_CUDA), "cpu": frozenset(_CONV_CPU)}
+
+
+# ---- the report -----------------------------------------------------------------------------------------------
+@dataclass
+class Swapped:
+    name: str       # the module's name in the model ("" for the model itself)
+    kind: str       # its class, qualified ("torch.nn.Linear", "transformers.pytorch_utils.Conv1D")
+    op: str         # what now runs: "jitops.linear", "jitops.linear + gelu_tanh", "jitops.layer_norm", ...
+
+
+@dataclass
+class LeftAlone:
+    name: str
+    kind: str
+    reason: str
+
+
+@dataclass
+class PatchReport:
+    """What jitops.patch did.  str(report) is a short table; the lists hold every module."""
+
+    swapped: list[Swapped] = field(default_factory=list)
+    fused: list[tuple[str, str, str]] = field(default_factory=list)  # (linear's name, GELU's name, activation)
+    not_fused: list[tuple[str, str, str]] = field(default_factory=list)  # (linear's name, GELU's name, reason)
+    left_alone: list[LeftAlone] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Swapped modules per (kind, op)."""
+        counts: dict[str, int] = {}
+        for s in self.swapped:
+            key = f"{s.kind} -> {s.op}"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def __str__(self) -> str:
+        if not self.swapped and not self.left_alone:
+            return "jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, GELU or " \
+                   "nn.Conv2d modules"
+        lines = [f"jitops.patch: {len(self.swapped)} modules swapped, {len(self.fused)} Linear+GELU pairs fused, "
+                 f"{len(self.left_alone)} left alone"]
+        lines += [f"  {n:4d} x {key}" for key, n in sorted(self.counts().items())]
+        reasons: dict[tuple[str, str], list[str]] = {}
+        for item in self.left_alone:
+            reasons.setdefault((item.kind, item.reason), []).append(item.name or "<model>")
+        for (kind, reason), names in sorted(reasons.items()):
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            lines.append(f"  left alone: {len(names)} x {kind} ({shown}): {reason}")
+        for linear, act, reason in self.not_fused:
+            lines.append(f"  not fused: {linear} + {act}: {reason}")
+        return "\n".join(lines)
+
+
+# ---- when a call falls back to the torch forward --------------------------------------------------------------
+_fallbacks_logged: set[tuple] = set()
+
+
+def _fall_back(module: nn.Module, why: str, *inputs: Any) -> None:
+    """Log once per (class, reason, dtypes) that an input runs the original forward."""
+    if torch.compiler.is_compiling():
+        return
+    key = (type(module).__name__, why, tuple(getattr(t, "dtype", None) for t in inputs))
+    if key not in _fallbacks_logged:
+        _fallbacks_logged.add(key)
+        log.info("jitops.patch: %s runs its torch forward for %s", _original_class(type(module)).__name__, why)
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    device = x.device.type
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
+def _device_kind(t: torch.Tensor) -> str | None:
+    # Meta tensors stand for the GPU: jitops.record_calls() lists the kernels a model on meta will use there.
+    return "cuda" if t.is_cuda or t.is_meta else "cpu" if t.is_cpu else None
+
+
+# ---- forwards of the swapped classes --------------------------------------------------------------------------
+def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 original: Callable[..., torch.Tensor]) -> torch.Tensor:
+    activation = module.__dict__.get("_jitops_activation")
+    cast = _autocast_dtype(x)
+    if cast is not None:
+        x, weight = x.to(cast), weight.to(cast)
+        bias = bias.to(cast) if bias is not None else None
+    device = _device_kind(x)
+    allowed = _LINEAR_DTYPES.get(device)
+    if allowed is not None and x.dtype in allowed and weight.dtype is x.dtype and \
+            (bias is None or bias.dtype is x.dtype) and weight.device == x.device:
+        if device == "cpu" or not (weight.shape[0] % 8 or weight.shape[1] % 8):
+            return _linear(x, weight, bias, activation=activation)
+        # Rows that are not 16-byte multiples rule out the TMA kernels; the CUTLASS 2 kernels that take them
+        # are slower than cuBLAS (e.g. an LM head over GPT-2's 50257 tokens), so torch keeps these layers.
+        _fall_back(module, "features that are not multiples of 8", x, weight)
+    else:
+        _fall_back(module, f"inputs of {x.dtype} on {x.device.type}", x, weight)
+    y = original()
+    if activation is not None:
+        y = _ACTIVATE[activation](y)
+    return y
+
+
+def _linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    return _linear_call(self, input, self.weight, self.bias, lambda: nn.Linear.forward(self, input))
+
+
+def _conv1d_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # transformers' Conv1D: x @ weight + bias with weight (in, out); weight.t() is read in place.
+    return _linear_call(self, x, self.weight.t(), self.bias,
+                        lambda: _original_class(type(self)).forward(self, x))
+
+
+def _layer_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    x, weight, bias = input, self.weight, self.bias
+    if _autocast_dtype(x) is not None:  # autocast runs layer_norm in float32
+        x = x.float()
+        weight = weight.float() if weight is not None else None
+        bias = bias.float() if bias is not None else None
+    allowed = _LAYER_NORM_DTYPES.get(_device_kind(x))
+    if allowed is not None and x.dtype in allowed and (weight is None or weight.dtype is x.dtype) and \
+            (bias is None or bias.dtype is x.dtype):
+        return _layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+    _fall_back(self, f"input of {x.dtype} with parameters of "
+                     f"{weight.dtype if weight is not None else None} on {x.device.type}", x, weight)
+    return nn.LayerNorm.forward(self, input)
+
+
+def _gelu_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    allowed = _GELU_DTYPES.get(_device_kind(input))
+    if allowed is not None and input.dtype in allowed:
+        return _gelu(input, self.__dict__["_jitops_approximate"])
+    _fall_back(self, f"input of {input.dtype} on {input.device.type}", input)
+    return _original_class(type(self)).forward(self, input)
+
+
+def _fused_gelu_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    return input  # the Linear before it applies the activation in its epilogue
+
+
+def _conv2d_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    x, weight, bias = input, self.weight, self.bias
+    cast = _autocast_dtype(x)
+    if cast is not None:
+        x, weight = x.to(cast), weight.to(cast)
+        bias = bias.to(cast) if bias is not None else None
+    allowed = _CONV_DTYPES.get(_device_kind(x))
+    if allowed is not None and x.dtype in allowed and weight.dtype is x.dtype and \
+            (bias is None or bias.dtype is x.dtype) and x.dim() == 4:
+        return _conv2d(x, weight, bias, self.stride, self.__dict__["_jitops_padding"], self.dilation)
+    _fall_back(self, f"input of {x.dtype}, {x.dim()}-D, on {x.device.type}", x, weight)
+    return nn.Conv2d.forward(self, input)
+
+
+_ACTIVATE = {"gelu": F.gelu, "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"), "relu": torch.relu}
+
+
+# ---- recognising modules --------------------------------------------------------------------------------------
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _display(cls: type) -> str:
+    """How the report names a class: nn.Linear, transformers' Conv1D as transformers.pytorch_utils.Conv1D."""
+    if cls.__module__.startswith("torch.nn.modules."):
+        return f"nn.{cls.__qualname__}"
+    return _qualname(cls)
+
+
+# GELU module classes by qualified name -> the approximation they compute (same function; rounding may differ:
+# transformers' NewGELU evaluates the tanh form in several torch ops, jitops in one kernel).
+_GELU_KINDS = {
+    "transformers.activations.GELUActivation": "none",
+    "transformers.activations.NewGELUActivation": "tanh",
+    "transformers.activations.GELUTanh": "tanh",
+    "transformers.activations.PytorchGELUTanh": "tanh",
+    "transformers.activations.FastGELUActivation": "tanh",
+    "transformers.activations.AccurateGELUActivation": "tanh",
+    "timm.layers.activations.GELU": "none",
+    "timm.layers.activations.GELUTanh": "tanh",
+}
+_CONV1D = "transformers.pytorch_utils.Conv1D"
+# Blocks whose forward runs `linear` then `act` on its result and nothing else reads the Linear's output.
+_MLP_BLOCKS = {
+    "transformers.models.gpt2.modeling_gpt2.GPT2MLP": ("c_fc", "act"),
+    "transformers.models.bert.modeling_bert.BertIntermediate": ("dense", "intermediate_act_fn"),
+    "transformers.models.roberta.modeling_roberta.RobertaIntermediate": ("dense", "intermediate_act_fn"),
+    "transformers.models.vit.modeling_vit.ViTIntermediate": ("dense", "intermediate_act_fn"),
+    "transformers.models.vit.modeling_vit.ViTMLP": ("fc1", "activation_fn"),
+    "timm.layers.mlp.Mlp": ("fc1", "act"),
+}
+
+
+def _gelu_approximate(module: nn.Module) -> str | None:
+    """The approximation of a GELU module jitops can run, or None if it is not one (or computes another
+    function: QuickGELU, clipped GELUs)."""
+    cls = type(module)
+    if cls is nn.GELU:
+        return module.approximate
+    kind = _GELU_KINDS.get(_qualname(cls))
+    if kind is not None and cls.forward is not nn.Module.forward:
+        return kind
+    return None
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    return _qualname(type(module)) == _CONV1D
+
+
+def _plain(module: nn.Module, base: type) -> bool:
+    """An instance of `base` (or a subclass that keeps its forward): a subclass with its own forward computes
+    something else (quantized, LoRA, ...) and is left alone."""
+    return isinstance(module, base) and type(module).forward is base.forward
+
+
+def _conv2d_problem(module: nn.Conv2d) -> tuple[str | None, Any]:
+    """(reason it cannot be swapped, padding to pass to jitops.conv2d)."""
+    if module.groups != 1:
+        return f"groups={module.groups}: jitops.conv2d has no grouped convolution", None
+    if module.padding_mode != "zeros":
+        return f"padding_mode={module.padding_mode!r}: jitops.conv2d pads with zeros only", None
+    padding = module.padding
+    if isinstance(padding, str):
+        if padding == "valid":
+            return None, (0, 0)
+        # "same": symmetric padding where dilation * (kernel - 1) is even on both axes (stride is 1 for "same")
+        pads = [module.dilation[i] * (module.kernel_size[i] - 1) for i in range(2)]
+        if any(p % 2 for p in pads):
+            return "padding='same' with an even effective kernel needs asymmetric padding", None
+        return None, (pads[0] // 2, pads[1] // 2)
+    return None, tuple(padding)
+
+
+# ---- swapped classes ------------------------------------------------------------------------------------------
+_PATCHED: dict[tuple[type, str], type] = {}
+
+
+def _patched_class(cls: type, kind: str, forward: Callable[..., Any]) -> type:
+    """A subclass of cls whose forward is jitops'; one per (class, kind), registered in this module so that
+    pickling a patched model finds it."""
+    key = (cls, kind)
+    patched = _PATCHED.get(key)
+    if patched is None:
+        name = f"Jitops{kind}_{cls.__name__}"
+        patched = type(name, (cls,), {"forward": forward, "_jitops_original": cls, "__module__": __name__})
+        patched.__qualname__ = name
+        globals()[name] = patched
+        _PATCHED[key] = patched
+    return patched
+
+
+def _original_class(cls: type) -> type:
+    return cls.__dict__.get("_jitops_original", cls)
+
+
+def _is_patched(module: nn.Module) -> bool:
+    return "_jitops_original" in type(module).__dict__
+
+
+def _swap(module: nn.Module, kind: str, forward: Callable[..., Any], **state: Any) -> None:
+    module.__class__ = _patched_class(type(module), kind, forward)
+    module.__dict__.update({f"_jitops_{k}": v for k, v in state.items()})
+
+
+# ---- patch / unpatch ------------------------------------------------------------------------------------------
+def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True) -> PatchReport:
+    """Swap jitops into `model` in place; returns a PatchReport (print it).  `ops` chooses among "linear"
+    (nn.Linear and transformers' Conv1D), "layer_norm", "gelu" and "conv2d"; fuse=False keeps Linear and GELU
+    apart.  Patching twice is harmless; jitops.unpatch(model) restores the model."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"jitops.patch: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(ops, str):
+        ops = (ops,)
+    ops = tuple(ops)
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        raise ValueError(f"jitops.patch: argument 'ops' names {unknown}; choose among {list(OPS)}")
+    report = PatchReport()
+    modules = list(model.named_modules(remove_duplicate=False))
+    uses: dict[int, int] = {}
+    for _, m in modules:
+        uses[id(m)] = uses.get(id(m), 0) + 1
+    seen: set[int] = set()
+    fused_gelus: set[int] = set()
+    if fuse and "linear" in ops and "gelu" in ops:
+        for name, block in modules:
+            for linear_name, act_name, linear, act in _mlp_pairs(block):
+                reason = _fusion_problem(linear, act, uses)
+                full = (f"{name}.{linear_name}" if name else linear_name, f"{name}.{act_name}" if name else act_name)
+                if reason is not None:  # each is still swapped on its own below
+                    if type(block) is not nn.Sequential or reason != _NOT_A_PAIR:
+                        report.not_fused.append((*full, reason))
+                    continue
+                activation = "gelu" if _gelu_approximate(act) == "none" else "gelu_tanh"
+                linear.__dict__["_jitops_activation"] = activation
+                fused_gelus.add(id(act))
+                report.fused.append((*full, activation))
+    for name, m in modules:
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        kind = _display(_original_class(type(m)))
+        if _is_patched(m):
+            report.left_alone.append(LeftAlone(name, kind, "already patched"))
+            continue
+        swapped = _patch_one(m, ops, id(m) in fused_gelus)
+        if swapped is None:
+            continue
+        if swapped.startswith("jitops."):
+            report.swapped.append(Swapped(name, kind, swapped))
+        else:
+            m.__dict__.pop("_jitops_activation", None)
+            report.left_alone.append(LeftAlone(name, kind, swapped))
+    if not report.swapped:
+        log.warning("%s", report if report.left_alone else
+                    "jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, GELU or "
+                    "nn.Conv2d modules")
+    return report
+
+
+def _patch_one(m: nn.Module, ops: tuple[str, ...], fused_away: bool) -> str | None:
+    """Swap one module; returns the jitops op now running, a reason it was left alone, or None when it is no
+    kind jitops replaces (or of a kind not asked for)."""
+    if _plain(m, nn.Linear) or _is_conv1d(m):
+        if "linear" not in ops:
+            return None
+        activation = m.__dict__.get("_jitops_activation")
+        if _is_conv1d(m):
+            if type(m).forward is not _original_class(type(m)).forward or m.weight.dim() != 2:
+                return "Conv1D with an unexpected forward or weight"
+            _swap(m, "Conv1D", _conv1d_forward)
+        else:
+            _swap(m, "Linear", _linear_forward)
+        if activation is not None:
+            m.__dict__["_jitops_activation"] = activation
+        return "jitops.linear" + (f" + {activation}" if activation else "")
+    if isinstance(m, nn.Linear):
+        return "a subclass of nn.Linear with its own forward" if "linear" in ops else None
+    if _plain(m, nn.LayerNorm):
+        if "layer_norm" not in ops:
+            return None
+        _swap(m, "LayerNorm", _layer_norm_forward)
+        return "jitops.layer_norm"
+    if isinstance(m, nn.LayerNorm):
+        return "a subclass of nn.LayerNorm with its own forward" if "layer_norm" in ops else None
+    approximate = _gelu_approximate(m)
+    if approximate is not None:
+        if "gelu" not in ops:
+            return None
+        if fused_away:
+            _swap(m, "FusedGELU", _fused_gelu_forward)
+            return "jitops.linear's epilogue (fused into the Linear before it)"
+        _swap(m, "GELU", _gelu_forward, approximate=approximate)
+        return "jitops.gelu"
+    if _plain(m, nn.Conv2d):
+        if "conv2d" not in ops:
+            return None
+        problem, padding = _conv2d_problem(m)
+        if problem is not None:
+            return problem
+        _swap(m, "Conv2d", _conv2d_forward, padding=padding)
+        return "jitops.conv2d"
+    if isinstance(m, nn.Conv2d):
+        return "a subclass of nn.Conv2d with its own forward" if "conv2d" in ops else None
+    return None
+
+
+def _mlp_pairs(block: nn.Module):
+    """(linear's attribute, act's attribute, linear, act) pairs inside `block` whose linear output goes
+    straight into the act and nowhere else."""
+    qualname = _qualname(type(block))
+    names = _MLP_BLOCKS.get(qualname)
+    if names is not None and type(block).forward is type(block).__dict__.get("forward", None):
+        linear, act = getattr(block, names[0], None), getattr(block, names[1], None)
+        if isinstance(linear, nn.Module) and isinstance(act, nn.Module):
+            yield names[0], names[1], linear, act
+    if type(block) is nn.Sequential:
+        children = list(block.named_children())
+        for (n1, m1), (n2, m2) in zip(children, children[1:]):
+            yield n1, n2, m1, m2
+
+
+_NOT_A_PAIR = "not a Linear followed by a GELU jitops computes"
+
+
+def _fusion_problem(linear: nn.Module, act: nn.Module, uses: dict[int, int]) -> str | None:
+    if not (_plain(linear, nn.Linear) or _is_conv1d(linear)) or _gelu_approximate(act) is None:
+        return _NOT_A_PAIR
+    if uses.get(id(act), 0) > 1 or uses.get(id(linear), 0) > 1:
+        return "the module is used in more than one place"
+    if linear._forward_hooks or linear._forward_pre_hooks or act._forward_hooks or act._forward_pre_hooks:
+        return "forward hooks would see the fused values"
+    if "_jitops_activation" in linear.__dict__:
+        return "already fused"
+    return None
+
+
+def unpatch(model: nn.Module) -> int:
+    """Undo jitops.patch: every swapped module gets its class back.  Returns how many were restored."""
+    restored = 0
+    for m in model.modules():
+        if _is_patched(m):
+            m.__class__ = _original_class(type(m))
+            for key in [k for k in m.__dict__ if k.startswith("_jitops_")]:
+                del m.__dict__[key]
+            restored += 1
+        else:
+            m.__dict__.pop("_jitops_activation", None)
+    return restored
+
+
+__all__ = ["patch", "unpatch", "PatchReport", "Swapped", "LeftAlone", "OPS"]
