@@ -1,8 +1,8 @@
-"""Fit conv2d's fprop and dgrad cost model (jitops/ops/conv2d.py: GEMM_TILE_US) to a tile sweep, and score the
-plans conv2d makes on the same timings.
+"""Prints conv2d's fitted fprop and dgrad cost constants (GEMM_TILE_US) and scores its plans on the same timings.
 
+    python tools/fit_conv_gemm_cost.py            # the sweep behind the constants now (tools/data/)
     python benchmarks/bench_conv2d.py --quick --no-eager --operators fprop,dgrad --tiles 128x64,...   # on a GPU
-    python benchmarks/fit_conv_gemm_cost.py benchmarks/results/conv2d_tiles_fprop_dgrad_1642.json
+    python tools/fit_conv_gemm_cost.py benchmarks/out/conv2d-tiles-fprop-dgrad.json                  # a new one
 
 The model, per operator and tile: waves * (k-steps * step_us + wave_us), waves = ceil(work tiles / 132), over
 the layer's implicit GEMM (fprop: M = N*P*Q, N = K, k-steps = ceil(C/64)*R*S; dgrad per phase: M = N*H*W/s^2,
@@ -24,12 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 conv = importlib.import_module("jitops.ops.conv2d")
 from bench_conv2d import BATCH, OCCURRENCES, REFERENCE  # noqa: E402
 from fit_wgrad_cost import relative_least_squares  # noqa: E402
+
+# The sweep the constants in jitops/ops/conv2d.py were fitted to (lent H100, 2026-11-22: every layer at each tile).
+SWEEP = Path(__file__).resolve().parent / "data" / "conv2d-fprop-dgrad-tiles.json"
 
 
 def layer_gemm(operator: str, name: str) -> tuple[int, int, int, int, bool]:
@@ -53,7 +58,7 @@ def features(operator: str, name: str, tile: str) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json")
+    parser.add_argument("json", nargs="?", default=str(SWEEP), help="a sweep record (default: tools/data/)")
     args = parser.parse_args()
     rows = json.loads(Path(args.json).read_text())["rows"]
     for operator in ("fprop", "dgrad"):

@@ -1,7 +1,8 @@
-"""Fit conv2d's wgrad cost model (jitops/ops/conv2d.py: WGRAD_TILE_US and the constants after it) to timings.
+"""Prints conv2d's fitted wgrad cost constants (WGRAD_TILE_US and the constants after it) and scores its plans.
 
-    python benchmarks/fit_wgrad_cost.py benchmarks/results/conv2d_tiles_wgrad_A.json [B.json ...]
-    python benchmarks/fit_wgrad_cost.py A.json B.json --score-split-us 2.25,4.5   # conv2d's plans, scored
+    python tools/fit_wgrad_cost.py                       # the sweeps behind the constants now (tools/data/)
+    python tools/fit_wgrad_cost.py A.json [B.json ...]   # other sweeps (benchmarks/out/conv2d-*.json)
+    python tools/fit_wgrad_cost.py --score-split-us 2.25,4.5   # conv2d's plans at each WGRAD_SPLIT_US, scored
 
 Reads the rows of `bench_conv2d.py --operators wgrad --tiles ... --wgrad-splits ...` (and plain runs): every
 timing of the weight-gradient kernel at a known tile and split count on a ResNet-50 layer or the reference
@@ -30,11 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 conv = importlib.import_module("jitops.ops.conv2d")
 from bench_conv2d import BATCH, REFERENCE  # noqa: E402
+
+# The sweeps the constants in jitops/ops/conv2d.py were fitted to (lent H100, 2026-11-22: the four wgrad tile
+# sweeps, 1322 timings), in the order they ran: a layer's cuDNN time is taken from the first file that has it.
+DATA = Path(__file__).resolve().parent / "data"
+WGRAD_SWEEPS = [DATA / f"conv2d-wgrad-tiles-{name}.json" for name in ("plain", "wide-clusters", "taps-l2", "taps")]
 
 # Tiles with constants of their own; a cluster tile (e.g. 128x64c1x2) shares its tile's.
 FIT_TILES = ("64x64", "64x192", "64x128", "128x64", "128x128", "128x256", "64x256")
@@ -148,13 +155,14 @@ def score_plans(paths, split_us: float) -> tuple[float, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="+")
+    parser.add_argument("json", nargs="*", help="sweep records (default: tools/data/conv2d-wgrad-tiles-*.json)")
     parser.add_argument("--score-split-us", default="",
                         help="comma-separated values of WGRAD_SPLIT_US: score conv2d's plans (its constants) with "
                              "each on the measured timings, instead of fitting")
     parser.add_argument("--all-kernels", action="store_true",
                         help="also the timings of tiles the plans do not choose from for that layer")
     args = parser.parse_args()
+    args.json = args.json or WGRAD_SWEEPS
     if args.score_split_us:
         for value in (float(v) for v in args.score_split_us.split(",")):
             ratio, inexact = score_plans(args.json, value)
