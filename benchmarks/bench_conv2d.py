@@ -300,9 +300,19 @@ def report(path: str) -> str:
         lines.append(f"| {r['shape']} | {extra['operator']} | {extra['tile']} | {r['ours_ms'] * 1e3:.1f} | "
                      f"{r['baseline_ms'] * 1e3:.1f} | {r['speedup']:.2f} | {r['ours_rate']:.0f} | {tail} |")
     lines.append("")
-    for key, value in data["notes"].items():
+    for key, value in data["summary"].items():
         lines.append(f"- {key}: {value}")
     return "\n".join(lines)
+
+
+def variant_of(args) -> str | None:
+    """A sweep or a partial run names its variant, so its record does not replace the full run's
+    (harness.save_record)."""
+    parts = [part for part, on in (("sweep", args.sweep), ("tiles", args.tiles), ("splits", args.wgrad_splits),
+                                   ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases)) if on]
+    if args.operators != "fprop,dgrad,wgrad":
+        parts.append(args.operators.replace(",", "-"))
+    return "-".join(parts) or None
 
 
 def main() -> int:
@@ -346,10 +356,8 @@ def main() -> int:
         harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
     conv_module.DGRAD_PHASE_STREAMS = not args.serial_dgrad_phases
-    name = "conv2d_sweep" if args.sweep else "conv2d"
-    if args.tiles:
-        name += "_tiles_" + args.operators.replace(",", "_")  # its own JSON beside the plain run's
-    bench = harness.Bench(name)
+    bench = harness.Bench("conv2d", baseline="cuDNN (torch conv2d and aten.convolution_backward, "
+                          "cudnn.benchmark on)", variant=variant_of(args))
     layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
     if args.layers:
         wanted = set(args.layers.split(","))
@@ -377,11 +385,11 @@ def main() -> int:
                 ours, base = totals.get(extra["operator"], (0.0, 0.0))
                 totals[extra["operator"]] = (ours + row.ours_ms, base + row.baseline_ms)
         for name, (ours, base) in totals.items():
-            bench.note(**{f"ResNet-50 {name} total ({timing})": f"ours {ours:.3f} ms, cuDNN {base:.3f} ms, "
+            bench.summarize(**{f"ResNet-50 {name} total ({timing})": f"ours {ours:.3f} ms, cuDNN {base:.3f} ms, "
                                                                  f"cuDNN time / ours {base / ours:.3f}"})
     for name, value in weighted_totals(bench.rows).items():
-        bench.note(**{name: value})
-    bench.note(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
+        bench.summarize(**{name: value})
+    bench.summarize(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
                cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=conv_module.DGRAD_PHASE_STREAMS)
     bench.finish()
     return 0

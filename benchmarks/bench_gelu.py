@@ -99,7 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     copy = copy_bandwidth()
-    bench = Bench("gelu_sweep" if args.sweep else "gelu", roofline=copy, min_ms=40, reps=30)
+    bench = Bench("gelu", baseline="torch (F.gelu, aten.gelu_backward)", variant="sweep" if args.sweep else None,
+                  roofline=copy, min_ms=40, reps=30)
     if args.sweep:
         sweep(bench)
     else:
@@ -108,7 +109,7 @@ def main() -> None:
                 for numel in SIZES:
                     compare(bench, numel, name, approximate)
     large = [r for r in bench.rows if r.shape == str((1 << 28,))]
-    bench.note(goal="forward and backward >= 90% of copy at 2^28 elements",
+    bench.summarize(goal="forward and backward >= 90% of copy at 2^28 elements",
                below_goal=[f"{r.op} {r.dtype} {r.extra['ours_of_copy']:.0%}" for r in large
                            if r.extra.get("ours_of_copy", 1) < 0.9],
                slower_than_torch=[f"{r.op} {r.shape} {r.dtype} x{r.speedup:.2f}" for r in bench.rows

@@ -40,6 +40,7 @@ from jitops.specs import Target
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
           (8192, 8192, 1024)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BASELINE = "torch.matmul (cuBLAS); F.gelu(torch.matmul + bias) for the fused rows"
 FUSED_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (16384, 2048, 4096)]
 
 # Candidate configurations timed with --tune (bf16, row-major a and b): every large shape against the "large"
@@ -89,7 +90,7 @@ TUNE_SHAPES = {"large": [s for s in SHAPES if s[0] > 256], "skinny": [s for s in
 SWIZZLES = (1, 2, 4, 8)
 ROUNDS = 5  # ours and torch.matmul timed in 5 alternating rounds (harness.Bench): the clock drifts between them
 # 128x8192x8192 (52 us) read 81 us with per-call events through jitops.gemm, 52 through its run function and 49
-# in a graph (torch.matmul 51 / 48; lent H100, 2026-11-22, benchmarks/probe_gemm_timing.py).
+# in a graph (torch.matmul 51 / 48; lent H100, 2026-11-22; docs/architecture.md, "What the probes found").
 GRAPH_BELOW_MS = 0.1
 RASTERS = (1, 2)  # along M, along N (CUTLASS's heuristic, 0, is one of these)
 # --survey: shapes a user meets that the goal's six do not cover: squares from 256 to 6144, and the linear
@@ -226,7 +227,7 @@ def survey(bench) -> None:
                             bucket=cls.bucket, config=str(G.SM90_CONFIGS.get(cls.bucket)))
         ratios.append(row.speedup)
         print(f"  survey {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
-    bench.note(survey_geomean=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+    bench.summarize(survey_geomean=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
                survey_min=round(min(ratios), 3))
 
 
@@ -272,7 +273,8 @@ def sweep(target: Target, name: str) -> list[dict]:
         best = [r for r in rows if r["shape"] == f"{m}x{n}x{k}"][:3]
         print(f"  sweep {m}x{n}x{k} ({cls.bucket}) torch {base * 1e3:.1f} us; best: " + "; ".join(
             f"{r['config']} d{r['decomposition']}/{r['splits']} {r['us']} us x{r['ratio']}" for r in best), flush=True)
-    save_record(f"gemm-sweep-{name}", {"torch_timings": "two per shape, median", "points": rows})
+    save_record("gemm", baseline=BASELINE, rows=rows, summary={"torch_timings": "two per shape, median"},
+                variant=f"sweep-{name}")
     return rows
 
 
@@ -294,7 +296,7 @@ def overhead(bench, target: Target, calls: int = 2000) -> None:
     times = host_us(*paths.values(), calls=calls, rounds=3, warmup=50)
     results = {name: round(us, 1) for name, us in zip(paths, times)}
     print("  host microseconds per call:", results, flush=True)
-    bench.note(host_us_per_call_128x4096x128=results)
+    bench.summarize(host_us_per_call_128x4096x128=results)
 
 
 def swizzle_ab(bench, target: Target, m: int = 16384, n: int = 2048, k: int = 4096) -> None:
@@ -314,7 +316,7 @@ def swizzle_ab(bench, target: Target, m: int = 16384, n: int = 2048, k: int = 40
 
 def tune(bench, target: Target, time_cuda) -> list[dict]:
     """Candidate configurations x swizzles x raster orders, bf16, each against torch.matmul timed just before it
-    (the clock drifts over a sweep of minutes; the ratio is what is compared).  Rows go to the JSON as notes."""
+    (the clock drifts over a sweep of minutes; the ratio is what is compared).  Rows go to the summary."""
     rows = []
     for bucket, configs in TUNE.items():
         for m, n, k in TUNE_SHAPES[bucket]:
@@ -322,7 +324,7 @@ def tune(bench, target: Target, time_cuda) -> list[dict]:
             want = a @ b
             for config in configs:
                 rows += tune_one(target, time_cuda, config, a, b, want)
-    bench.note(tune=rows)
+    bench.summarize(tune=rows)
     return rows
 
 
@@ -394,7 +396,8 @@ def main() -> None:
 
     from harness import Bench, time_cuda
 
-    bench = Bench("gemm-tune" if args.tune_only else "gemm-survey" if args.survey else "gemm", rounds=ROUNDS)
+    bench = Bench("gemm", baseline=BASELINE, variant="tune" if args.tune_only else "survey" if args.survey else None,
+                  rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name in SWEEPS:
         if getattr(args, f"sweep_{name}"):
@@ -412,17 +415,17 @@ def main() -> None:
     for name, dtype in DTYPES.items():
         ratios = [bench_shape(bench, m, n, k, name, dtype) for m, n, k in SHAPES]
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        bench.note(**{f"{name} geomean vs torch.matmul": round(geo, 3),
+        bench.summarize(**{f"{name} geomean vs torch.matmul": round(geo, 3),
                       f"{name} min vs torch.matmul": round(min(ratios), 3)})
     fused = [bench_fused(bench, m, n, k, name, dtype) for name, dtype in DTYPES.items() for m, n, k in FUSED_SHAPES]
-    bench.note(**{"fused bias+gelu geomean vs matmul+bias+gelu": round(
+    bench.summarize(**{"fused bias+gelu geomean vs matmul+bias+gelu": round(
         math.exp(sum(map(math.log, fused)) / len(fused)), 3), "fused min": round(min(fused), 3)})
     overhead(bench, target)
     if target.capability[0] == 9:  # the sm_90 kernels' scheduler
         swizzle_ab(bench, target)
     rows = tune(bench, target, time_cuda) if args.tune else []
     seconds = compile_seconds(target, requests(target).values())
-    bench.note(compile_seconds_on_build_machine=seconds)
+    bench.summarize(compile_seconds_on_build_machine=seconds)
     bench.finish()
     print_best(rows)
 

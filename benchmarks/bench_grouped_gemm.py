@@ -37,6 +37,7 @@ from jitops.specs import Target  # noqa: E402
 
 gg = importlib.import_module("jitops.ops.grouped_gemm")
 SM90 = Target.parse("sm_90a")
+BASELINE = "torch._grouped_mm; a Python loop of torch.mm (second row)"
 MOE = {"experts": 64, "rows": (32, 256), "K": 2048, "N": 1024}
 UNIFORM = {"groups": 8, "M": 2048, "K": 4096, "N": 4096}
 
@@ -126,14 +127,15 @@ def sweep_only() -> None:
     results = run_sweep(x, w, offsets, list(a3.unbind(0)), list(b3.unbind(0)), flops, flops_uniform)
     from harness import save_record
 
-    save_record("grouped_gemm_sweep", {"T": x.shape[0], "TFLOP/s by case and tile configuration": results})
+    save_record("grouped_gemm", baseline=BASELINE, rows=[], variant="sweep",
+                summary={"T": x.shape[0], "TFLOP/s by case and tile configuration": results})
 
 
 def run(sweep: bool) -> None:
     from harness import Bench
 
-    bench = Bench("grouped_gemm", rounds=5)  # ours and torch in 5 alternating rounds: harness.Bench
-    bench.note(prebuilt_compile_seconds=compile_seconds())
+    bench = Bench("grouped_gemm", baseline=BASELINE, rounds=5)  # ours and torch in 5 alternating rounds
+    bench.summarize(prebuilt_compile_seconds=compile_seconds())
 
     # Mixture of experts, forward.
     x, w, offsets, sizes = moe_inputs()
@@ -209,9 +211,9 @@ def run(sweep: bool) -> None:
         reverse[name] = {"torch._grouped_mm TFLOP/s": round(f / base_ms / 1e9, 1),
                          "ours TFLOP/s": round(f / ours_ms / 1e9, 1), "ours/torch speed": round(base_ms / ours_ms, 3)}
         print(f"  {name} (baseline timed first): {reverse[name]}")
-    bench.note(baseline_first=reverse, copy_bandwidth_TBps=round(copy_bandwidth(), 3))
+    bench.summarize(baseline_first=reverse, copy_bandwidth_TBps=round(copy_bandwidth(), 3))
     if sweep:
-        bench.note(sweep=run_sweep(x, w, offsets, As, Bs, flops, flops_uniform))
+        bench.summarize(sweep=run_sweep(x, w, offsets, As, Bs, flops, flops_uniform))
     bench.finish()
 
 
@@ -286,7 +288,8 @@ def cold_compile() -> None:
             if line.startswith("COLD"):
                 from harness import save_record
 
-                save_record("grouped_gemm_cold", {"cpus": os.cpu_count(), "cold compile": line[5:]})
+                save_record("grouped_gemm", baseline="none (compile time)", rows=[], variant="cold",
+                            summary={"cpus": os.cpu_count(), "cold compile": line[5:]})
 
 
 def main() -> None:

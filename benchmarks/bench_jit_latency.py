@@ -8,10 +8,13 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
-on 1-element tensors (CPU-bound: this is the per-call overhead).
+on 1-element tensors (CPU-bound: this is the per-call overhead), against the torch op of the row timed in the
+same process (harness.host_us).  The record has one row per method; a run without every method of FULL is a
+variant (benchmarks/out/).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
@@ -152,15 +155,14 @@ def child(method: str, cache: str) -> dict:
         th = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
         tw = torch.randn(128, device="cuda", dtype=torch.bfloat16)
         tb = torch.randn(128, device="cuda", dtype=torch.bfloat16)
-        # "torch_gelu_hot_us" holds the torch op of this row: F.layer_norm
-        result["hot_us"], result["torch_gelu_hot_us"] = hot_pair(lambda: jitops.layer_norm(th, [128], tw, tb),
+        result["hot_us"], result["baseline_hot_us"] = hot_pair(lambda: jitops.layer_norm(th, [128], tw, tb),
                                                                  lambda: F.layer_norm(th, [128], tw, tb))
         return result
     else:
         raise SystemExit(f"unknown method {method}")
     expected = torch.nn.functional.gelu(x.float(), approximate="tanh")
     result["max_error"] = (y.float() - expected).abs().max().item()
-    result["hot_us"], result["torch_gelu_hot_us"] = hot_pair(
+    result["hot_us"], result["baseline_hot_us"] = hot_pair(
         lambda: call(tiny), lambda: torch.nn.functional.gelu(tiny, approximate="tanh"))
     if method == "jitops":
         import jitops
@@ -188,8 +190,15 @@ def run_child(method: str, cache: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# The methods of a full run (jitops-preloaded is a diagnostic of the first call), and what each row times.
+FULL = ("jitops", "cupy", "triton", "load_inline", "layer_norm")
+OPS = {"layer_norm": ("layer_norm fwd+bwd (4096, 1024) bf16, 3 kernels; hot: (1, 128) bf16, no grad",
+                      "F.layer_norm")}
+GELU = ("gelu tanh bf16; hot: 1 element", "F.gelu")
+
+
 def main() -> None:
-    from harness import Bench, device_description
+    from harness import save_record
 
     import argparse
 
@@ -199,8 +208,8 @@ def main() -> None:
                         help="comma-separated subset of jitops, jitops-preloaded, cupy, triton, load_inline, "
                              "layer_norm (default: $JITOPS_LATENCY_METHODS or all)")
     methods = parser.parse_args().methods.split(",")
-    bench = Bench("jit_latency" if "load_inline" in methods else "jit_latency_" + "_".join(methods))
     repeats = int(os.environ.get("JITOPS_LATENCY_REPEATS", "3"))
+    started = datetime.datetime.now(datetime.timezone.utc)
     rows = {}
     for method in methods:
         cold, warm = [], []
@@ -213,7 +222,7 @@ def main() -> None:
             "cold_first_ms": statistics.median(r["first_ms"] for r in cold),
             "warm_first_ms": statistics.median(r["first_ms"] for r in warm),
             "hot_us": statistics.median(r["hot_us"] for r in warm),
-            "torch_gelu_hot_us": statistics.median(r["torch_gelu_hot_us"] for r in warm),
+            "baseline_hot_us": statistics.median(r["baseline_hot_us"] for r in warm),
             "max_error": max(r["max_error"] for r in cold + warm),
         }
         if method == "jitops-preloaded":
@@ -225,19 +234,29 @@ def main() -> None:
             for key in ("add_hot_us", "torch_add_hot_us", "add_grad_hot_us", "torch_add_grad_hot_us"):
                 rows[method][key] = statistics.median(r[key] for r in warm)
         print(method, json.dumps(rows[method]), flush=True)
-    bench.note(device=device_description(), results=rows)
     print("\n| method | cold first call (ms) | warm first call, fresh process (ms) | hot call (us) | "
           "hot / torch op (gelu; layer_norm for its row) |")
     print("| --- | --- | --- | --- | --- |")
     for method, r in rows.items():
         print(f"| {method} | {r['cold_first_ms']:.1f} | {r['warm_first_ms']:.2f} | {r['hot_us']:.2f} | "
-              f"{r['hot_us'] / r['torch_gelu_hot_us']:.2f} |")
+              f"{r['hot_us'] / r['baseline_hot_us']:.2f} |")
     if "layer_norm" in rows:
         print("\nlayer_norm row: forward + backward through autograd, (4096, 1024) bf16 (3 kernels); hot call: "
               "jitops.layer_norm vs F.layer_norm on (1, 128) bf16, no grad")
-    if "jitops" not in rows:
-        bench.finish()
-        return
+    summary = {}
+    if "jitops" in rows:
+        summary = report_jitops(rows)
+    record = [{"op": OPS.get(method, GELU)[0], "method": method, "baseline": OPS.get(method, GELU)[1], **r}
+              for method, r in rows.items()]
+    variant = None if set(FULL) <= set(methods) else "methods-" + "-".join(methods)
+    path, _ = save_record("jit_latency", baseline="torch's own op on the same input, hot calls only (F.gelu; "
+                          "F.layer_norm for the layer_norm row; torch.add for jitops.add)", rows=record,
+                          summary=summary, variant=variant, started=started)
+    print(f"\nJSON: {path}")
+
+
+def report_jitops(rows: dict) -> dict:
+    """Print jitops' second-kernel and jitops.add figures; return them as the record's summary."""
     j = rows["jitops"]
     print(f"\njitops warm, second kernel in the same process: {j['warm_second_kernel_ms']:.2f} ms (goal <= 5 ms)")
     if "jitops-preloaded" in rows:
@@ -248,7 +267,9 @@ def main() -> None:
           f"x{j['add_hot_us'] / j['torch_add_hot_us']:.2f} (goal <= 1.5)")
     print(f"hot jitops.add with requires_grad {j['add_grad_hot_us']:.2f} us vs torch.add "
           f"{j['torch_add_grad_hot_us']:.2f} us: x{j['add_grad_hot_us'] / j['torch_add_grad_hot_us']:.2f}")
-    bench.finish()
+    return {"jitops warm second kernel ms": round(j["warm_second_kernel_ms"], 2),
+            "jitops.add hot / torch.add": round(j["add_hot_us"] / j["torch_add_hot_us"], 2),
+            "jitops.add hot / torch.add, requires_grad": round(j["add_grad_hot_us"] / j["torch_add_grad_hot_us"], 2)}
 
 
 if __name__ == "__main__":

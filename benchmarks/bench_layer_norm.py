@@ -37,6 +37,7 @@ ROWS = [1, 64, 4096, 65536]
 HIDDEN = [128, 1024, 4097, 8192, 16384]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HEADLINE = (16384, 8192, "bf16")
+BASELINE = "torch (F.layer_norm, aten.native_layer_norm_backward)"
 
 
 def inputs(rows: int, n: int, dtype: torch.dtype):
@@ -120,12 +121,12 @@ def host_overhead(bench: Bench) -> None:
         o, t = host_us(ours, theirs, calls=5000 if "backward" in label else 20000)
         results[label] = {"jitops_us": round(o, 2), "torch_us": round(t, 2), "ratio": round(o / t, 2)}
         print(f"| {label} | {o:.2f} | {t:.2f} | {o / t:.2f} |", flush=True)
-    bench.note(host_overhead=results)
+    bench.summarize(host_overhead=results)
 
 
 def sweep() -> None:
     """Tuning variants (module constants of jitops/ops/layer_norm.py) at a few shapes; prints ours vs torch."""
-    bench = Bench("layer_norm_sweep", min_ms=30, reps=30)
+    bench = Bench("layer_norm", baseline=BASELINE, variant="sweep", min_ms=30, reps=30)
     shapes = [(16384, 8192, "bf16"), (16384, 8192, "fp32"), (65536, 1024, "bf16"), (4096, 16384, "bf16"),
               (4096, 4097, "bf16")]
     variants = [dict(FORWARD_TILE_BYTES=t, BACKWARD_TILE_BYTES=u, FORWARD_BLOCKS_PER_SM=f)
@@ -153,7 +154,8 @@ def main() -> None:
     if args.sweep:
         sweep()
         return
-    bench = Bench("layer_norm", roofline=copy_bandwidth(), min_ms=40, reps=30)
+    bench = Bench("layer_norm", baseline=BASELINE, variant="quick" if args.quick else None,
+                  roofline=copy_bandwidth(), min_ms=40, reps=30)
     rows, n, name = HEADLINE
     compare(bench, rows, n, name, timing="events")
     if not args.quick:
@@ -162,7 +164,7 @@ def main() -> None:
                 for n in HIDDEN:
                     compare(bench, rows, n, name)
     fwd, bwd = bench.rows[0], bench.rows[1]
-    bench.note(headline=f"({HEADLINE[0]}, {HEADLINE[1]}) {HEADLINE[2]}: forward x{fwd.speedup:.2f} torch "
+    bench.summarize(headline=f"({HEADLINE[0]}, {HEADLINE[1]}) {HEADLINE[2]}: forward x{fwd.speedup:.2f} torch "
                         f"({fwd.ours_rate:.2f} vs {fwd.baseline_rate:.2f} TB/s; goal x1.4), backward "
                         f"x{bwd.speedup:.2f} ({bwd.ours_rate:.2f} vs {bwd.baseline_rate:.2f} TB/s; goal x1.8)",
                slower_than_torch=[f"{r.op} {r.shape} {r.dtype} x{r.speedup:.2f}" for r in bench.rows

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
 #   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [smoke] [notebooks-bg] [tests] [wait] [bench NAME...]
-#                                  [probe] [ncu-wgrad] [notebooks]  (default: tests and every benchmark)
+#                                  [notebooks]  (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export archives of the CUTLASS ops' kernels, made on
 #   a GPU-less machine or by an earlier call here; conv2d's, gemm's and grouped_gemm's were 47 MB on 2026-11-22, under
 #   the 64 MiB a call carries with the tree) into one root that the GPU tests and benchmarks read, so nvcc runs
@@ -12,15 +12,13 @@
 #   in .prebuilt-pack/ next time.
 # smoke: benchmarks/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
 #   or a hang in a new kernel costs one step, not the call).
-# bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS.
-# (This script absorbed conv2d_session.sh, gemm_gpu_session.sh and gpu_norm_session.sh, which the earlier runs
-# in docs/ name: the same install, roots and steps.)
-# probe: benchmarks/probe_hot_path.py (where first-call and hot-call time goes).
-# ncu-wgrad: benchmarks/probe_conv_wgrad.py under Nsight Compute (DRAM/L2 bytes, L2 hit rate; $PROBE_ARGS).
+# bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS; each writes its
+#   record (benchmarks/harness.py) to $OUT: copy a full run's NAME.json into benchmarks/results/.
 # notebooks-bg: the notebooks in the background (their cost is CPU compiles); wait: until they finish, so that
 #   a benchmark after it runs alone.
 # The machine has torch, CuPy, NVRTC, Triton and nvcc but no nvidia-cutlass or platformdirs, and no network:
-# their wheels travel in .wheels/ (carry it).  Results land in $OUT (or /tmp/jitops-out).
+# their wheels travel in .wheels/ (carry it).  Results and logs land in $OUT (or /tmp/jitops-out).
+# docs/contributing.md walks through a session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jitops-out}
@@ -80,7 +78,7 @@ while [ $i -lt ${#steps[@]} ]; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|probe|ncu-wgrad|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
@@ -91,16 +89,6 @@ while [ $i -lt ${#steps[@]} ]; do
         python3 "benchmarks/bench_$name.py" ${!args_var:-${BENCH_ARGS:-}} 2>&1 | tee "$OUT/bench-$name.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
-    ncu-wgrad)
-      # Hardware counters of conv2d's weight gradient against cuDNN's (PROBE_ARGS: --layers, --tile).
-      ncu --clock-control none --profile-from-start off --csv --metrics \
-        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
-        python3 benchmarks/probe_conv_wgrad.py ${PROBE_ARGS:-} > "$OUT/ncu-wgrad.csv" 2> "$OUT/ncu-wgrad.err"
-      [ $? -eq 0 ] || { status=1; tail -20 "$OUT/ncu-wgrad.err"; }
-      grep "^call:" "$OUT/ncu-wgrad.csv" ;;
-    probe)
-      python3 benchmarks/probe_hot_path.py 2>&1 | tee "$OUT/probe.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     notebooks)
       python3 -m pytest -q -p no:cacheprovider tests/test_notebooks.py 2>&1 | tee "$OUT/notebooks.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

@@ -1,12 +1,20 @@
 """Benchmark runner shared by every benchmark: times ours and a baseline in the same run on the same GPU,
-prints one table and writes JSON for plots (notebooks/04_performance.ipynb reads it).
+prints one table and writes one JSON record (docs/benchmarks.md and notebooks/04_performance.ipynb read it).
 
     from harness import Bench
-    bench = Bench("gelu", device_note=...)
+    bench = Bench("gelu", baseline="torch (F.gelu, aten.gelu_backward)", roofline=copy_bandwidth())
     bench.compare(op="gelu fwd", shape=(16384, 8192), dtype="bf16",
                   ours=lambda: jitops.gelu(x), baseline=lambda: F.gelu(x), baseline_name="torch",
                   bytes_moved=2 * x.numel() * 2)           # or flops=...
-    bench.finish()   # table on stdout, JSON under benchmarks/results/
+    bench.summarize(goal_met=True)
+    bench.finish()   # table on stdout, the record as JSON (below)
+
+Records.  A benchmark's full run writes benchmarks/results/<benchmark>.json, replacing the one before: that
+directory holds the latest record of each benchmark and nothing else (tests/test_benchmark_results.py checks
+it).  Sweeps, tuning runs and partial runs name a `variant` and go to benchmarks/out/<benchmark>-<variant>.json,
+which git ignores.  $JITOPS_BENCH_OUT, when set, takes both (benchmarks/gpu_session.sh points it at $OUT).
+Every record has the same keys: benchmark, date, device (a dict), command, baseline, rows, summary (and variant
+where there is one).
 
 Timing: CUDA events around each call, after warm-up (which also absorbs JIT compiles), median of many
 repetitions.  Inputs over 64 MB make the 50 MB L2 irrelevant; smaller cases rotate over enough copies of
@@ -32,7 +40,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"   # the latest full run of each benchmark (committed)
+SCRATCH = Path(__file__).resolve().parent / "out"       # sweeps, tuning and partial runs (not committed)
+BENCHMARKS = Path(__file__).resolve().parent
+# The keys of every record, and of a row of Bench.compare (a Row); tests/test_benchmark_results.py checks them.
+RECORD_KEYS = ("benchmark", "date", "device", "command", "baseline", "rows", "summary")
 
 
 def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100, min_ms: float = 200.0) -> float:
@@ -150,18 +162,32 @@ def device_description() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def save_record(name: str, notes: dict[str, Any], rows: list[dict[str, Any]] | None = None,
-                started: _dt.datetime | None = None) -> tuple[Path, dict[str, Any]]:
-    """Write benchmarks/results/<name>.json in the one schema every reader (docs, notebook 04) expects:
-    benchmark, date, device (a dict), command, notes, rows."""
+def record_path(benchmark: str, variant: str | None = None) -> Path:
+    """Where a record goes: results/<benchmark>.json for a full run, out/<benchmark>-<variant>.json for a
+    variant; both in $JITOPS_BENCH_OUT when it is set."""
+    out_dir = Path(os.environ.get("JITOPS_BENCH_OUT") or (SCRATCH if variant else RESULTS))
+    return out_dir / (f"{benchmark}-{variant}.json" if variant else f"{benchmark}.json")
+
+
+def save_record(benchmark: str, *, baseline: str, rows: list[dict[str, Any]], summary: dict[str, Any],
+                variant: str | None = None, started: _dt.datetime | None = None) -> tuple[Path, dict[str, Any]]:
+    """Write one record (module docstring) and return its path and contents.  `benchmark` is the NAME of
+    benchmarks/bench_NAME.py; `baseline` says what ours is compared with; `summary` holds the run's headline
+    figures (geometric means, totals, goals) and anything else worth keeping that is not a row."""
+    if not (BENCHMARKS / f"bench_{benchmark}.py").is_file():
+        raise ValueError(f"save_record: no benchmarks/bench_{benchmark}.py; name the benchmark that ran")
     started = started or _dt.datetime.now(_dt.timezone.utc)
     device = device_description() if torch.cuda.is_available() else {"name": "cpu"}
-    record = {"benchmark": name, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), "notes": notes, "rows": rows or []}
-    out_dir = Path(os.environ.get("JITOPS_BENCH_OUT", RESULTS))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
-    path.write_text(json.dumps(record, indent=1))
+    record = {"benchmark": benchmark, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
+              "command": " ".join([Path(sys.executable).name, *sys.argv]), "baseline": baseline, "rows": rows,
+              "summary": summary}
+    if variant:
+        record["variant"] = variant
+    path = record_path(benchmark, variant)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")  # a run killed while writing leaves the last record whole
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, path)
     return path, record
 
 
@@ -181,21 +207,23 @@ class Row:
 
 
 class Bench:
-    def __init__(self, name: str, roofline: float | None = None, min_ms: float = 200.0, reps: int = 100,
-                 rounds: int = 1) -> None:
-        self.name = name
+    def __init__(self, name: str, *, baseline: str, variant: str | None = None, roofline: float | None = None,
+                 min_ms: float = 200.0, reps: int = 100, rounds: int = 1) -> None:
+        """name: the NAME of benchmarks/bench_NAME.py; baseline: what ours is compared with; variant: set for a
+        sweep, tuning or partial run (its record then goes to benchmarks/out/, not results/)."""
+        self.name, self.baseline, self.variant = name, baseline, variant
         self.min_ms, self.reps = min_ms, reps  # event timing: at least `reps` calls and `min_ms` in all
         # Event timing in `rounds` alternating rounds (ours, baseline, then baseline, ours, ...), each side's time
         # the median of its rounds: the clock of a power-bound GPU drifts over seconds (cuBLAS's bf16 4096^3
-        # read 645-708 TFLOP/s within one minute on the lent H100, 2026-11-22 11:55), which one back-to-back
+        # read 645-708 TFLOP/s within one minute on the lent H100, 2026-11-22), which one back-to-back
         # pair of timings turns into a ratio error.
         self.rounds = rounds
         self.rows: list[Row] = []
-        self.notes: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {}
         self.started = _dt.datetime.now(_dt.timezone.utc)
         self.roofline = roofline  # TB/s of a device copy in this run: rates get a "% of copy" column
         if roofline:
-            self.notes["copy TB/s (read + write)"] = round(roofline, 3)
+            self.summary["copy TB/s (read + write)"] = round(roofline, 3)
 
     def compare(self, *, op: str, shape: Any, dtype: str, ours: Callable[[], Any], baseline: Callable[[], Any],
                 baseline_name: str, bytes_moved: float | None = None, flops: float | None = None,
@@ -242,8 +270,9 @@ class Bench:
               + (f" ({extra['ours_of_copy']:.0%} of copy)" if "ours_of_copy" in extra else ""), flush=True)
         return row
 
-    def note(self, **values: Any) -> None:
-        self.notes.update(values)
+    def summarize(self, **values: Any) -> None:
+        """Headline figures and anything else of the run that is not a row (the record's summary)."""
+        self.summary.update(values)
 
     def table(self) -> str:
         copy = bool(self.roofline)
@@ -260,10 +289,13 @@ class Bench:
         return "\n".join(lines)
 
     def finish(self) -> Path:
-        path, record = save_record(self.name, self.notes, [asdict(r) for r in self.rows], started=self.started)
+        path, record = save_record(self.name, baseline=self.baseline, rows=[asdict(r) for r in self.rows],
+                                   summary=self.summary, variant=self.variant, started=self.started)
         device = record["device"]
-        print(f"\n## {self.name} - {device.get('name')} - {record['date']}\n`{record['command']}`\n")
-        for key, value in self.notes.items():
+        title = self.name + (f" ({self.variant})" if self.variant else "")
+        print(f"\n## {title} - {device.get('name')} - {record['date']}\n`{record['command']}`\n"
+              f"baseline: {self.baseline}\n")
+        for key, value in self.summary.items():
             print(f"- {key}: {value}")
         print()
         print(self.table())

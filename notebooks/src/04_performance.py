@@ -2,8 +2,9 @@
 # # Performance: what the benchmarks measured
 #
 # The benchmarks in `benchmarks/` run on a GPU, time jitops and a baseline (torch, cuBLAS, cuDNN...) in the
-# same run on the same device, and save what they measured as JSON in `benchmarks/results/<name>.json`. This
-# notebook only reads those files, so it runs anywhere; every plot names the device and the date of its data.
+# same run on the same device, and save what they measured as JSON in `benchmarks/results/<name>.json` (the
+# latest run of each; docs/benchmarks.md has the same figures in tables). This notebook only reads those
+# files, so it runs anywhere; every plot names the device and the date of its data.
 #
 # - **JIT latency** (`bench_jit_latency.py`): one gelu kernel done four ways (jitops, CuPy, Triton, torch's
 #   `load_inline`), each *cold* (first call in a fresh process, empty cache: compile, load, launch), *warm*
@@ -60,7 +61,7 @@ def provenance(data):
 
 # %%
 def plot_jit_latency(data):
-    methods = data["notes"]["results"]
+    methods = {row["method"]: row for row in data["rows"]}
     names = list(methods)
     colors = ["tab:blue" if name == "jitops" else "tab:gray" for name in names]
     panels = [("cold_first_ms", "cold: first call, empty cache (ms)", True),
@@ -75,7 +76,7 @@ def plot_jit_latency(data):
         if log:
             ax.set_yscale("log")
         ax.margins(y=0.15)
-    torch_hot = methods.get("jitops", {}).get("torch_gelu_hot_us")
+    torch_hot = methods.get("jitops", {}).get("baseline_hot_us")
     if torch_hot:
         axes[2].axhline(torch_hot, color="tab:red", linestyle="--", label=f"torch gelu ({torch_hot:.1f} us)")
         axes[2].legend(loc="upper left", fontsize=9)
@@ -108,7 +109,8 @@ else:
 def plot_rows(name, data):
     by_metric = {}
     for row in data.get("rows", []):
-        by_metric.setdefault(row["metric"], []).append(row)
+        if "metric" in row:  # a throughput row (harness.Row); jit_latency's rows are plotted above
+            by_metric.setdefault(row["metric"], []).append(row)
     for metric, rows in by_metric.items():
         labels = [f"{r['op']}  {r['shape']}  {r['dtype']}" for r in rows]
         baselines = sorted({r["baseline"] for r in rows})
@@ -131,7 +133,7 @@ def plot_rows(name, data):
         plt.show()
 
 
-throughput = {name: data for name, data in results.items() if data.get("rows")}
+throughput = {name: data for name, data in results.items() if any("metric" in r for r in data.get("rows", []))}
 for name, data in throughput.items():
     plot_rows(name, data)
 for name in EXPECTED[1:]:
