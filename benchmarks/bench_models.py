@@ -277,6 +277,8 @@ def run_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mo
         row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
     if args.profile and mode == "patched":
         profile_step(step, device)
+    if args.host_ops and mode == "patched" and device == "cuda":
+        row["host_ops"] = host_per_module(model, runner, batch)
     del opt, runner, net
     if mode != "eager" and not args.no_check:
         row.update(compare_with_eager(model, base_state, device, dtype, mode, batch))
@@ -303,6 +305,59 @@ def profile_step(step: Callable[[], Any], device: str) -> None:
             step()
         sync(device)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+
+
+def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
+    """Host microseconds of each kind of swapped module's call, jitops against the module's torch forward, on the
+    inputs it sees in the model (captured by hooks), forward alone and forward + backward, with the GPU held busy
+    so the host never waits (the issue's measure: a call costs at most 1.2x the torch op's host time)."""
+    from jitops.patch import _original_class
+
+    captured: dict[tuple, tuple] = {}
+
+    def hook(module, inputs, output):
+        key = (type(module).__name__, tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)))
+        if key not in captured and inputs and isinstance(inputs[0], torch.Tensor):
+            captured[key] = (module, inputs[0].detach())
+
+    handles = [m.register_forward_hook(hook) for m in net.modules() if "_jitops_original" in type(m).__dict__]
+    with torch.no_grad():
+        model.loss(net, batch)
+    for h in handles:
+        h.remove()
+
+    def per_call_us(fn: Callable[[], Any], calls: int = 30, reps: int = 5) -> float:
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(2e9))
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - started) / calls * 1e6)
+            torch.cuda.synchronize()
+        return min(times)
+
+    rows = []
+    for (kind, shapes), (module, x) in captured.items():
+        original = _original_class(type(module)).forward
+        xg = x.clone().requires_grad_(x.is_floating_point())
+        g = torch.ones_like(module(xg))
+        cases = {
+            "forward": (lambda: module(x), lambda: original(module, x)),
+            "forward+backward": (lambda: module(xg).backward(g), lambda: original(module, xg).backward(g)),
+        }
+        for what, (ours, theirs) in cases.items():
+            for fn in (ours, theirs):  # warm both: first calls load kernels and allocate
+                for _ in range(3):
+                    fn()
+            jit_us, torch_us = per_call_us(ours), per_call_us(theirs)
+            rows.append({"module": kind, "input": shapes, "call": what, "jitops_us": jit_us, "torch_us": torch_us,
+                         "ratio": jit_us / torch_us})
+            print(f"  host {kind:28s} {str(shapes):28s} {what:17s} jitops {jit_us:7.1f} us  torch {torch_us:7.1f} us"
+                  f"  x{jit_us / torch_us:.2f}", flush=True)
+        module.zero_grad(set_to_none=True)
+    return rows
 
 
 # ---- prewarming the models' kernels from meta tensors -----------------------------------------------------------
@@ -346,6 +401,8 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="cProfile and torch.profiler of a patched step")
+    parser.add_argument("--host-ops", action="store_true",
+                        help="host time per swapped module's call, jitops against its torch forward")
     parser.add_argument("--no-check", action="store_true", help="skip the loss/gradient comparison")
     parser.add_argument("--prewarm", action="store_true", help="prewarm the models' kernels first")
     parser.add_argument("--prewarm-only", action="store_true")
@@ -390,7 +447,9 @@ def main() -> int:
               f"{r['first_step_s']:8.2f} {r['first_step_compiles']:8d} {r.get('peak_mem_gb', float('nan')):8.2f} "
               f"{r.get('loss_diff', float('nan')):10.2e} {r.get('grad_rel_err_max', float('nan')):9.2e}")
     if not args.tiny:
-        save_record("models", notes, rows)
+        full = set(names) == set(MODELS) and set(modes) == set(MODES)
+        save_record("models", baseline="torch eager (and torch.compile for patched_compile), same run", rows=rows,
+                    summary=notes, variant=None if full else "partial")
     return 0
 
 

@@ -22,6 +22,8 @@ FILES = sorted(RESULTS.iterdir())
 ROW_FIELDS = {field.name for field in dataclasses.fields(harness.Row)}
 # bench_jit_latency.py's rows: one per way of getting a kernel (jitops, CuPy, Triton, load_inline, ...)
 LATENCY_FIELDS = {"op", "method", "baseline", "cold_first_ms", "warm_first_ms", "hot_us", "baseline_hot_us"}
+# bench_models.py's rows: one per (model, mode)
+MODEL_FIELDS = {"model", "mode", "step_ms", "host_ms", "first_step_s", "first_step_compiles", "speedup_vs_eager"}
 
 
 def test_results_hold_one_json_record_per_benchmark():
@@ -47,7 +49,7 @@ def test_result_record_schema(path):
     assert isinstance(data["summary"], dict)
     rows = data["rows"]
     assert isinstance(rows, list) and rows, f"{path.name}: a record of no measurements"
-    fields = LATENCY_FIELDS if data["benchmark"] == "jit_latency" else ROW_FIELDS
+    fields = {"jit_latency": LATENCY_FIELDS, "models": MODEL_FIELDS}.get(data["benchmark"], ROW_FIELDS)
     for row in rows:
         assert set(row) >= fields, f"{path.name}: row {row.get('op')} lacks {sorted(fields - set(row))}"
         if fields is ROW_FIELDS:
