@@ -28,6 +28,12 @@ from .patch import PatchReport, patch, unpatch  # noqa: E402
 __version__ = "0.1.0"
 
 
+def wait(timeout: float | None = None) -> bool:
+    """Block until every kernel compiling in the background (JITOPS_COMPILE=background) is ready or has
+    failed; False if `timeout` seconds passed first."""
+    return runtime.wait(timeout)
+
+
 def clear_memory_cache() -> None:
     """Forget every loaded kernel; the next call of each op looks at the disk cache again."""
     runtime.clear_memory()
@@ -51,6 +57,6 @@ __all__ = [
     "record_calls", "CallRecorder",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
-    "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
+    "config", "stats", "reset_stats", "wait", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
     "JitopsError", "CompileError", "CacheMissError", "ToolchainError", "ConfigError",
 ]

@@ -61,6 +61,17 @@ def _parse_int(name: str, raw: str) -> int:
     return value
 
 
+def _parse_compile_mode(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in COMPILE_MODES:
+        raise ConfigError(f"{name}={raw!r}: use 'blocking' (a call waits for its kernels) or 'background' (a call "
+                          "runs torch's implementation while its kernels compile)")
+    return value
+
+
+COMPILE_MODES = ("blocking", "background")
+
+
 def _parse_level(name: str, raw: str) -> str:
     value = raw.strip().upper()
     if value not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -128,6 +139,11 @@ class Config:
     cuda_home: Setting[Path | None] = Setting(
         "JITOPS_CUDA_HOME", _parse_path, lambda: None,
         "CUDA toolkit to use for headers and nvcc, overriding the pip wheels, CUDA_HOME and CUDA_PATH.")
+    compile_mode: Setting[str] = Setting(
+        "JITOPS_COMPILE", _parse_compile_mode, lambda: "blocking",
+        "blocking: a call on a new shape class waits for its kernels to compile (scripts, benchmarks); "
+        "background: it runs torch's own implementation at once while the kernels compile in a worker pool, and "
+        "later calls switch to them (notebooks).  Never applies with JITOPS_OFFLINE=1.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")

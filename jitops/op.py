@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
+from .config import config
+from .launch import ensure_context
 from .runtime import MissContext, runtime, stats
 from .shapes import dtype_name, parse_dtype
 from .specs import BuildRequest, Target
@@ -112,7 +114,8 @@ class Op:
     def __init__(self, schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any],
                  cuda: Impl | None = None, cpu: Impl | None = None,
                  setup_context: Callable[..., None] | None = None, backward: Callable[..., Any] | None = None,
-                 keyword_only: Sequence[str] = (), doc: str | None = None) -> None:
+                 keyword_only: Sequence[str] = (), doc: str | None = None,
+                 fallback: Callable[..., Any] | None = None) -> None:
         qualname, _, signature = schema.partition("(")
         namespace, _, name = qualname.rpartition("::")
         self.namespace = namespace or "jitops"
@@ -133,6 +136,11 @@ class Op:
         self.fake = fake
         self.impls: dict[str, Impl] = {k: v for k, v in (("cuda", cuda), ("cpu", cpu)) if v is not None}
         self.setup_context, self.backward = setup_context, backward
+        # fallback(k, *args) -> the same outputs through torch's own ops, called like run with no kernels in k
+        # (only k.shape_class): what a call runs while its kernels compile in the background
+        # (JITOPS_COMPILE=background).  Ops without one always wait for their kernels.
+        self.fallback = fallback
+        self._pending: dict[tuple[int, Any], list[Any]] = {}  # (device, class) -> background compiles
         self.__doc__ = doc
         self._memo: dict[tuple[int, Any], Kernels] = {}
         self._targets: dict[int, Target] = {}
@@ -400,6 +408,9 @@ class Op:
         kernels = self._memo.get((device_index, shape_class))
         if kernels is None:
             kernels = self._load(impl, shape_class, "cuda" if device_index >= 0 else "cpu", device_index, args)
+            if kernels is None:  # compiling in the background: torch's implementation meanwhile
+                stats.fallbacks += 1
+                return self.fallback(Kernels({}, shape_class), *args)  # type: ignore[misc]
         else:
             stats.memory_hits += 1
         if device_index >= 0 and device_index != _current_device():
@@ -448,12 +459,30 @@ class Op:
         return target
 
     def _load(self, impl: Impl, shape_class: Any, device_type: str, device_index: int,
-              args: tuple[Any, ...]) -> Kernels:
+              args: tuple[Any, ...]) -> Kernels | None:
+        """The class's kernels, loaded and remembered; None while they compile in the background."""
+        memo_key = (device_index, shape_class)
+        pending = self._pending.get(memo_key)
+        if pending is not None:
+            if not all(f.done() for f in pending) or any(f.exception() is not None for f in pending):
+                return None  # still compiling, or a compile failed (warned once): torch's implementation
+            del self._pending[memo_key]
         target = self.target(device_type, device_index)
         context = MissContext(self.name, shape_class, self.manifest_item(args))
         index = device_index if device_index >= 0 else None
-        loaded = {name: runtime.get_kernel(request, target, index, context)
-                  for name, request in impl.kernels(shape_class, target).items()}
+        requests = impl.kernels(shape_class, target)
+        if self.fallback is not None and config.compile_mode == "background" and not config.offline:
+            loaded = {name: runtime.get_kernel(request, target, index, context, build=False)
+                      for name, request in requests.items()}
+            missing = [name for name, kernel in loaded.items() if kernel is None]
+            if missing:
+                prepare = (lambda: ensure_context(device_index)) if device_index >= 0 else None
+                self._pending[memo_key] = [runtime.submit(requests[name], target, index, context, prepare)
+                                           for name in missing]
+                return None
+        else:
+            loaded = {name: runtime.get_kernel(request, target, index, context)
+                      for name, request in requests.items()}
         kernels = Kernels(loaded, shape_class)
         self._memo[(device_index, shape_class)] = kernels
         if device_index >= 0:
@@ -464,6 +493,7 @@ class Op:
 
     def clear_memory(self) -> None:
         self._memo.clear()
+        self._pending.clear()
 
     # ---- manifests: recording a call and replaying it without a GPU --------------------------------------------
     def manifest_item(self, args: tuple[Any, ...]) -> dict[str, Any]:
@@ -583,10 +613,10 @@ def _jsonable(value: Any) -> Any:
 def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any], cuda: Impl | None = None,
        cpu: Impl | None = None, setup_context: Callable[..., None] | None = None,
        backward: Callable[..., Any] | None = None, keyword_only: Sequence[str] = (),
-       doc: str | None = None) -> Callable[..., Any]:
+       doc: str | None = None, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Declare an op and return its public function (its `.op` attribute is the Op).  See module docstring."""
     return Op(schema, shape_class=shape_class, fake=fake, cuda=cuda, cpu=cpu, setup_context=setup_context,
-              backward=backward, keyword_only=keyword_only, doc=doc).function
+              backward=backward, keyword_only=keyword_only, doc=doc, fallback=fallback).function
 
 
 class CallRecorder:

@@ -6,16 +6,18 @@ shape-class table (a dict lookup per call); everything here runs once per kernel
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import backends
 from .backends import toolkit
@@ -38,6 +40,8 @@ class Stats:
     compile_seconds: float = 0.0
     failed_compiles: int = 0
     corrupt_entries: int = 0  # entries that failed verification and were moved aside or skipped
+    fallbacks: int = 0        # calls that ran torch's implementation while their kernels compiled (background)
+    background_compiles: int = 0  # kernels handed to the background pool
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +74,7 @@ class Runtime:
         self._guard = threading.Lock()
         self._disk: tuple[tuple[Any, ...], DiskCache] | None = None
         self._recorded: set[str] = set()
+        self._background = _BackgroundCompiles(self)
 
     # ---- configuration -------------------------------------------------------------------------------------
     def disk_cache(self) -> DiskCache:
@@ -91,7 +96,9 @@ class Runtime:
 
     # ---- the pipeline --------------------------------------------------------------------------------------
     def get_kernel(self, request: BuildRequest, target: Target, device_index: int | None,
-                   context: MissContext | None = None) -> Any:
+                   context: MissContext | None = None, build: bool = True) -> Any:
+        """The loaded kernel: from memory, else a cache root, else compiled (and published).  build=False
+        stops before compiling and returns None instead (background mode asks this first)."""
         arch = request.arch(target)
         memory_key = (request, arch, device_index)
         loaded = self._loaded.get(memory_key)
@@ -102,12 +109,13 @@ class Runtime:
         with lock:  # one compile per kernel across this process's threads; the file lock covers processes
             loaded = self._loaded.get(memory_key)
             if loaded is None:
-                loaded = self._load_or_build(request, target, device_index, context)
-                self._loaded[memory_key] = loaded
+                loaded = self._load_or_build(request, target, device_index, context, build)
+                if loaded is not None:
+                    self._loaded[memory_key] = loaded
         return loaded
 
     def _load_or_build(self, request: BuildRequest, target: Target, device_index: int | None,
-                       context: MissContext | None) -> Any:
+                       context: MissContext | None, build: bool = True) -> Any:
         backend = backends.get(request.backend)
         key, can_compile = self.key_for(request, target)
         disk = self.disk_cache()
@@ -118,6 +126,8 @@ class Runtime:
         private = self._private.get(key.full)
         if private is not None:
             return self._load_private(private, request, device_index)
+        if not build:
+            return None
         self._record_miss(context, target)
         if config.offline:
             raise CacheMissError(op=context.op if context else "?", kernel=request.label(),
@@ -258,6 +268,19 @@ class Runtime:
         not be stored stay available to this process."""
         self._loaded.clear()
 
+    # ---- background compiles (JITOPS_COMPILE=background) ----------------------------------------------------
+    def submit(self, request: BuildRequest, target: Target, device_index: int | None,
+               context: MissContext | None = None, prepare: Callable[[], None] | None = None
+               ) -> concurrent.futures.Future:
+        """Compile and load `request` in the background worker pool (once per kernel: a second submit returns
+        the first one's future).  `prepare` runs first in the worker (binding the device's context).  A
+        failure is logged once, as a warning; the future holds the exception."""
+        return self._background.submit(request, target, device_index, context, prepare)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every background compile has finished (True), or `timeout` seconds passed (False)."""
+        return self._background.wait(timeout)
+
     # ---- JITOPS_RECORD -------------------------------------------------------------------------------------
     def _record_miss(self, context: MissContext | None, target: Target) -> None:
         path = config.record
@@ -278,6 +301,83 @@ class Runtime:
                 os.close(fd)
         except OSError as exc:
             log.warning("cannot append to JITOPS_RECORD=%s: %s", path, exc)
+
+
+class _BackgroundCompiles:
+    """The worker pool behind Runtime.submit: JITOPS_JOBS threads (NVRTC releases the GIL while it compiles;
+    nvcc and load_inline run as child processes), a progress bar in notebooks (tqdm.auto) and log lines
+    elsewhere."""
+
+    def __init__(self, runtime: "Runtime") -> None:
+        self._runtime = runtime
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._futures: dict[tuple, concurrent.futures.Future] = {}
+        self._guard = threading.Lock()
+        self._bar: Any = None
+        self._done = 0
+
+    def submit(self, request: BuildRequest, target: Target, device_index: int | None,
+               context: MissContext | None, prepare: Callable[[], None] | None) -> concurrent.futures.Future:
+        key = (request, request.arch(target), device_index)
+        with self._guard:
+            future = self._futures.get(key)
+            if future is not None:
+                return future
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.jobs,
+                                                                   thread_name_prefix="jitops-compile")
+            stats.background_compiles += 1
+            future = self._pool.submit(self._build, request, target, device_index, context, prepare)
+            self._futures[key] = future
+            self._announce(request, target, context)
+        return future
+
+    def _build(self, request: BuildRequest, target: Target, device_index: int | None,
+               context: MissContext | None, prepare: Callable[[], None] | None) -> Any:
+        """In a worker.  The warning and the progress update happen before the future completes, so whoever
+        waits on it (jitops.wait()) sees them."""
+        try:
+            if prepare is not None:
+                prepare()
+            return self._runtime.get_kernel(request, target, device_index, context)
+        except BaseException as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log.warning("background compile of %s for %s failed; %s keeps running torch's implementation for "
+                        "this shape class: %s", request.label(), request.arch(target),
+                        f"jitops.{context.op}" if context else "the op", first_line)
+            raise
+        finally:
+            with self._guard:
+                self._done += 1
+                if self._bar:
+                    self._bar.update(1)
+
+    def pending(self) -> int:
+        with self._guard:
+            return sum(not f.done() for f in self._futures.values())
+
+    def _announce(self, request: BuildRequest, target: Target, context: MissContext | None) -> None:
+        total = len(self._futures)
+        if self._bar is None and "ipykernel" in sys.modules:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=total, desc="jitops: compiling", unit="kernel", leave=True)
+            except ImportError:  # no tqdm: the log lines below say the same
+                self._bar = False
+        if self._bar:
+            self._bar.total = total
+            self._bar.set_postfix_str(f"{context.op if context else request.kernel} ({request.arch(target)})")
+            self._bar.refresh()
+        else:
+            log.info("compiling %s for %s in the background; calls run torch's implementation until it is "
+                     "ready", request.label(), request.arch(target))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._guard:
+            futures = list(self._futures.values())
+        done, not_done = concurrent.futures.wait(futures, timeout=timeout)
+        return not not_done
 
 
 runtime = Runtime()

@@ -809,6 +809,7 @@ conv2d_input_grad = op(
     cpu=Impl(_no_kernels, run_input_grad_cpu),
     fake=_input_grad_fake,
     doc="Gradient of jitops.conv2d with respect to x (channels_last [N, C, H, W]).",
+    fallback=run_input_grad_cpu,  # ATen (cuDNN on CUDA) while the kernels compile
 )
 
 
@@ -932,6 +933,7 @@ conv2d_weight_grad = op(
     cpu=Impl(_no_kernels, run_weight_grad_cpu),
     fake=_weight_grad_fake,
     doc="Gradient of jitops.conv2d with respect to weight (channels_last [K, C, R, S]).",
+    fallback=run_weight_grad_cpu,  # ATen (cuDNN on CUDA) while the kernels compile
 )
 
 
@@ -1105,4 +1107,5 @@ conv2d = op(
     setup_context=setup_context,
     backward=backward,
     doc=__doc__,
+    fallback=run_cpu,  # ATen (cuDNN on CUDA) while the kernels compile
 )

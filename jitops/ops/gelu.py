@@ -137,6 +137,8 @@ gelu_backward = op(
     cpu=Impl(_cpu_kernels, run_backward_cpu),
     fake=lambda grad, x, approximate: torch.empty_like(x, memory_format=torch.contiguous_format),
     doc="Gradient of jitops.gelu: grad * gelu'(x).",
+    fallback=lambda k, grad, x, approximate: torch.ops.aten.gelu_backward(grad.contiguous(), x.contiguous(),
+                                                                         approximate=approximate),
 )
 
 
@@ -213,4 +215,5 @@ gelu = op(
     setup_context=setup_context,
     backward=backward,
     doc=__doc__,
+    fallback=lambda k, x, approximate: torch.nn.functional.gelu(x.contiguous(), approximate=approximate),
 )

@@ -471,6 +471,16 @@ def run_cpu(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
     return _activate(z, activation).to(cls.out_dtype).contiguous()
 
 
+def torch_gemm(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
+    """torch's matmul (cuBLAS on CUDA): background mode's fallback.  fp32 outputs multiply in fp32."""
+    if out_dtype is not None and out_dtype != a.dtype:
+        z = torch.matmul(a.to(out_dtype), b.to(out_dtype))
+        z = z + bias.to(out_dtype) if bias is not None else z
+    else:
+        z = torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+    return _activate(z, activation).contiguous()
+
+
 def cpu_kernels(cls: GemmClass, target: Target):
     return {}  # ATen: nothing to compile
 
@@ -570,6 +580,7 @@ _op = op(
     backward=backward,
     keyword_only=("bias", "activation", "out_dtype"),
     doc=__doc__,
+    fallback=torch_gemm,
 )
 
 

@@ -433,6 +433,7 @@ grouped_gemm_ragged = op(
     setup_context=ragged_setup_context,
     backward=ragged_backward,
     doc="The ragged form of jitops.grouped_gemm with device offsets (see jitops.grouped_gemm).",
+    fallback=run_ragged_cpu,  # the ATen loop while the kernels compile
 )
 
 
@@ -604,6 +605,7 @@ grouped_gemm_list = op(
     setup_context=list_setup_context,
     backward=list_backward,
     doc="The list form of jitops.grouped_gemm (see jitops.grouped_gemm).",
+    fallback=run_list_cpu,  # the ATen loop while the kernels compile
 )
 
 

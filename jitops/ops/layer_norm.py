@@ -350,6 +350,13 @@ def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
     return y, stats
 
 
+def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+    """(y, stats) through ATen, stats laid out as the kernels write them: background mode's fallback."""
+    y, mean, rstd = torch.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
+    stats = torch.stack((mean.reshape(-1), rstd.reshape(-1))).to(STATS_DTYPE[x.dtype])
+    return y.contiguous(), stats
+
+
 def fake(x: torch.Tensor, normalized_shape, weight, bias, eps: float):
     n = math.prod(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
@@ -500,6 +507,28 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor
     return dx, dw, db
 
 
+def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
+                   need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """The backward through torch ops from the saved statistics, in their precision: background mode's
+    fallback."""
+    dims = len(normalized_shape)
+    lead = x.dim() - dims
+    row_dims, norm_dims = tuple(range(lead)), tuple(range(lead, x.dim()))
+    view = (*x.shape[:lead], *([1] * dims))
+    mean, rstd = stats[0].reshape(view), stats[1].reshape(view)
+    g = grad.to(stats.dtype)
+    xhat = (x.to(stats.dtype) - mean) * rstd
+    empty = x.new_empty((0,))
+    dw = (g * xhat).sum(row_dims).to(x.dtype) if need_dweight else empty
+    db = g.sum(row_dims).to(x.dtype) if need_dbias else empty
+    dx = empty
+    if need_dx:
+        gw = g * weight.to(stats.dtype) if weight is not None else g
+        dx = (rstd * (gw - gw.mean(norm_dims, keepdim=True) - xhat * (gw * xhat).mean(norm_dims, keepdim=True)))
+        dx = dx.to(x.dtype).contiguous()
+    return dx, dw, db
+
+
 def backward_fake(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias):
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty((0,)),
             x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,)),
@@ -514,6 +543,7 @@ layer_norm_backward = op(
     cpu=Impl(cpu_kernels, run_backward_cpu),
     fake=backward_fake,
     doc="Gradients of jitops.layer_norm: (dx, dweight, dbias); the ones not asked for are empty tensors.",
+    fallback=torch_backward,
 )
 
 layer_norm_forward = op(
@@ -526,6 +556,7 @@ layer_norm_forward = op(
     setup_context=setup_context,
     backward=backward,
     doc="jitops.layer_norm's op: returns (y, stats) where stats is (2, rows): mean and rstd of every row.",
+    fallback=torch_forward,
 )
 
 
@@ -546,6 +577,8 @@ layer_norm_inference = op(
     cpu=Impl(cpu_kernels, run_inference_cpu),
     fake=lambda x, normalized_shape, weight, bias, eps: torch.empty_like(x, memory_format=torch.contiguous_format),
     doc="jitops.layer_norm when no gradient is recorded: y only (the CUDA kernel skips the statistics).",
+    fallback=lambda k, x, normalized_shape, weight, bias, eps: torch.nn.functional.layer_norm(
+        x, list(normalized_shape), weight, bias, eps).contiguous(),
 )
 
 

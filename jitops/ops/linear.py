@@ -137,6 +137,11 @@ def run_cpu(kernels, x, weight, bias, activation) -> torch.Tensor:
     return _activate(z, activation).to(x.dtype).contiguous()
 
 
+def torch_linear(kernels, x, weight, bias, activation) -> torch.Tensor:
+    """F.linear (cuBLAS on CUDA): background mode's fallback."""
+    return _activate(F.linear(x, weight, bias), activation)
+
+
 def cpu_kernels(cls: GemmClass, target) -> dict:
     return {}  # ATen: nothing to compile
 
@@ -192,6 +197,7 @@ _linear = op(
     backward=backward,
     keyword_only=("activation",),
     doc=__doc__,
+    fallback=torch_linear,
 )
 
 
