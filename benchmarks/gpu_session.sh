@@ -10,6 +10,8 @@
 #   on the 2-core development box), those the tests and bench_gemm.py load and, in a second root, the other
 #   candidates of bench_gemm.py --tune; both are exported to $OUT (gemm.tar.gz, gemm-tune.tar.gz) to be carried
 #   in .prebuilt-pack/ next time.
+# models: build the kernels of bench_models.py's models ($MODELS, comma-separated, default all), listed from a
+#   step on meta tensors, with every core; exported to $OUT/models-kernels.tar.gz for .prebuilt-pack/.
 # smoke: benchmarks/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
 #   or a hang in a new kernel costs one step, not the call).
 # bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS; each writes its
@@ -60,6 +62,11 @@ while [ $i -lt ${#steps[@]} ]; do
       done
       roots=${roots:+$roots:}/tmp/jitops-gemm:/tmp/jitops-gemm-tune
       export JITOPS_TEST_CACHE_PATH=$roots JITOPS_CACHE_PATH=$roots ;;
+    models)
+      python3 benchmarks/bench_models.py --prewarm-only --models "${MODELS:-gpt2,llama,vit,resnet50}" \
+        --jobs "$(nproc)" > "$OUT/models-prewarm.log" 2>&1 || status=1
+      tail -4 "$OUT/models-prewarm.log"
+      python3 -m cache_tools --cache-dir "$JITOPS_CACHE_DIR" export "$OUT/models-kernels.tar.gz" || status=1 ;;
     smoke)
       for op in fprop dgrad wgrad; do
         timeout 60 python3 benchmarks/conv2d_smoke.py "$op" 2>&1 | tee -a "$OUT/smoke.log"
@@ -74,11 +81,12 @@ while [ $i -lt ${#steps[@]} ]; do
       tail -3 "$OUT/notebooks.log" 2>/dev/null
       grep -q "^exit 0" "$OUT/notebooks.log" 2>/dev/null || status=1 ;;
     tests)
-      python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log"
+      # $GPU_TESTS: test files or node ids (default: every GPU test)
+      python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|models|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))

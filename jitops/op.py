@@ -316,7 +316,7 @@ class Op:
         needs_grad = False
         for i in self._tensor_positions:
             t = args[i]
-            if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
                 if not isinstance(t, torch.Tensor):
                     raise TypeError(f"jitops.{self.name}: argument '{self.args[i].name}' must be a torch.Tensor, "
                                     f"got {type(t).__name__}")
@@ -326,13 +326,13 @@ class Op:
         for i in self._optional_positions:
             t = args[i]
             if t is not None:
-                if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+                if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
                     return _DISPATCHER
                 if grad and t.requires_grad:
                     needs_grad = True
         for i in self._list_positions:
             for t in args[i]:
-                if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter) or grad and t.requires_grad:
+                if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter or grad and t.requires_grad:
                     return _DISPATCHER  # autograd.Function does not see tensors inside lists: register_autograd does
         if not needs_grad:
             return _DIRECT

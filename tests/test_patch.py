@@ -271,3 +271,24 @@ def test_meta_model_records_its_kernel_calls():
     assert {"linear", "layer_norm_forward", "layer_norm_backward", "gemm", "gelu", "gelu_backward"} <= ops
     manifest = calls.manifest(["sm_90a"])
     assert manifest["archs"] == ["sm_90a"] and manifest["ops"] == calls.items
+
+
+def test_shape_classes_of_fake_cuda_parameters_read_no_data_pointer():
+    """torch.compile's fake parameters pass isinstance(t, nn.Parameter); reading their data pointer raised
+    'Cannot access data pointer of Tensor' in reduce-overhead compiles of a patched model on the GPU."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the deprecation warning that precedes the error
+        # (No views of fake CUDA tensors: without a GPU, t() and slicing abort in the device guard.)
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, device="cuda", dtype=torch.bfloat16))
+
+        x = torch.empty(8, 16, device="cuda", dtype=torch.bfloat16)
+        w, b, kn, ln_w = param(32, 16), param(32), param(16, 32), param(16)
+        assert isinstance(w, nn.Parameter) and type(w) is not nn.Parameter
+        assert jitops.linear.op.shape_class(x, w, b, None).align == 8
+        assert jitops.gemm.op.shape_class(x, kn, None, None, None).align == 8
+        assert jitops.layer_norm_forward.op.shape_class(x, [16], ln_w, None, 1e-5).dtype == torch.bfloat16

@@ -228,7 +228,7 @@ def _check_inputs(op_name: str, x: torch.Tensor, normalized_shape, params) -> in
 def _concrete(x: torch.Tensor) -> bool:
     """A real (or meta) tensor: its class can be computed.  Fake tensors under torch.compile/opcheck may have
     symbolic sizes; the fake path only needs the input checks."""
-    return type(x) is torch.Tensor or isinstance(x, torch.nn.Parameter)
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
 def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
