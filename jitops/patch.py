@@ -36,6 +36,7 @@ from .ops.gemm import CUDA_DTYPES as _GEMM_CUDA
 from .ops.layer_norm import CPU_DTYPES as _LAYER_NORM_CPU
 from .ops.layer_norm import CUDA_DTYPES as _LAYER_NORM_CUDA
 from .ops.layer_norm import layer_norm as _layer_norm
+from .ops.linear import _linear as _linear_op
 from .ops.linear import linear as _linear
 
 log = logging.getLogger("jitops")
@@ -113,7 +114,12 @@ def _fall_back(module: nn.Module, why: str, *inputs: Any) -> None:
         log.info("jitops.patch: %s runs its torch forward for %s", _original_class(type(module)).__name__, why)
 
 
+_any_autocast = torch._C._is_any_autocast_enabled  # one C call; the per-device check reads x.device (0.3 us)
+
+
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    if not _any_autocast():
+        return None
     device = x.device.type
     if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
@@ -126,38 +132,42 @@ def _device_kind(t: torch.Tensor) -> str | None:
 
 
 # ---- forwards of the swapped classes --------------------------------------------------------------------------
+# Each runs on every call of its module, so the common case (no autocast, a supported dtype) is a few attribute
+# reads before the op; every other case is decided (and logged once) on the slow path.
 def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 original: Callable[..., torch.Tensor]) -> torch.Tensor:
+                 torch_forward: Callable[..., torch.Tensor], *torch_args: Any) -> torch.Tensor:
     activation = module.__dict__.get("_jitops_activation")
-    cast = _autocast_dtype(x)
-    if cast is not None:
-        x, weight = x.to(cast), weight.to(cast)
-        bias = bias.to(cast) if bias is not None else None
-    device = _device_kind(x)
-    allowed = _LINEAR_DTYPES.get(device)
-    if allowed is not None and x.dtype in allowed and weight.dtype is x.dtype and \
-            (bias is None or bias.dtype is x.dtype) and weight.device == x.device:
-        if device == "cpu" or not (weight.shape[0] % 8 or weight.shape[1] % 8):
+    if _any_autocast():
+        cast = _autocast_dtype(x)
+        if cast is not None:
+            x, weight = x.to(cast), weight.to(cast)
+            bias = bias.to(cast) if bias is not None else None
+    dtype = x.dtype
+    if weight.dtype is dtype and (bias is None or bias.dtype is dtype):
+        if x.is_cuda or x.is_meta:
+            # Rows that are not 16-byte multiples rule out the TMA kernels; the CUTLASS 2 kernels that take them
+            # are slower than cuBLAS (an LM head over GPT-2's 50257 tokens), so torch keeps these layers.
+            if dtype in _LINEAR_DTYPES["cuda"] and not (weight.shape[0] % 8 or weight.shape[1] % 8):
+                if activation is None:
+                    return _linear_op(x, weight, bias)
+                return _linear(x, weight, bias, activation=activation)
+        elif x.is_cpu and dtype in _LINEAR_DTYPES["cpu"]:
             return _linear(x, weight, bias, activation=activation)
-        # Rows that are not 16-byte multiples rule out the TMA kernels; the CUTLASS 2 kernels that take them
-        # are slower than cuBLAS (e.g. an LM head over GPT-2's 50257 tokens), so torch keeps these layers.
-        _fall_back(module, "features that are not multiples of 8", x, weight)
-    else:
-        _fall_back(module, f"inputs of {x.dtype} on {x.device.type}", x, weight)
-    y = original()
+    _fall_back(module, f"inputs of {dtype} on {x.device.type}" if dtype not in _LINEAR_DTYPES["cuda"] or
+               weight.dtype is not dtype else "features that are not multiples of 8", x, weight)
+    y = torch_forward(module, *torch_args)
     if activation is not None:
         y = _ACTIVATE[activation](y)
     return y
 
 
 def _linear_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    return _linear_call(self, input, self.weight, self.bias, lambda: nn.Linear.forward(self, input))
+    return _linear_call(self, input, self.weight, self.bias, nn.Linear.forward, input)
 
 
 def _conv1d_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # transformers' Conv1D: x @ weight + bias with weight (in, out); weight.t() is read in place.
-    return _linear_call(self, x, self.weight.t(), self.bias,
-                        lambda: _original_class(type(self)).forward(self, x))
+    return _linear_call(self, x, self.weight.t(), self.bias, _original_class(type(self)).forward, x)
 
 
 def _layer_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
@@ -166,9 +176,9 @@ def _layer_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
         x = x.float()
         weight = weight.float() if weight is not None else None
         bias = bias.float() if bias is not None else None
-    allowed = _LAYER_NORM_DTYPES.get(_device_kind(x))
-    if allowed is not None and x.dtype in allowed and (weight is None or weight.dtype is x.dtype) and \
-            (bias is None or bias.dtype is x.dtype):
+    dtype = x.dtype
+    if (weight is None or weight.dtype is dtype) and (bias is None or bias.dtype is dtype) and \
+            dtype in _LAYER_NORM_DTYPES.get(_device_kind(x), ()):
         return _layer_norm(x, self.normalized_shape, weight, bias, self.eps)
     _fall_back(self, f"input of {x.dtype} with parameters of "
                      f"{weight.dtype if weight is not None else None} on {x.device.type}", x, weight)
@@ -176,8 +186,7 @@ def _layer_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
 
 
 def _gelu_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    allowed = _GELU_DTYPES.get(_device_kind(input))
-    if allowed is not None and input.dtype in allowed:
+    if input.dtype in _GELU_DTYPES.get(_device_kind(input), ()):
         return _gelu(input, self.__dict__["_jitops_approximate"])
     _fall_back(self, f"input of {input.dtype} on {input.device.type}", input)
     return _original_class(type(self)).forward(self, input)
@@ -193,9 +202,9 @@ def _conv2d_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     if cast is not None:
         x, weight = x.to(cast), weight.to(cast)
         bias = bias.to(cast) if bias is not None else None
-    allowed = _CONV_DTYPES.get(_device_kind(x))
-    if allowed is not None and x.dtype in allowed and weight.dtype is x.dtype and \
-            (bias is None or bias.dtype is x.dtype) and x.dim() == 4:
+    dtype = x.dtype
+    if weight.dtype is dtype and (bias is None or bias.dtype is dtype) and x.dim() == 4 and \
+            dtype in _CONV_DTYPES.get(_device_kind(x), ()):
         return _conv2d(x, weight, bias, self.stride, self.__dict__["_jitops_padding"], self.dilation)
     _fall_back(self, f"input of {x.dtype}, {x.dim()}-D, on {x.device.type}", x, weight)
     return nn.Conv2d.forward(self, input)
@@ -229,6 +238,9 @@ _GELU_KINDS = {
     "timm.layers.activations.GELUTanh": "tanh",
 }
 _CONV1D = "transformers.pytorch_utils.Conv1D"
+# Subclasses of nn.LayerNorm whose forward is F.layer_norm over the module's own attributes (when the predicate
+# holds): timm's LayerNorm unless its apex "fast norm" path is on.
+_LAYER_NORM_ALIKES = {"timm.layers.norm.LayerNorm": lambda m: not getattr(m, "_fast_norm", False)}
 # Blocks whose forward runs `linear` then `act` on its result and nothing else reads the Linear's output.
 _MLP_BLOCKS = {
     "transformers.models.gpt2.modeling_gpt2.GPT2MLP": ("c_fc", "act"),
@@ -385,7 +397,8 @@ def _patch_one(m: nn.Module, ops: tuple[str, ...], fused_away: bool) -> str | No
         return "jitops.linear" + (f" + {activation}" if activation else "")
     if isinstance(m, nn.Linear):
         return "a subclass of nn.Linear with its own forward" if "linear" in ops else None
-    if _plain(m, nn.LayerNorm):
+    alike = _LAYER_NORM_ALIKES.get(_qualname(type(m)))
+    if _plain(m, nn.LayerNorm) or (alike is not None and alike(m)):
         if "layer_norm" not in ops:
             return None
         _swap(m, "LayerNorm", _layer_norm_forward)

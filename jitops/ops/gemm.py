@@ -439,6 +439,21 @@ def run_cuda(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
     return out
 
 
+def product_if_loaded(a: torch.Tensor, la: tuple[bool, int], b: torch.Tensor, lb: tuple[bool, int], m: int, n: int,
+                      k: int, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """a . b as a new tensor of `shape` (M x N elements, row-major), launched straight on the kernels this
+    process already loaded for the problem's class; None when they are not loaded (the caller then takes
+    jitops.gemm, which loads them).  For backward passes on real CUDA tensors they made themselves: no views, no
+    input checks, no routing (the linear backward's two GEMMs skip 4 tensor views and two public calls)."""
+    cls = class_from_layouts(a.dtype, a.dtype, m, n, k, a, la, b, lb, None, False)
+    kernels = _op.op.loaded(a.get_device(), cls)
+    if kernels is None:
+        return None
+    out = a.new_empty(shape)
+    launch(kernels, a, b, out, None, m, n, k, la[1], lb[1], 0)
+    return out
+
+
 def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int, activation: int) -> None:
     """out (M, N) = act(a . b + bias) with the loaded kernels of the class; a and b are read in place with the
     given leading dimensions (their layouts are the class's)."""

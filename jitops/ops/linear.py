@@ -28,7 +28,7 @@ from .. import shapes
 from ..op import Impl, op
 from .gelu import gelu, gelu_backward
 from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass, class_from_layouts,
-                   cuda_kernels, launch, layout_of)
+                   cuda_kernels, launch, layout_of, product_if_loaded)
 from .gemm import gemm as _gemm
 from .gemm import _activate, _epilogue_only
 
@@ -108,7 +108,7 @@ def shape_class(x, weight, bias, activation) -> GemmClass:
 # ---- running --------------------------------------------------------------------------------------------------
 def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
     n, k = weight.shape
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    out = x.new_empty((*x.shape[:-1], n))
     m = out.numel() // n if n else 0
     if m == 0 or n == 0:
         return out
@@ -171,19 +171,45 @@ def backward(ctx, grad: torch.Tensor):
         grad = torch.ops.aten.gelu_backward(grad, z, approximate=approximate) if grad.is_cpu else \
             gelu_backward(grad, z, approximate)
     n, k = weight.shape
-    g = grad.reshape(-1, n)
+    transposed = weight.stride(1) != 1 and weight.stride(0) == 1  # a view of a (K, N) parameter (Conv1D)
     grad_x = grad_w = grad_b = None
-    if need_x:
+    if _direct(grad, x, weight):
+        grad_x, grad_w = _backward_products(grad, x, weight, n, k, need_x, need_w, transposed)
+    g = grad.reshape(-1, n)
+    if need_x and grad_x is None:
         grad_x = _gemm(g, weight).view(x.shape)          # (M, N) . (N, K)
-    if need_w:
+    if need_w and grad_w is None:
         x2 = x.reshape(-1, k)
-        if weight.stride(1) == 1 or weight.stride(0) != 1:
-            grad_w = _gemm(g.t(), x2)                      # (N, M) . (M, K), weight's own row-major layout
-        else:  # a transposed view of a (K, N) parameter: its gradient in that layout, so autograd copies nothing
-            grad_w = _gemm(x2.t(), g).t()
+        # In the parameter's own layout, so that autograd copies nothing into place.
+        grad_w = _gemm(x2.t(), g).t() if transposed else _gemm(g.t(), x2)
     if need_b:
         grad_b = g.sum(0)
     return grad_x, grad_w, grad_b
+
+
+def _direct(grad, x, weight) -> bool:
+    """Plain contiguous CUDA tensors of one dtype, not traced: the backward's GEMMs can launch directly."""
+    return type(grad) is _Tensor and grad.is_cuda and grad.is_contiguous() and x.is_contiguous() and \
+        grad.dtype is x.dtype and weight.dtype is x.dtype and x.numel() > 0 and grad.numel() > 0 and \
+        weight.shape[1] > 0 and not torch.compiler.is_compiling()
+
+
+def _backward_products(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool, transposed: bool):
+    """dx and dweight on the loaded gemm kernels (None where they are not loaded yet, or not needed)."""
+    m = grad.numel() // n
+    s0, s1 = weight.stride()
+    grad_x = grad_w = None
+    if need_x:  # (M, N) . (N, K): grad row-major, weight as the (N, K) operand in its own layout
+        lw = layout_of(s0, s1, n, k)
+        if lw is not None:
+            grad_x = product_if_loaded(grad, layout_of(n, 1, m, n), weight, lw, m, k, n, (*x.shape[:-1], k))
+    if need_w:
+        if transposed:  # (K, M) . (M, N) = dweight^T, stored (K, N) as the parameter is
+            dw_t = product_if_loaded(x, layout_of(1, k, k, m), grad, layout_of(n, 1, m, n), k, n, m, (k, n))
+            grad_w = dw_t.t() if dw_t is not None else None
+        else:  # (N, M) . (M, K)
+            grad_w = product_if_loaded(grad, layout_of(1, n, n, m), x, layout_of(k, 1, m, k), n, k, m, (n, k))
+    return grad_x, grad_w
 
 
 # ---- declaration ----------------------------------------------------------------------------------------------
