@@ -311,7 +311,7 @@ def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
     """Host microseconds of each kind of swapped module's call, jitops against the module's torch forward, on the
     inputs it sees in the model (captured by hooks), forward alone and forward + backward, with the GPU held busy
     so the host never waits (the issue's measure: a call costs at most 1.2x the torch op's host time)."""
-    from jitops.patch import _original_class
+    from jitops.patching import _original_class
 
     captured: dict[tuple, tuple] = {}
 
@@ -360,6 +360,45 @@ def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
     return rows
 
 
+def first_step(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str) -> dict[str, Any]:
+    """Wall time of a fresh model's first training step (kernels compiled or loaded inside it), and of the
+    second; in background mode also how long until every kernel is ready (jitops.wait())."""
+    batch = batch_for(model, device, dtype)
+    started = time.perf_counter()
+    runner, net, _ = make(model, base_state, device, dtype, mode)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
+    built = time.perf_counter()
+    train_step(model, runner, net, batch, opt)
+    sync(device)
+    first = time.perf_counter()
+    train_step(model, runner, net, batch, opt)
+    sync(device)
+    second = time.perf_counter()
+    jitops.wait()
+    ready = time.perf_counter()
+    return {"model": model.name, "mode": mode, "compile_mode": jitops.config.compile_mode,
+            "build_s": built - started, "first_step_s": first - built, "second_step_s": second - first,
+            "all_kernels_ready_s": ready - built, "compiles": jitops.stats.compiles,
+            "compile_seconds": jitops.stats.compile_seconds, "fallbacks": jitops.stats.fallbacks}
+
+
+def cold_first_step(name: str, mode: str, compile_mode: str, args) -> dict[str, Any]:
+    """first_step in a fresh process on an empty cache (no read-only roots either)."""
+    with tempfile.TemporaryDirectory(prefix="jitops-cold-") as cache:
+        env = dict(os.environ, JITOPS_CACHE_DIR=cache, JITOPS_COMPILE=compile_mode)
+        env.pop("JITOPS_CACHE_PATH", None)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, "--first-step-only", "--models", name, "--modes", mode,
+                               "--device", args.device] + (["--tiny"] if args.tiny else []),
+                              env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+    if done.returncode:
+        return {"model": name, "mode": mode, "compile_mode": compile_mode, "error": done.stderr[-2000:]}
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row["process_s"] = wall
+    return row
+
+
 # ---- prewarming the models' kernels from meta tensors -----------------------------------------------------------
 def record_manifest(names: list[str], tiny: bool, dtype: torch.dtype, arch: str) -> dict[str, Any]:
     """Every kernel call the patched models make in a training step, from a forward and backward on meta
@@ -404,6 +443,10 @@ def main() -> int:
     parser.add_argument("--host-ops", action="store_true",
                         help="host time per swapped module's call, jitops against its torch forward")
     parser.add_argument("--no-check", action="store_true", help="skip the loss/gradient comparison")
+    parser.add_argument("--cold", action="store_true",
+                        help="also time each model's first patched step on an empty cache (blocking and background "
+                             "mode), each in a fresh process")
+    parser.add_argument("--first-step-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--prewarm", action="store_true", help="prewarm the models' kernels first")
     parser.add_argument("--prewarm-only", action="store_true")
     parser.add_argument("--arch", default="sm_90a")
@@ -424,7 +467,20 @@ def main() -> int:
         print(f"prewarm: {notes['prewarm_s']:.1f} s", flush=True)
         if args.prewarm_only:
             return 0
+    if args.first_step_only:  # a child of --cold: one first step, on whatever cache the environment names
+        model = MODELS[names[0]](args.tiny)
+        torch.manual_seed(0)
+        base_state = {k: v.clone() for k, v in model.build().state_dict().items()}
+        print(json.dumps(first_step(model, base_state, args.device, dtype, modes[0])), flush=True)
+        return 0
     rows = []
+    cold_rows = []
+    if args.cold:
+        for name in names:
+            for mode, compile_mode in (("eager", "blocking"), ("patched", "blocking"), ("patched", "background")):
+                cold_rows.append(cold_first_step(name, mode, compile_mode, args))
+                print(json.dumps(cold_rows[-1]), flush=True)
+        notes["cold_first_steps"] = cold_rows
     for name in names:
         model = MODELS[name](args.tiny)
         torch.manual_seed(0)

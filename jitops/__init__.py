@@ -23,7 +23,7 @@ from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # n
                   gelu_backward, gemm, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
                   layer_norm_forward, layer_norm_inference, linear)
 
-from .patch import PatchReport, patch, unpatch  # noqa: E402
+from .patching import PatchReport, PrefetchReport, patch, prefetch, unpatch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -53,7 +53,7 @@ __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
     "layer_norm_inference",
     "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm", "linear",
-    "patch", "unpatch", "PatchReport",
+    "patch", "unpatch", "prefetch", "PatchReport", "PrefetchReport",
     "record_calls", "CallRecorder",
     "op", "Impl", "Kernels", "Op", "find", "registered",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",

@@ -446,11 +446,11 @@ class Op:
         meet them, then the fake implementation's outputs.  Nothing compiles or launches; inside
         jitops.record_calls() the call is recorded as a manifest item, so a GPU-less machine can list (and
         prewarm) the kernels a model will use."""
-        self.shape_class(*args)
+        shape_class = self.shape_class(*args)
         if _meta_recorders:
             item = self.manifest_item(args)
             for recorder in _meta_recorders:
-                recorder.add(item)
+                recorder.add(item, self, shape_class)
         return self.fake(*args)
 
     def _make_autograd_function(self) -> type | None:
@@ -659,15 +659,20 @@ class CallRecorder:
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self.classes: list[tuple[Op, Any, dict[str, Any]]] = []  # (op, shape class, its first manifest item)
         self._seen: set[str] = set()
+        self._seen_classes: set[tuple[str, Any]] = set()
 
-    def add(self, item: dict[str, Any]) -> None:
+    def add(self, item: dict[str, Any], op: "Op | None" = None, shape_class: Any = None) -> None:
         import json
 
         key = json.dumps(item, sort_keys=True)
         if key not in self._seen:
             self._seen.add(key)
             self.items.append(item)
+        if op is not None and (op.qualname, shape_class) not in self._seen_classes:
+            self._seen_classes.add((op.qualname, shape_class))
+            self.classes.append((op, shape_class, item))
 
     def manifest(self, archs: Sequence[str]) -> dict[str, Any]:
         """A prewarm manifest (`jitops-cache prewarm --manifest FILE`) for the recorded calls."""

@@ -106,12 +106,18 @@ class Runtime:
             return loaded
         with self._guard:
             lock = self._locks.setdefault(memory_key, threading.Lock())
-        with lock:  # one compile per kernel across this process's threads; the file lock covers processes
+        # One compile per kernel across this process's threads (the file lock covers processes).  A caller that
+        # will not build does not wait for one either: a worker compiling this kernel holds the lock.
+        if not lock.acquire(blocking=build):
+            return None
+        try:
             loaded = self._loaded.get(memory_key)
             if loaded is None:
                 loaded = self._load_or_build(request, target, device_index, context, build)
                 if loaded is not None:
                     self._loaded[memory_key] = loaded
+        finally:
+            lock.release()
         return loaded
 
     def _load_or_build(self, request: BuildRequest, target: Target, device_index: int | None,

@@ -24,9 +24,9 @@ def echo():
     yield backend
 
 
-def _declare(name: str, source: str, ran: list[str]):
+def _declare(name: str, source: str, ran: list[str], kernel: str | None = None):
     def kernels(cls, target):
-        return {"k": fakes.request(text=source, kernel=f"bg_{name}", dtype=str(cls).removeprefix("torch."))}
+        return {"k": fakes.request(text=source, kernel=kernel or f"bg_{name}", dtype=str(cls).removeprefix("torch."))}
 
     def run(k, x):
         assert k.k.startswith(b"cpu|")  # the echo backend's "binary"
@@ -154,3 +154,22 @@ def test_layer_norm_backward_fallback_matches_the_kernel():
     got = op.fallback(Kernels({}, op.shape_class(*args)), *args)
     for a, e in zip(got, expected):
         torch.testing.assert_close(a, e)
+
+
+def test_two_ops_sharing_a_kernel_do_not_wait_for_its_background_compile(echo, fresh_cache):
+    """A second op (a backward) asking for a kernel that a worker is compiling runs its fallback at once
+    instead of waiting on the worker's lock."""
+    ran: list[str] = []
+    first = _declare("shared_a", SOURCE + " (shared)", ran, kernel="bg_shared")
+    second = _declare("shared_b", SOURCE + " (shared)", ran, kernel="bg_shared")  # the same build request
+    echo.delay = 1.5
+    x = torch.randn(3)
+    with jitops.config.scope(compile_mode="background"):
+        first(x)
+        started = time.perf_counter()
+        second(x)
+        assert time.perf_counter() - started < 1.0
+        assert jitops.wait(timeout=30)
+        first(x)
+        second(x)
+    assert ran == ["fallback", "fallback", "kernel", "kernel"] and echo.compiles == 1

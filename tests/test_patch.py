@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jitops
-from jitops.patch import _original_class
+from jitops.patching import _original_class
 
 transformers = pytest.importorskip("transformers")
 
@@ -292,3 +292,43 @@ def test_shape_classes_of_fake_cuda_parameters_read_no_data_pointer():
         assert jitops.linear.op.shape_class(x, w, b, None).align == 8
         assert jitops.gemm.op.shape_class(x, kn, None, None, None).align == 8
         assert jitops.layer_norm_forward.op.shape_class(x, [16], ln_w, None, 1e-5).dtype == torch.bfloat16
+
+
+def test_prefetch_runs_once_per_input_signature_and_skips_cpu_models(monkeypatch):
+    """The forward pre-hook calls jitops.prefetch on a model's first call with each new input shape; a model
+    on the CPU is skipped (the meta pass stands for the GPU), and unpatch removes the hook."""
+    import jitops.patching as patch_module
+
+    model, reference, inputs = _pair("gpt2", torch.float64)
+    seen = []
+    real = patch_module.prefetch
+    monkeypatch.setattr(patch_module, "prefetch", lambda m, *a, **k: seen.append(real(m, *a, **k)))
+    jitops.patch(model)
+    model(*inputs)
+    model(*inputs)
+    model(inputs[0][:, :5])
+    assert len(seen) == 2 and all("not on a GPU" in r.skipped for r in seen)
+    jitops.unpatch(model)
+    model(inputs[0][:, :3])
+    assert len(seen) == 2
+
+
+def test_prefetch_survives_a_meta_pass_the_model_cannot_make():
+    class NeedsData(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.sum().item() > 0:  # data-dependent: no meta tensor can answer
+                return self.linear(x)
+            return x
+
+    model = NeedsData().double()
+    jitops.patch(model)
+    x = torch.randn(2, 8, dtype=torch.float64)
+    # On the CPU the prefetch is skipped before its meta pass; call it on a model that claims a GPU's
+    # parameters by giving it meta parameters only through the pass itself:
+    report = jitops.prefetch(model, x)
+    assert report.skipped and report.submitted == 0
+    model(x)

@@ -142,3 +142,17 @@ def test_conv2d_backward_of_a_deep_copied_channels_last_model_under_the_profiler
     torch.testing.assert_close(ours[0], x.grad, rtol=2e-2, atol=2e-2 * x.grad.abs().max().item())
     for g, p in zip(ours[1], net.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=2e-2, atol=2e-2 * p.grad.abs().max().item())
+
+
+def test_prefetch_loads_every_kernel_of_a_step_before_its_first_call():
+    """jitops.prefetch's meta pass lists the step's kernels; with them cached it loads them all, so the first
+    real step loads nothing more (and compiles nothing)."""
+    model, net, batch = _model("gpt2")
+    jitops.patch(net, prefetch=False)
+    jitops.clear_memory_cache()
+    compiles = jitops.stats.compiles
+    report = jitops.prefetch(net, *batch, labels=batch[0])
+    assert report.skipped is None and report.kernels >= 10, report
+    disk_hits = jitops.stats.disk_hits
+    model.loss(net, batch).backward()
+    assert jitops.stats.disk_hits == disk_hits and jitops.stats.compiles == compiles

@@ -323,11 +323,115 @@ def _swap(module: nn.Module, kind: str, forward: Callable[..., Any], **state: An
     module.__dict__.update({f"_jitops_{k}": v for k, v in state.items()})
 
 
+# ---- compiling a step's kernels together ----------------------------------------------------------------------
+@dataclass
+class PrefetchReport:
+    kernels: int = 0          # kernels the step uses (one per op, shape class and kernel name)
+    submitted: int = 0        # of which were not loaded yet and went to the compile pool
+    seconds: float = 0.0      # the meta pass plus, in blocking mode, the wait for the pool
+    skipped: str | None = None  # why nothing was done, if so
+
+
+_MAX_PREFETCHED_SIGNATURES = 8
+
+
+def prefetch(model: nn.Module, *args: Any, wait: bool | None = None, **kwargs: Any) -> PrefetchReport:
+    """Compile every kernel a forward (and, with gradients on, a backward) of `model` on these inputs will use,
+    all at once in the worker pool, instead of one at a time as the calls arrive: a pass of the model on meta
+    tensors (torch.func.functional_call with meta parameters: no memory, nothing launched) lists the jitops calls
+    and their shape classes first.  wait: block until they are ready (default: in blocking mode, yes; with
+    JITOPS_COMPILE=background, no).  jitops.patch does this on a model's first call for each new input shape.
+    Any failure of the meta pass (model code that needs real data) only means nothing is prefetched."""
+    import time
+
+    from torch.func import functional_call
+
+    from .config import config
+    from .launch import ensure_context
+    from .op import record_calls
+    from .runtime import MissContext, runtime
+
+    report = PrefetchReport()
+    if config.offline:
+        report.skipped = "offline mode compiles nothing"
+        return report
+    started = time.perf_counter()
+    first = next(model.parameters(), None)
+    if first is None or not first.is_cuda:
+        # The meta pass stands for the GPU (meta tensors meet the CUDA dtype rules); CPU kernels are few and
+        # compile as they are called.
+        report.skipped = "the model's parameters are not on a GPU"
+        return report
+    device_type, device_index = "cuda", first.get_device()
+
+    def to_meta(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            return meta.requires_grad_(t.requires_grad) if t.is_floating_point() else meta
+        return t
+
+    tensors = {n: to_meta(p) for n, p in model.named_parameters()}
+    tensors.update({n: to_meta(b) for n, b in model.named_buffers()})
+    meta_args = torch.utils._pytree.tree_map(to_meta, args)
+    meta_kwargs = torch.utils._pytree.tree_map(to_meta, kwargs)
+    model.__dict__["_jitops_in_prefetch"] = True
+    try:
+        with record_calls() as calls:
+            out = functional_call(model, tensors, meta_args, meta_kwargs, tie_weights=True, strict=False)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
+            if leaves and torch.is_grad_enabled():
+                torch.autograd.backward(leaves, [torch.ones_like(t) for t in leaves])
+    except Exception as exc:  # noqa: BLE001 - model code that needs real data: calls compile as they come
+        report.skipped = f"the meta pass failed: {type(exc).__name__}: {exc}"
+        log.debug("jitops.prefetch: %s", report.skipped)
+        return report
+    finally:
+        model.__dict__.pop("_jitops_in_prefetch", None)
+    futures = []
+    for op, shape_class, item in calls.classes:
+        impl = op.impls.get(device_type)
+        if impl is None:
+            continue
+        target = op.target(device_type, device_index)
+        context = MissContext(op.name, shape_class, item)
+        for request in impl.kernels(shape_class, target).values():
+            report.kernels += 1
+            if runtime.get_kernel(request, target, device_index, context, build=False) is None:
+                futures.append(runtime.submit(request, target, device_index, context,
+                                              lambda: ensure_context(device_index)))
+    report.submitted = len(futures)
+    if futures:
+        log.info("jitops: compiling %d kernels for this step, %d at a time", len(futures), config.jobs)
+        if wait if wait is not None else config.compile_mode == "blocking":
+            import concurrent.futures
+
+            concurrent.futures.wait(futures)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _prefetch_hook(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A patched model's forward pre-hook: prefetch once per new input signature (up to a few)."""
+    if "_jitops_in_prefetch" in model.__dict__ or torch.compiler.is_compiling():
+        return
+    signature = tuple((tuple(t.shape), t.dtype) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor))
+    seen = model.__dict__.setdefault("_jitops_prefetched", set())
+    if signature in seen or len(seen) >= _MAX_PREFETCHED_SIGNATURES:
+        return
+    seen.add(signature)
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+        return
+    prefetch(model, *args, **kwargs)
+
+
 # ---- patch / unpatch ------------------------------------------------------------------------------------------
-def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True) -> PatchReport:
+def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True, prefetch: bool = True) -> PatchReport:
     """Swap jitops into `model` in place; returns a PatchReport (print it).  `ops` chooses among "linear"
     (nn.Linear and transformers' Conv1D), "layer_norm", "gelu" and "conv2d"; fuse=False keeps Linear and GELU
-    apart.  Patching twice is harmless; jitops.unpatch(model) restores the model."""
+    apart.  prefetch: on the model's first call with each new input shape, compile every kernel of the step at
+    once (jitops.prefetch).  Patching twice is harmless; jitops.unpatch(model) restores the model."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"jitops.patch: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(ops, str):
@@ -372,6 +476,8 @@ def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True) -> P
         else:
             m.__dict__.pop("_jitops_activation", None)
             report.left_alone.append(LeftAlone(name, kind, swapped))
+    if prefetch and report.swapped and "_jitops_prefetch_hook" not in model.__dict__:
+        model.__dict__["_jitops_prefetch_hook"] = model.register_forward_pre_hook(_prefetch_hook, with_kwargs=True)
     if not report.swapped:
         log.warning("%s", report if report.left_alone else
                     "jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, GELU or "
@@ -460,6 +566,10 @@ def _fusion_problem(linear: nn.Module, act: nn.Module, uses: dict[int, int]) -> 
 def unpatch(model: nn.Module) -> int:
     """Undo jitops.patch: every swapped module gets its class back.  Returns how many were restored."""
     restored = 0
+    hook = model.__dict__.pop("_jitops_prefetch_hook", None)
+    if hook is not None:
+        hook.remove()
+    model.__dict__.pop("_jitops_prefetched", None)
     for m in model.modules():
         if _is_patched(m):
             m.__class__ = _original_class(type(m))
@@ -471,4 +581,4 @@ def unpatch(model: nn.Module) -> int:
     return restored
 
 
-__all__ = ["patch", "unpatch", "PatchReport", "Swapped", "LeftAlone", "OPS"]
+__all__ = ["patch", "unpatch", "prefetch", "PatchReport", "PrefetchReport", "Swapped", "LeftAlone", "OPS"]
