@@ -66,6 +66,11 @@ while [ $i -lt ${#steps[@]} ]; do
       python3 benchmarks/bench_models.py --prewarm-only --models "${MODELS:-gpt2,llama,vit,resnet50}" \
         --jobs "$(nproc)" > "$OUT/models-prewarm.log" 2>&1 || status=1
       tail -4 "$OUT/models-prewarm.log"
+      # and the kernels of the GPU tests whose calls are data (tests/test_linear_gpu.py)
+      python3 tests/test_linear_gpu.py --manifest /tmp/linear-manifest.json && \
+        python3 -m cache_tools prewarm --manifest /tmp/linear-manifest.json --jobs "$(nproc)" \
+        > "$OUT/tests-prewarm.log" 2>&1 || status=1
+      tail -2 "$OUT/tests-prewarm.log"
       python3 -m cache_tools --cache-dir "$JITOPS_CACHE_DIR" export "$OUT/models-kernels.tar.gz" || status=1 ;;
     smoke)
       for op in fprop dgrad wgrad; do

@@ -145,16 +145,13 @@ def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias:
     dtype = x.dtype
     if weight.dtype is dtype and (bias is None or bias.dtype is dtype):
         if x.is_cuda or x.is_meta:
-            # Rows that are not 16-byte multiples rule out the TMA kernels; the CUTLASS 2 kernels that take them
-            # are slower than cuBLAS (an LM head over GPT-2's 50257 tokens), so torch keeps these layers.
-            if dtype in _LINEAR_DTYPES["cuda"] and not (weight.shape[0] % 8 or weight.shape[1] % 8):
+            if dtype in _LINEAR_DTYPES["cuda"]:
                 if activation is None:
                     return _linear_op(x, weight, bias)
                 return _linear(x, weight, bias, activation=activation)
         elif x.is_cpu and dtype in _LINEAR_DTYPES["cpu"]:
             return _linear(x, weight, bias, activation=activation)
-    _fall_back(module, f"inputs of {dtype} on {x.device.type}" if dtype not in _LINEAR_DTYPES["cuda"] or
-               weight.dtype is not dtype else "features that are not multiples of 8", x, weight)
+    _fall_back(module, f"inputs of {dtype} (weight {weight.dtype}) on {x.device.type}", x, weight)
     y = torch_forward(module, *torch_args)
     if activation is not None:
         y = _ACTIVATE[activation](y)

@@ -232,8 +232,9 @@ def class_from_layouts(dtype: torch.dtype, out: torch.dtype, m: int, n: int, k: 
     strides without making 2-D views, and lands on the same classes (and kernels) as jitops.gemm."""
     # Every row start, leading dimension and contiguous extent, in elements; the output is (M, N) contiguous.
     # An operand no kernel can read in place (None) is copied to a fresh contiguous (row-major) matrix.
-    units = n | (la[1] | _address_units(a) if la is not None else k)
-    units |= lb[1] | _address_units(b) if lb is not None else n
+    # a or b None: an operand the caller allocates itself (a fresh, aligned tensor).
+    units = n | (la[1] | (_address_units(a) if a is not None else 8) if la is not None else k)
+    units |= lb[1] | (_address_units(b) if b is not None else 8) if lb is not None else n
     a_kmajor = la is None or la[0]
     b_kmajor = lb is not None and not lb[0]
     units |= (k if a_kmajor else m) | (k if b_kmajor else n)

@@ -6,6 +6,12 @@ The semantics of torch.nn.functional.linear: any number of leading dimensions (n
 gradients for x, weight and bias.  activation is None, "relu", "gelu" (erf) or "gelu_tanh" (approximate="tanh"),
 run in the GEMM's epilogue.
 
+Features that are not multiples of 8 (an LM head over GPT-2's 50257 tokens) rule out the TMA kernels, whose
+rows must be 16-byte multiples: the CUTLASS 2 kernels that take them, and cuBLAS, run such a layer at a fraction of
+the speed (torch.matmul took 3.46 ms for (4096, 1024) x (1024, 50257) bf16 on the lent H100, 122 TFLOP/s).  Such
+a call copies weight (and x, bias) into zero-padded operands, runs the TMA kernel on the padded problem and copies
+the valid columns out: three extra passes over the operands and the output, all memory-bound.
+
 No views and no copies on the way in: the leading dimensions of a contiguous x are the GEMM's M, and weight^T is
 read in place as the column-major (K, N) operand, so a call lands on the same shape classes (and cached kernels)
 as jitops.gemm(x.view(-1, K), weight.t()) without making either view.  A weight that is itself a transposed view
@@ -100,9 +106,20 @@ def shape_class(x, weight, bias, activation) -> GemmClass:
         return GemmClass(dtype, dtype, True, True, 8, "empty", fused, "auto")
     if m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
         _check(x, weight, bias, activation)
+    if n % 8 or k % 8:  # padded operands, allocated by run_cuda (16-byte rows)
+        n8, k8 = _round8(n), _round8(k)
+        if k8 == k:
+            a, la = _rows_view(x, k)
+        else:
+            a, la = None, (True, k8)
+        return class_from_layouts(dtype, dtype, m, n8, k8, a, la, None, (False, k8), None, fused)
     a, la = _rows_view(x, k)
     s0, s1 = weight.stride()
     return class_from_layouts(dtype, dtype, m, n, k, a, la, weight, layout_of(s1, s0, k, n), bias, fused)
+
+
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
 
 
 # ---- running --------------------------------------------------------------------------------------------------
@@ -115,6 +132,8 @@ def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
     if k == 0:
         _epilogue_only(out.view(m, n), bias, activation)
         return out
+    if n % 8 or k % 8:
+        return _run_padded(kernels, x, weight, bias, activation, out, m, n, k)
     a, la = _rows_view(x, k)
     if la is None:
         a, lda = a.contiguous(), k
@@ -127,6 +146,28 @@ def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
     else:
         b, ldb = weight, lb[1]
     launch(kernels, a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
+    return out
+
+
+def _padded_operands(x, weight, n: int, k: int):
+    """(x as (M, K8) rows, weight as a zero-padded (N8, K8) matrix): the padding adds zeros to every dot
+    product and extra output columns that are dropped."""
+    n8, k8 = _round8(n), _round8(k)
+    a, la = _rows_view(x, k)
+    if k8 != k:
+        a = F.pad(a.reshape(-1, k), (0, k8 - k))
+    elif la is None:
+        a = a.contiguous()
+    return a, (la[1] if k8 == k and la is not None else k8), F.pad(weight, (0, k8 - k, 0, n8 - n))
+
+
+def _run_padded(kernels, x, weight, bias, activation, out, m: int, n: int, k: int) -> torch.Tensor:
+    n8, k8 = _round8(n), _round8(k)
+    a, lda, wp = _padded_operands(x, weight, n, k)
+    bp = F.pad(bias, (0, n8 - n)) if bias is not None else None
+    padded = x.new_empty((m, n8))
+    launch(kernels, a, wp, padded, bp, m, n8, k8, lda, k8, ACTIVATIONS[activation])
+    out.view(m, n).copy_(padded[:, :n])
     return out
 
 
@@ -173,6 +214,8 @@ def backward(ctx, grad: torch.Tensor):
     n, k = weight.shape
     transposed = weight.stride(1) != 1 and weight.stride(0) == 1  # a view of a (K, N) parameter (Conv1D)
     grad_x = grad_w = grad_b = None
+    if (n % 8 or k % 8) and (grad.is_cuda or grad.is_meta) and grad.dtype in CUDA_DTYPES:
+        return _padded_backward(grad, x, weight, n, k, need_x, need_w, need_b)
     if _direct(grad, x, weight):
         grad_x, grad_w = _backward_products(grad, x, weight, n, k, need_x, need_w, transposed)
     g = grad.reshape(-1, n)
@@ -184,6 +227,19 @@ def backward(ctx, grad: torch.Tensor):
         grad_w = _gemm(x2.t(), g).t() if transposed else _gemm(g.t(), x2)
     if need_b:
         grad_b = g.sum(0)
+    return grad_x, grad_w, grad_b
+
+
+def _padded_backward(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool, need_b: bool):
+    """The backward of a padded problem: the output gradient zero-padded to (M, N8) once, then both GEMMs on
+    padded operands, and the valid block of each result."""
+    n8 = _round8(n)
+    g = grad.reshape(-1, n)
+    gp = F.pad(g, (0, n8 - n))
+    a, _, wp = _padded_operands(x, weight, n, k)
+    grad_x = _gemm(gp, wp)[:, :k].reshape(x.shape) if need_x else None     # (M, N8) . (N8, K8)
+    grad_w = _gemm(gp.t(), a)[:n, :k] if need_w else None                   # (N8, M) . (M, K8)
+    grad_b = g.sum(0) if need_b else None
     return grad_x, grad_w, grad_b
 
 
