@@ -126,6 +126,15 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def entry_meta(key: CacheKey, blobs: dict[str, bytes], meta: dict[str, Any]) -> dict[str, Any]:
+    """An entry's meta.json: `meta` (backend fields, label, compile seconds, op) plus both key halves and the
+    sha256 and size of every file.  The same dict travels with an entry to and from the remote tier."""
+    records = {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in blobs.items()}
+    return dict(meta, format=FORMAT_VERSION, key=key.full, request=key.request, request_hash=key.request_hash,
+                toolchain=key.toolchain, toolchain_hash=key.toolchain_hash, files=records,
+                created=meta.get("created") or time.time())
+
+
 def _children(directory: Path) -> list[Path]:
     try:
         return sorted(directory.iterdir())
@@ -241,6 +250,11 @@ class DiskCache:
 
     def publish(self, key: CacheKey, build_dir: Path, files: list[str], meta: dict[str, Any]) -> CacheEntry | None:
         """Copy `files` from build_dir into a new entry atomically.  None (and one warning) if storing failed."""
+        return self.store(key, {name: (build_dir / name).read_bytes() for name in files}, meta)
+
+    def store(self, key: CacheKey, blobs: dict[str, bytes], meta: dict[str, Any]) -> CacheEntry | None:
+        """Write `blobs` as a new entry atomically (a compile's files, or a verified remote entry).  None (and
+        one warning) if storing failed."""
         base = self._ensure_base()
         if base is None:
             return None
@@ -249,17 +263,12 @@ class DiskCache:
         tmp = base / "tmp" / f"{key.dirname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir(parents=True)
-            records = {}
-            for name in files:
-                data = (build_dir / name).read_bytes()
+            for name, data in blobs.items():
                 with open(tmp / name, "wb") as fh:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-                records[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-            full_meta = dict(meta, format=FORMAT_VERSION, key=key.full, request=key.request,
-                             request_hash=key.request_hash, toolchain=key.toolchain,
-                             toolchain_hash=key.toolchain_hash, files=records, created=time.time())
+            full_meta = entry_meta(key, blobs, meta)
             with open(tmp / META, "w") as fh:
                 json.dump(full_meta, fh, indent=1, sort_keys=True)
                 fh.flush()
