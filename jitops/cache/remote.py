@@ -207,7 +207,13 @@ def _client(settings: RemoteSettings, timeout: float) -> Any:
                                    retry=Retry(NoBackoff(), 0), health_check_interval=0)
     # No handshake beyond the connect: HELLO 3, CLIENT SETINFO and maintenance notifications cost 4-6 ms
     # of round trips on a fresh connection (redis-py 8.1, loopback); RESP2 needs none of them.
-    options.update(protocol=2, lib_name=None, lib_version=None)
+    options["protocol"] = 2
+    try:
+        from redis.driver_info import DriverInfo  # noqa: F401 - redis-py >= 7.1 names the library this way
+
+        options["driver_info"] = None
+    except ImportError:
+        options.update(lib_name=None, lib_version=None)
     try:
         from redis.maint_notifications import MaintNotificationsConfig
 
