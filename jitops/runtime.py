@@ -47,6 +47,7 @@ class Stats:
     remote_errors: int = 0    # failed requests (down, timeout): each leaves the remote alone for the back-off
     remote_publishes: int = 0           # entries shared after a local compile
     remote_publish_failures: int = 0    # publishes refused: remote full, entry over the size limit, error
+    remote_seconds: float = 0.0         # wall time in the remote tier: lookups, publishes, fleet-lock waits
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

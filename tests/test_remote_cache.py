@@ -63,7 +63,7 @@ def payloads(root: Path) -> list[bytes]:
 
 
 def remote_counts() -> dict[str, int]:
-    return {k: v for k, v in stats.as_dict().items() if k.startswith("remote_")}
+    return {k: v for k, v in stats.as_dict().items() if k.startswith("remote_") and k != "remote_seconds"}
 
 
 def entry_key(client, request, target=SM90) -> str:
@@ -258,6 +258,7 @@ def test_a_remote_that_never_answers_costs_one_timeout(echo, tmp_path, capsys):
             second = time.perf_counter() - started
     assert stats.remote_errors == 1 and echo.compiles == 2
     assert 0.04 < first < 0.5 and second < 0.1, (first, second)
+    assert 0.04 < stats.remote_seconds < 0.5  # one timeout, then nothing: the remote is left alone
     err = capsys.readouterr().err
     assert err.count("failed while") == 1 and "Timeout" in err
 
@@ -328,7 +329,7 @@ def test_the_remote_disabled_imports_nothing_and_changes_nothing(tmp_path, serve
     assert disabled["redis_imported"] is False
     assert {k: v for k, v in disabled.items() if k.startswith("remote_")} == dict.fromkeys(
         ("remote_hits", "remote_misses", "remote_rejected", "remote_errors", "remote_publishes",
-         "remote_publish_failures"), 0)
+         "remote_publish_failures", "remote_seconds"), 0)
     assert disabled["compiles"] == 1
     assert _probe(tmp_path)["disk_hits"] == 1  # the next process: the disk, as always
     # The same probe with a remote: the client is imported and the kernel published.

@@ -241,6 +241,7 @@ class RemoteCache:
         self._warned: set[str] = set()
         self._rejected: set[tuple[str, str]] = set()
         self._guard = threading.Lock()
+        self._timing = threading.local()
         self.last_error: str | None = None
 
     def __repr__(self) -> str:
@@ -272,6 +273,20 @@ class RemoteCache:
         self._warn_once("down", "remote cache %s failed while %s (%s); using the local cache only, retrying in "
                         "%.0f s", redact(self.settings.url), doing, self.last_error, self.settings.backoff)
 
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Adds the block's wall time to the remote_seconds counter (what the remote costs a process); blocks
+        inside a timed block are not counted twice."""
+        depth = getattr(self._timing, "depth", 0)
+        self._timing.depth = depth + 1
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timing.depth = depth
+            if depth == 0:
+                self.counters.remote_seconds += time.perf_counter() - started
+
     def _reject(self, full: str, reason: str) -> None:
         if (full, reason) in self._rejected:  # a waiter polls the same bad entry until the holder replaces it
             return
@@ -287,12 +302,13 @@ class RemoteCache:
         if not self.available():
             return
         try:
-            client = self._connection()
-            pipe = client.pipeline(transaction=False)
-            pipe.hmget(entry_name(key.full), ["meta", "sig"])
-            if any_toolchain:
-                pipe.zrevrange(builds_name(key.request_hash), 0, 15)
-            answers = pipe.execute()
+            with self._timed():
+                client = self._connection()
+                pipe = client.pipeline(transaction=False)
+                pipe.hmget(entry_name(key.full), ["meta", "sig"])
+                if any_toolchain:
+                    pipe.zrevrange(builds_name(key.request_hash), 0, 15)
+                answers = pipe.execute()
         except Exception as exc:  # noqa: BLE001 - the remote must never break a call
             self._failed(exc, "looking up a kernel")
             return
@@ -301,7 +317,8 @@ class RemoteCache:
             candidates += [(f.decode(), None) for f in answers[1] if f.decode() != key.full]
         found = False
         for full, head in candidates:
-            entry = self._fetch(full, head, key, any_toolchain)
+            with self._timed():
+                entry = self._fetch(full, head, key, any_toolchain)
             if entry is not None:
                 found = True
                 yield entry
@@ -352,6 +369,10 @@ class RemoteCache:
     def publish(self, key: CacheKey, blobs: dict[str, bytes], meta: dict[str, Any]) -> str:
         """Share an entry (its full meta.json dict, as entry_meta() makes it).  Returns 'stored', 'too large',
         'full', 'unavailable' or 'error'; never raises.  Failures are counted in remote_publish_failures."""
+        with self._timed():
+            return self._publish(key, blobs, meta)
+
+    def _publish(self, key: CacheKey, blobs: dict[str, bytes], meta: dict[str, Any]) -> str:
         if not self.available():
             return "unavailable"
         if time.monotonic() < self._full_until:
@@ -402,12 +423,29 @@ class RemoteCache:
         token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex}"
         lock = lock_name(key.full)
         expiry_ms = int(self.settings.lock_seconds * 1000)
+        with self._timed():
+            entry, held = self._take_turn(key, label, timeout, lock, token, expiry_ms)
+        if not held:
+            yield entry
+            return
+        renewer = _Renewer(self, lock, token, expiry_ms)
+        renewer.start()
+        try:
+            yield None  # this process compiles and publishes; the others poll for the entry
+        finally:
+            renewer.stop()
+            with self._timed():
+                self._release(lock, token)
+
+    def _take_turn(self, key: CacheKey, label: str, timeout: float, lock: str, token: str,
+                   expiry_ms: int) -> tuple[RemoteEntry | None, bool]:
+        """(entry, False): another node published it; (None, True): this process holds the lock and compiles;
+        (None, False): compile without the lock (remote unavailable or full, or the wait timed out)."""
         deadline = time.monotonic() + timeout
         announced = False
         while True:
             if not self.available():
-                yield None
-                return
+                return None, False
             try:
                 held = bool(self._connection().set(lock, token, nx=True, px=expiry_ms))
             except Exception as exc:  # noqa: BLE001
@@ -416,36 +454,25 @@ class RemoteCache:
                                     redact(self.settings.url), exc)
                 else:
                     self._failed(exc, "taking the fleet lock")
-                yield None
-                return
+                return None, False
             if held:
                 # Published between this process's lookup and its lock?  Then there is nothing to compile.
                 entry = next(self.lookup(key, False, count=False), None)
                 if entry is not None:
                     self._release(lock, token)
-                    yield entry
-                    return
-                renewer = _Renewer(self, lock, token, expiry_ms)
-                renewer.start()
-                try:
-                    yield None  # this process compiles and publishes; the others poll for the entry
-                finally:
-                    renewer.stop()
-                    self._release(lock, token)
-                return
+                    return entry, False
+                return None, True
             if not announced:
                 announced = True
-                holder = self._holder(lock)
-                log.info("waiting for %s, which is compiling %s for the fleet", holder or "another node", label)
+                log.info("waiting for %s, which is compiling %s for the fleet", self._holder(lock) or "another node",
+                         label)
             entry = next(self.lookup(key, False, count=False), None)
             if entry is not None:
-                yield entry
-                return
+                return entry, False
             if time.monotonic() > deadline:
                 log.warning("waited %.0f s for another node compiling %s; compiling it here too (raise "
                             "JITOPS_LOCK_TIMEOUT if such compiles are legitimately slow)", timeout, label)
-                yield None
-                return
+                return None, False
             time.sleep(POLL_SECONDS)
 
     def _holder(self, lock: str) -> str | None:
