@@ -451,29 +451,36 @@ def test_a_lock_holder_killed_with_sigkill_stalls_the_fleet_no_longer_than_the_l
     holder = subprocess.Popen([sys.executable, "-c", RACER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=_racer_env(tmp_path / "node-a", server.url, race, 1, "echo", ECHO_DELAY="600",
                                              **env))
-    deadline = time.monotonic() + 120
-    while not (race / "compiles").exists():  # the holder is compiling, under the fleet lock
-        assert holder.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    (race / "compiles").unlink()
-    waiter = subprocess.Popen([sys.executable, "-c", RACER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_racer_env(tmp_path / "node-b", server.url, race, 1, "echo", RACE_NAME="waiter",
-                                             **env))
-    deadline = time.monotonic() + 120
-    while "waiting for" not in waiter.stderr.readline():
-        assert waiter.poll() is None and time.monotonic() < deadline
-    assert "pid " + str(holder.pid) in server.client().get(next(server.client().scan_iter("jitops:v1:lock:*"))).decode()
-    time.sleep(2 * lock_seconds)  # the holder renews its lock: the waiter keeps waiting
-    assert waiter.poll() is None and not (race / "compiles").exists()
-    os.kill(holder.pid, signal.SIGKILL)
-    killed = time.monotonic()
-    holder.wait()
-    out, err = waiter.communicate(timeout=60)
-    stalled = time.monotonic() - killed
-    assert waiter.returncode == 0, err
-    result = json.loads(out.strip().splitlines()[-1])
-    assert result["ok"] and result["compiles"] == 1
-    assert stalled < lock_seconds + 1.5, stalled  # the expiry, a poll, the compile, and the process exit
+    waiter = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (race / "compiles").exists():  # the holder is compiling, under the fleet lock
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (race / "compiles").unlink()
+        waiter = subprocess.Popen([sys.executable, "-c", RACER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=_racer_env(tmp_path / "node-b", server.url, race, 1, "echo",
+                                                            RACE_NAME="waiter", **env))
+        while "waiting for" not in waiter.stderr.readline():
+            assert waiter.poll() is None and time.monotonic() < deadline
+        client = server.client()
+        assert f"pid {holder.pid} " in client.get(next(client.scan_iter("jitops:v1:lock:*"))).decode()
+        time.sleep(2 * lock_seconds)  # the holder renews its lock: the waiter keeps waiting
+        assert waiter.poll() is None and not (race / "compiles").exists()
+        os.kill(holder.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        holder.wait()
+        out, err = waiter.communicate(timeout=60)
+        stalled = time.monotonic() - killed
+        assert waiter.returncode == 0, err
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["ok"] and result["compiles"] == 1
+        assert stalled < lock_seconds + 1.5, stalled  # the expiry, a poll, the compile, and the process exit
+    finally:
+        for process in (holder, waiter):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 # ---- cache_tools ------------------------------------------------------------------------------------------------
