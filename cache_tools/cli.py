@@ -459,9 +459,9 @@ def _print_remote(state: dict[str, Any]) -> None:
     if state["reachable"]:
         server = state["server"]
         limit = format_size(server["maxmemory"]) if server.get("maxmemory") else "no limit"
-        print(f"  redis {server['version']}, ping {state['ping_ms']:.2f} ms, memory {format_size(server['used_memory'])} "
-              f"of {limit} ({server['maxmemory_policy']}), {server['evicted_keys']} keys evicted, "
-              f"{server['locks_held']} compiles under the fleet lock now")
+        print(f"  redis {server['version']}, ping {state['ping_ms']:.2f} ms, "
+              f"memory {format_size(server['used_memory'])} of {limit} ({server['maxmemory_policy']}), "
+              f"{server['evicted_keys']} keys evicted, {server['locks_held']} compiles under the fleet lock now")
         arch_counts = ", ".join(f"{a} {c['entries']}" for a, c in sorted(state["by_arch"].items())) or "-"
         print(f"  {state['entries']} entries, {format_size(state['size'])} (by arch: {arch_counts}); "
               f"{state['expired_or_evicted']} indexed entries expired or evicted")
@@ -500,7 +500,8 @@ def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
     print(f"pulled {len(report.pulled)} entries ({format_size(sum(i['size'] for i in report.pulled))}) from "
           f"{report.remote} into {root}; {len(report.present)} were already cached")
     for miss in report.missing:
-        print(f"  MISSING {miss['label']} [{miss['arch']}]" + (f" (op {miss['op']}, {miss['where']})" if "where" in miss else ""))
+        where = f" (op {miss['op']}, {miss['where']})" if "where" in miss else ""
+        print(f"  MISSING {miss['label']} [{miss['arch']}]{where}")
     if report.rejected:
         print(f"  {report.rejected} remote entries were rejected (checksum, signature or key); see the warnings")
     if report.missing and not args.all:

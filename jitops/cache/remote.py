@@ -141,7 +141,7 @@ def check_meta(full: str, meta_bytes: bytes | None, signature: bytes | None, exp
         if (not isinstance(name, str) or not name or "/" in name or "\\" in name or "\0" in name
                 or name.startswith(".") or name in (META, STAMP)):
             raise RejectedEntry(f"unsafe file name {name!r}")
-        if not isinstance(info, dict) or not isinstance(info.get("size"), int) or not isinstance(info.get("sha256"), str):
+        if not (isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)):
             raise RejectedEntry(f"{name}: no size or sha256 in meta")
         total += info["size"]
     if total > settings.max_entry_size:
@@ -195,7 +195,7 @@ def import_client_in_background() -> None:
     os.register_at_fork(before=lambda: _import_thread.join(timeout=10) if _import_thread else None)
 
 
-def _client(settings: RemoteSettings, timeout: float) -> Any:
+def _client(settings: RemoteSettings) -> Any:
     try:
         import redis
         from redis.backoff import NoBackoff
@@ -203,7 +203,7 @@ def _client(settings: RemoteSettings, timeout: float) -> Any:
     except ImportError:
         raise RemoteError("JITOPS_REMOTE_CACHE is set but the redis client is not installed: "
                           "pip install 'jitops[remote]' (or unset JITOPS_REMOTE_CACHE)") from None
-    options: dict[str, Any] = dict(socket_timeout=timeout, socket_connect_timeout=timeout,
+    options: dict[str, Any] = dict(socket_timeout=settings.timeout, socket_connect_timeout=settings.timeout,
                                    retry=Retry(NoBackoff(), 0), health_check_interval=0)
     # No handshake beyond the connect: HELLO 3, CLIENT SETINFO and maintenance notifications cost 4-6 ms
     # of round trips on a fresh connection (redis-py 8.1, loopback); RESP2 needs none of them.
@@ -230,10 +230,9 @@ def _is_full(exc: BaseException) -> bool:
 class RemoteCache:
     """One Redis database as a cache tier.  Lookups, publishes and the fleet lock never raise."""
 
-    def __init__(self, settings: RemoteSettings, counters: Any, timeout: float | None = None) -> None:
+    def __init__(self, settings: RemoteSettings, counters: Any) -> None:
         self.settings = settings
         self.counters = counters  # the runtime's Stats: remote_errors, remote_rejected, remote_misses, ...
-        self.timeout = timeout or settings.timeout
         self._redis: Any = None
         self._scripts: dict[str, Any] = {}
         self._down_until = 0.0
@@ -255,7 +254,7 @@ class RemoteCache:
         if self._redis is None:
             with self._guard:
                 if self._redis is None:
-                    self._redis = _client(self.settings, self.timeout)
+                    self._redis = _client(self.settings)
         return self._redis
 
     def _warn_once(self, kind: str, message: str, *args: Any) -> None:
