@@ -1,11 +1,13 @@
 """The remote tier (JITOPS_REMOTE_CACHE on Redis), measured against the local disk in the same run.
 
-Every figure is the first call of one kernel in a fresh Python process (torch and jitops imported and the input
-made before the clock starts, CUDA initialised on a GPU), the median of --reps processes:
+Every figure is the first call of one kernel in a fresh Python process (torch and jitops imported, then CUDA
+initialised on a GPU and the input made, before the clock starts), the median of --reps processes:
   disk             the entry on the local disk, no remote configured (the baseline)
   disk+remote      the same with a remote configured (a disk hit must not touch it)
-  remote           an empty local disk and the entry on a Redis on loopback (fetch, verify, store, load)
+  remote           an empty local disk and the entry on a Redis on loopback (fetch, verify, store, load); the
+                   redis client's import (started in a thread by `import jitops`) may still be running
   next process     the process after a remote hit on the same node: the disk again
+  remote, client imported   the same as remote once that import has finished: the tier's own cost
   miss, no remote / down / silent   JITOPS_OFFLINE=1 and an empty disk: the time until CacheMissError, which
                    is the lookup path a compile waits for, with no remote, with Redis down (a closed port) and with
                    a Redis that never answers (every request times out)
@@ -43,10 +45,10 @@ CHILD = r"""
 import json, logging, os, sys, time
 from pathlib import Path
 import torch
+import jitops  # at the top, as a program imports its libraries; CUDA starts after (a model's .cuda())
 gpu = torch.cuda.is_available()
 if gpu:
     torch.cuda.init()
-import jitops
 
 warnings = []
 class Count(logging.Handler):
@@ -71,6 +73,11 @@ else:
     x = torch.randn(1 << 16, dtype=torch.float32)
     call = lambda: jitops.gelu(x, "tanh")
     reference = lambda: torch.nn.functional.gelu(x, approximate="tanh")
+if os.environ.get("BENCH_CLIENT_IMPORTED"):  # the redis client's import (a thread) has finished
+    import threading
+    for thread in threading.enumerate():
+        if thread.name == "jitops-redis-import":
+            thread.join()
 result = {}
 started = time.perf_counter()
 try:
@@ -152,7 +159,14 @@ def main() -> None:
     def fresh() -> Path:
         return work / f"cache-{next(fresh_dirs)}"
 
-    def case(name: str, runs: list[dict], note: str = "") -> dict:
+    def case(name: str, runs: list[dict], note: str = "", **expect: int) -> dict:
+        """One row; `expect` names counters each process must show (a case that measured something else fails
+        the run: a --prebuilt entry of another toolchain would make 'disk' a compile)."""
+        for run in runs:
+            wrong = {k: run[k] for k, v in expect.items() if run[k] != v}
+            if wrong or not run["ok"]:
+                raise SystemExit(f"case {name!r}: expected {expect} and a correct result, a process had {wrong}, "
+                                 f"ok={run['ok']}; warnings: {run['warning_text']}")
         times = [r["first_ms"] for r in runs]
         row = {"case": name, "first_call_ms": statistics.median(times), "min_ms": min(times),
                "max_ms": max(times), "processes": len(runs), "ok": all(r["ok"] for r in runs),
@@ -179,15 +193,21 @@ def main() -> None:
         push = subprocess.run([sys.executable, "-m", "cache_tools", "push", "--cache-dir", str(warm),
                                "--remote", server.url], capture_output=True, text=True, env=child_env(warm, None))
         assert push.returncode == 0, push.stderr
-        disk = case("disk", [run_child(child_env(warm, None)) for _ in range(args.reps)])
-        case("disk+remote", [run_child(child_env(warm, server.url)) for _ in range(args.reps)])
+        disk = case("disk", [run_child(child_env(warm, None)) for _ in range(args.reps)], disk_hits=1, compiles=0)
+        case("disk+remote", [run_child(child_env(warm, server.url)) for _ in range(args.reps)], disk_hits=1,
+             compiles=0, remote_seconds=0)
         remote_runs, next_runs = [], []
         for _ in range(args.reps):
             node = fresh()
             remote_runs.append(run_child(child_env(node, server.url)))
             next_runs.append(run_child(child_env(node, server.url)))
-        remote = case("remote", remote_runs)
-        case("next process (disk)", next_runs)
+        remote = case("remote", remote_runs, remote_hits=1, compiles=0, disk_hits=0)
+        case("next process (disk)", next_runs, disk_hits=1, remote_hits=0, compiles=0)
+        # The same with the client's import done before the clock: what the tier itself costs, for a program that
+        # does anything (CUDA init, loading a model) between importing jitops and its first call.
+        imported_runs = [run_child(child_env(fresh(), server.url, BENCH_CLIENT_IMPORTED="1"))
+                         for _ in range(args.reps)]
+        imported = case("remote, client imported", imported_runs, remote_hits=1, compiles=0, disk_hits=0)
         imports = [run_child(child_env(fresh(), None), IMPORT_REDIS)["import_ms"] for _ in range(args.reps)]
         import_ms = statistics.median(imports)
         print(f"  import redis after torch+jitops: {import_ms:.1f} ms (started in a thread when jitops is imported "
@@ -199,12 +219,13 @@ def main() -> None:
             silent.listen(64)
             never = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
             miss_none = case("miss, no remote", [run_child(child_env(fresh(), None, JITOPS_OFFLINE="1"))
-                                                 for _ in range(args.reps)])
+                                                 for _ in range(args.reps)], compiles=0, warnings=0)
             miss_down = case("miss, Redis down", [run_child(child_env(fresh(), down, JITOPS_OFFLINE="1"))
-                                                  for _ in range(args.reps)])
+                                                  for _ in range(args.reps)], compiles=0, remote_errors=1)
             miss_silent = case("miss, Redis silent", [run_child(child_env(fresh(), never, JITOPS_OFFLINE="1"))
-                                                      for _ in range(args.reps)])
-        cold_down = None if args.prebuilt else case("compile, Redis down", [run_child(child_env(fresh(), down))])
+                                                      for _ in range(args.reps)], compiles=0, remote_errors=1)
+        cold_down = None if args.prebuilt else case("compile, Redis down", [run_child(child_env(fresh(), down))],
+                                                    compiles=1, remote_errors=1)
 
         client.flushall()
         race = work / "race"
@@ -227,6 +248,7 @@ def main() -> None:
         server.stop()
 
     remote_vs_disk = remote["first_call_ms"] - disk["first_call_ms"]
+    imported_vs_disk = imported["first_call_ms"] - disk["first_call_ms"]
     down_added = max(miss_down["first_call_ms"] - miss_none["first_call_ms"], 0)
     silent_added = max(miss_silent["first_call_ms"] - miss_none["first_call_ms"], 0)
     one_warning = miss_down["warnings_per_process"] == 1 and miss_silent["warnings_per_process"] == 1
@@ -235,7 +257,9 @@ def main() -> None:
         return "met" if met else "NOT met"
 
     goals = {
-        "remote hit within 20 ms of a disk hit": f"{remote_vs_disk:+.1f} ms: {verdict(remote_vs_disk <= 20)}",
+        "remote hit within 20 ms of a disk hit":
+            f"{remote_vs_disk:+.1f} ms right after import ({verdict(remote_vs_disk <= 20)}), "
+            f"{imported_vs_disk:+.1f} ms with the client imported ({verdict(imported_vs_disk <= 20)})",
         "8 racers on 2 nodes: exactly 1 compile, all correct":
             f"{race_row['compiles']} compile(s), all correct: {race_row['ok']}: "
             f"{verdict(race_row['compiles'] == 1 and race_row['ok'])}",
@@ -246,6 +270,7 @@ def main() -> None:
     }
     notes = {"kernel": kernel, "reps": args.reps, "redis_server": binary,
              "import_redis_ms": round(import_ms, 1), "remote_minus_disk_ms": round(remote_vs_disk, 2),
+             "remote_client_imported_minus_disk_ms": round(imported_vs_disk, 2),
              "remote_over_disk": round(remote["first_call_ms"] / disk["first_call_ms"], 2),
              "down_added_ms": round(down_added, 2), "silent_added_ms": round(silent_added, 2),
              "compile_down_minus_none_ms": (round(cold_down["first_call_ms"] - cold_none["first_call_ms"], 1)
