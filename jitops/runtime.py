@@ -217,7 +217,7 @@ class Runtime:
                device_index: int | None) -> Any:
         """A verified remote entry: stored in the writable root by the atomic publish (so the node's next process
         hits the disk), then loaded from there as a disk entry is.  None if it does not load."""
-        entry = disk.store(found.key, found.blobs, found.meta)
+        entry = disk.store(found.key, found.blobs, found.meta, durable=False)  # refetched if a crash tears it
         if entry is None:  # nowhere to store it: a private directory for this process, as for a compile
             directory = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-remote-"))
             for name, data in found.blobs.items():

@@ -95,6 +95,23 @@ def test_compile_publishes_a_fresh_node_hits_the_remote_then_its_own_disk(echo, 
     assert 0 < client.pttl(entry_key(client, request)) <= config.remote_ttl * 1000
 
 
+def test_a_torn_copy_of_a_remote_entry_is_quarantined_and_fetched_again(echo, server, tmp_path, capsys):
+    """A remote hit is stored without fsync (a crash may tear it): the checksums catch that, and the entry comes
+    from the remote again, not from a compile."""
+    request = fakes.request("torn")
+    with node(tmp_path / "a", server.url):
+        runtime.get_kernel(request, SM90, 0)
+    with node(tmp_path / "b", server.url):
+        runtime.get_kernel(request, SM90, 0)
+        [entry] = entry_dirs(tmp_path / "b")
+        (entry / "payload.bin").write_bytes(b"")  # what a crash before writeback can leave
+        runtime.clear_memory()
+        assert runtime.get_kernel(request, SM90, 0) == b"sm_90|torn"
+    assert (stats.corrupt_entries, stats.remote_hits, echo.compiles) == (1, 2, 1)
+    assert "is corrupt" in capsys.readouterr().err
+    assert payloads(tmp_path / "b") == [b"sm_90|torn"]
+
+
 def test_entries_carry_the_ttl_and_a_load_renews_it(echo, server, tmp_path):
     request = fakes.request("ttl")
     client = server.client()
@@ -257,7 +274,7 @@ def test_a_remote_that_never_answers_costs_one_timeout(echo, tmp_path, capsys):
             runtime.get_kernel(fakes.request("slow remote 2"), SM90, 0)
             second = time.perf_counter() - started
     assert stats.remote_errors == 1 and echo.compiles == 2
-    assert 0.04 < first < 0.5 and second < 0.1, (first, second)
+    assert 0.04 < first < 0.5 and second < 0.3, (first, second)
     assert 0.04 < stats.remote_seconds < 0.5  # one timeout, then nothing: the remote is left alone
     err = capsys.readouterr().err
     assert err.count("failed while") == 1 and "Timeout" in err
@@ -386,7 +403,7 @@ else:
         return compile(*args)
     backend.compile = counted
     ok = runtime.get_kernel(fakes.request("race"), Target.parse("sm_90"), 0) == b"sm_90|race"
-print(json.dumps(dict(stats.as_dict(), ok=ok, seconds=time.monotonic() - started)))
+print(json.dumps(dict(stats.as_dict(), ok=ok, seconds=time.monotonic() - started, finished=time.time())))
 """
 
 
@@ -468,14 +485,14 @@ def test_a_lock_holder_killed_with_sigkill_stalls_the_fleet_no_longer_than_the_l
         time.sleep(2 * lock_seconds)  # the holder renews its lock: the waiter keeps waiting
         assert waiter.poll() is None and not (race / "compiles").exists()
         os.kill(holder.pid, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = time.time()
         holder.wait()
         out, err = waiter.communicate(timeout=60)
-        stalled = time.monotonic() - killed
         assert waiter.returncode == 0, err
         result = json.loads(out.strip().splitlines()[-1])
         assert result["ok"] and result["compiles"] == 1
-        assert stalled < lock_seconds + 1.5, stalled  # the expiry, a poll, the compile, and the process exit
+        stalled = result["finished"] - killed
+        assert stalled < lock_seconds + 1.0, stalled  # at most one expiry since the last renewal, a poll, the compile
     finally:
         for process in (holder, waiter):
             if process is not None and process.poll() is None:
