@@ -350,7 +350,7 @@ class Runtime:
 
 runtime = Runtime()
 
-# Importing the redis client takes 70-95 ms after torch on the dev box, several times a remote hit's own cost;
+# Importing the redis client takes 78-189 ms after torch on the dev box, several times a remote hit's own cost;
 # a process configured for the remote tier starts that import now, in a thread, and its first call finds it done.
 if os.environ.get(Config.remote_cache.env, "").strip():
     remote.import_client_in_background()

@@ -178,9 +178,9 @@ _import_thread: threading.Thread | None = None
 
 
 def import_client_in_background() -> None:
-    """Start importing the redis client in a thread.  It takes 70-95 ms after torch on the dev box (it imports
-    asyncio), longer than a remote hit itself, so a process configured for the remote starts it at import and a
-    first call that misses the disk finds it done."""
+    """Start importing the redis client in a thread.  It takes 78-189 ms after torch on the loaded dev box (it
+    imports asyncio), several times a remote hit itself, so a process configured for the remote starts it at
+    import and a first call that misses the disk after any other start-up work finds it done."""
     global _import_thread
     if _import_thread is not None:
         return
