@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jitops import config, runtime
+from jitops.config import Config
 from jitops.errors import ConfigError
 
-from . import archive, entries, explain, info, manifest, prewarm
+from . import archive, entries, explain, info, manifest, prewarm, remote
 from .common import (UsageError, compact_shape_class, format_age, format_size, parse_age, parse_archs,
                      parse_size, print_json, print_table)
 
@@ -115,8 +116,29 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "a CacheMissError prints")
     _imports(p)
 
-    command("info", "cache roots, sizes and counts, compiler versions and settings")
+    p = command("push", "upload the verified entries of the local cache roots to the remote tier (JITOPS_REMOTE_CACHE)")
+    _remote_flag(p)
+    p.add_argument("--force", action="store_true", help="upload entries the remote already has too")
+
+    p = command("pull", "fill the writable cache root from the remote tier: what a manifest needs, or everything")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--manifest", metavar="FILE", help="the kernels this manifest's calls need")
+    source.add_argument("--record", metavar="FILE", help="the kernels a JITOPS_RECORD file's calls need")
+    source.add_argument("--all", action="store_true", help="every entry the remote holds (filtered by --arch)")
+    p.add_argument("--any-toolchain", action="store_true",
+                   help="accept any toolchain's build of a kernel, as read-only roots do (for an image layer used "
+                        "on other machines); by default a kernel is pulled as a call here would look it up")
+    _remote_flag(p)
+    _imports(p)
+
+    p = command("info", "cache roots, sizes and counts, the remote tier, compiler versions and settings")
+    _remote_flag(p)
     return parser
+
+
+def _remote_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remote", metavar="URL",
+                        help="the remote tier, redis://host:port/db (default: JITOPS_REMOTE_CACHE)")
 
 
 # ---- entry point -------------------------------------------------------------------------------------------------
@@ -130,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for module in getattr(args, "imports", ()):
             _import(module)
         scope = {"cache_dir": args.cache_dir} if args.cache_dir is not None else {}
+        if getattr(args, "remote", None):
+            scope["remote_cache"] = Config.remote_cache.parse("--remote", args.remote)
         with config.scope(**scope):
             return COMMANDS[args.command](args, archs)
     except (UsageError, ConfigError) as exc:
@@ -418,6 +442,8 @@ def cmd_info(args: argparse.Namespace, archs: list[str]) -> int:
                      root["unreadable"], root.get("quarantined", "-"), arch_counts or "-"])
     print_table(rows, ["path", "kind", "entries", "on disk", "unreadable", "quarantined", "by arch"],
                 right=(2, 3, 4, 5))
+    if result.get("remote"):
+        _print_remote(result["remote"])
     print("\ncompilers:")
     for name, value in result["compilers"].items():
         print(f"  {name:<13} {value}")
@@ -427,7 +453,65 @@ def cmd_info(args: argparse.Namespace, archs: list[str]) -> int:
     return 0
 
 
+def _print_remote(state: dict[str, Any]) -> None:
+    settings = state["settings"]
+    print(f"\nremote tier {state['url']}: " + ("reachable" if state["reachable"] else f"UNREACHABLE: {state['error']}"))
+    if state["reachable"]:
+        server = state["server"]
+        limit = format_size(server["maxmemory"]) if server.get("maxmemory") else "no limit"
+        print(f"  redis {server['version']}, ping {state['ping_ms']:.2f} ms, "
+              f"memory {format_size(server['used_memory'])} of {limit} ({server['maxmemory_policy']}), "
+              f"{server['evicted_keys']} keys evicted, {server['locks_held']} compiles under the fleet lock now")
+        arch_counts = ", ".join(f"{a} {c['entries']}" for a, c in sorted(state["by_arch"].items())) or "-"
+        print(f"  {state['entries']} entries, {format_size(state['size'])} (by arch: {arch_counts}); "
+              f"{state['expired_or_evicted']} indexed entries expired or evicted")
+    ttl = f"{settings['ttl_seconds'] / 86400:g} d" if settings["ttl_seconds"] else "none"
+    print(f"  TTL {ttl}, entry limit {format_size(settings['max_entry_size'])}, lock {settings['lock_seconds']:g} s, "
+          f"timeout {settings['timeout_seconds'] * 1e3:g} ms, back-off {settings['backoff_seconds']:g} s, "
+          f"entries {'signed (JITOPS_REMOTE_CACHE_KEY)' if settings['signed'] else 'not signed'}")
+
+
+# ---- push, pull --------------------------------------------------------------------------------------------------
+def cmd_push(args: argparse.Namespace, archs: list[str]) -> int:
+    report = remote.push(archs, args.force)
+    if args.json:
+        print_json(report.as_dict())
+        return 0 if report.ok else 1
+    for bad in report.skipped_corrupt:
+        print(f"left out corrupt entry {bad['path']}: {bad['reason']}", file=sys.stderr)
+    for item in report.refused:
+        print(f"NOT PUSHED {item['label']} [{item['arch']}], {format_size(item['size'])}: {item['reason']}")
+    print(f"pushed {len(report.pushed)} entries ({format_size(sum(i['size'] for i in report.pushed))}) to "
+          f"{report.remote}; {len(report.present)} were already there")
+    return 0 if report.ok else 1
+
+
+def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
+    if args.all:
+        report = remote.pull_all(archs)
+    else:
+        plan = manifest.plan(_calls(args), archs)  # bad input stops here, before anything is fetched
+        _writable()
+        report = remote.pull(plan, args.any_toolchain)
+    if args.json:
+        print_json(report.as_dict())
+        return 0 if report.ok else 1
+    root = runtime.disk_cache().writable.path
+    print(f"pulled {len(report.pulled)} entries ({format_size(sum(i['size'] for i in report.pulled))}) from "
+          f"{report.remote} into {root}; {len(report.present)} were already cached")
+    for miss in report.missing:
+        where = f" (op {miss['op']}, {miss['where']})" if "where" in miss else ""
+        print(f"  MISSING {miss['label']} [{miss['arch']}]{where}")
+    if report.rejected:
+        print(f"  {report.rejected} remote entries were rejected (checksum, signature or key); see the warnings")
+    if report.missing and not args.all:
+        flag = "--manifest" if args.manifest else "--record"
+        print(f"build them: {PROG} prewarm {flag} {args.manifest or args.record}"
+              + "".join(f" --arch {a}" for a in archs) + f", then `{PROG} push`")
+    return 0 if report.ok else 1
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "prewarm": cmd_prewarm, "list": cmd_list, "verify": cmd_verify, "prune": cmd_prune, "export": cmd_export,
-    "import": cmd_import, "explain": cmd_explain, "info": cmd_info,
+    "import": cmd_import, "explain": cmd_explain, "info": cmd_info, "push": cmd_push, "pull": cmd_pull,
 }

@@ -11,6 +11,7 @@ from jitops.backends import toolkit
 from jitops.cache import CacheEntry
 
 from .common import dir_size, entry_archs
+from .remote import remote_info
 
 
 def info(archs: Sequence[str] = ()) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def info(archs: Sequence[str] = ()) -> dict[str, Any]:
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "roots": list(per_root.values()),
+        "remote": remote_info(archs),
         "compilers": compilers(),
         "settings": [{"variable": env, "value": value, "meaning": doc} for env, value, doc in config.describe()],
     }

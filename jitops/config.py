@@ -72,6 +72,49 @@ def _parse_compile_mode(name: str, raw: str) -> str:
 COMPILE_MODES = ("blocking", "background")
 
 
+def _parse_positive_float(name: str, raw: str) -> float:
+    value = _parse_float(name, raw)
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def _parse_size(name: str, raw: str) -> int:
+    """'64M' / '64MiB' (powers of 1024), '64MB' (powers of 1000) or a number of bytes."""
+    text = raw.strip().lower()
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = text[len(digits):].strip()
+    try:
+        value = int(float(digits) * _SIZE_UNITS[unit])
+    except (ValueError, KeyError):
+        raise ConfigError(f"{name}={raw!r} is not a size; use bytes or a number with a unit: 64M, 1G, 500MB") from None
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r} must be at least 1 byte")
+    return value
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _parse_redis_url(name: str, raw: str) -> str | None:
+    url = raw.strip()
+    if not url:
+        return None
+    if not url.startswith(REDIS_SCHEMES) or url in REDIS_SCHEMES:
+        shown = repr(raw) if "@" not in raw else "(a URL with credentials, not shown)"
+        raise ConfigError(f"{name}={shown} is not a Redis URL; use redis://host:port/db (rediss:// for TLS, "
+                          "unix:///path/to/redis.sock?db=0 for a local socket)")
+    return url
+
+
+def _parse_secret(name: str, raw: str) -> str | None:
+    return raw if raw.strip() else None
+
+
 def _parse_level(name: str, raw: str) -> str:
     value = raw.strip().upper()
     if value not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -87,6 +130,7 @@ class Setting(Generic[T]):
     parse: Callable[[str, str], T]
     default: Callable[[], T]
     doc: str
+    secret: bool = False  # describe() shows whether it is set, never its value
 
     def __set_name__(self, owner: type, attr: str) -> None:
         object.__setattr__(self, "attr", attr)
@@ -147,6 +191,34 @@ class Config:
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")
+    # The remote tier (jitops/cache/remote.py, docs/cache_tools.md "Fleets").
+    remote_cache: Setting[str | None] = Setting(
+        "JITOPS_REMOTE_CACHE", _parse_redis_url, lambda: None,
+        "Redis URL of a cache shared by a fleet (redis://host:port/db), looked up after the disk cache and "
+        "before compiling; needs `pip install jitops[remote]`.  Unset: no remote tier.")
+    remote_cache_key: Setting[str | None] = Setting(
+        "JITOPS_REMOTE_CACHE_KEY", _parse_secret, lambda: None,
+        "Shared secret: entries published to the remote are signed with HMAC-SHA256, and unsigned or wrongly "
+        "signed entries are rejected.", secret=True)
+    remote_timeout: Setting[float] = Setting(
+        "JITOPS_REMOTE_TIMEOUT", _parse_positive_float, lambda: 0.05,
+        "Seconds one Redis request (connect, send, receive) may block before the remote counts as down "
+        "(default 0.05).")
+    remote_backoff: Setting[float] = Setting(
+        "JITOPS_REMOTE_BACKOFF", _parse_float, lambda: 60.0,
+        "Seconds the remote is left alone after an error (or after it reported itself full) before it is tried "
+        "again; kernels are compiled and cached locally meanwhile (default 60).")
+    remote_ttl: Setting[float] = Setting(
+        "JITOPS_REMOTE_TTL", _parse_float, lambda: 30 * 86400.0,
+        "Seconds a remote entry lives after it was last published or loaded (default 30 days); 0: no expiry.")
+    remote_max_entry_size: Setting[int] = Setting(
+        "JITOPS_REMOTE_MAX_ENTRY_SIZE", _parse_size, lambda: 64 * 2**20,
+        "Largest entry (all its files) shared through the remote (default 64M); a bigger build stays local and "
+        "a bigger remote entry is not downloaded.")
+    remote_lock_seconds: Setting[float] = Setting(
+        "JITOPS_REMOTE_LOCK_SECONDS", _parse_positive_float, lambda: 30.0,
+        "Expiry of the fleet lock that lets one node compile a kernel while the others wait (default 30); the "
+        "holder renews it every third of that, so a node killed mid-compile stalls the others this long at most.")
 
     def __init__(self) -> None:
         # Process-wide, not thread-local: prewarm's worker threads must see what the caller scoped.
@@ -179,7 +251,8 @@ class Config:
         for attr in settings():
             setting: Setting = getattr(type(self), attr)
             try:
-                value = repr(getattr(self, attr))
+                value = getattr(self, attr)
+                value = ("'<set>'" if value is not None else "None") if setting.secret else repr(value)
             except ConfigError as exc:
                 value = f"<invalid: {exc}>"
             rows.append((setting.env, value, setting.doc))

@@ -1,4 +1,4 @@
-"""get_kernel(): memory -> disk -> lock and re-check -> compile -> publish -> load.
+"""get_kernel(): memory -> disk -> remote -> lock and re-check -> compile -> publish -> load.
 
 The only module that joins the cache and the backends.  Ops call get_kernel() on a miss of their own
 shape-class table (a dict lookup per call); everything here runs once per kernel per process.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -21,8 +22,9 @@ from typing import Any, Callable
 
 from . import backends
 from .backends import toolkit
-from .cache import CacheEntry, CorruptEntry, DiskCache
-from .config import config
+from .cache import CacheEntry, CorruptEntry, DiskCache, remote
+from .cache.disk import entry_meta
+from .config import Config, config
 from .errors import CacheMissError, ToolchainError
 from .keys import CacheKey, request_components
 from .specs import BuildRequest, Target
@@ -42,6 +44,14 @@ class Stats:
     corrupt_entries: int = 0  # entries that failed verification and were moved aside or skipped
     fallbacks: int = 0        # calls that ran torch's implementation while their kernels compiled (background)
     background_compiles: int = 0  # kernels handed to the background pool
+    # The remote tier (JITOPS_REMOTE_CACHE); all stay 0 without one.
+    remote_hits: int = 0      # kernels loaded from a verified remote entry (then stored on the local disk)
+    remote_misses: int = 0    # lookups the remote answered without a usable entry (absent or rejected)
+    remote_rejected: int = 0  # remote entries whose checksum, signature, key or meta did not match
+    remote_errors: int = 0    # failed requests (down, timeout): each leaves the remote alone for the back-off
+    remote_publishes: int = 0           # entries shared after a local compile
+    remote_publish_failures: int = 0    # publishes refused: remote full, entry over the size limit, error
+    remote_seconds: float = 0.0         # wall time in the remote tier: lookups, publishes, fleet-lock waits
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +83,7 @@ class Runtime:
         self._locks: dict[tuple[BuildRequest, str, int | None], threading.Lock] = {}
         self._guard = threading.Lock()
         self._disk: tuple[tuple[Any, ...], DiskCache] | None = None
+        self._remote: remote.RemoteCache | None = None
         self._recorded: set[str] = set()
         self._background = _BackgroundCompiles(self)
 
@@ -83,6 +94,19 @@ class Runtime:
         if self._disk is None or self._disk[0] != roots:
             self._disk = (roots, DiskCache(roots[0], roots[1]))
         return self._disk[1]
+
+    def remote_cache(self) -> remote.RemoteCache | None:
+        """The remote tier for the current JITOPS_REMOTE_* settings, or None when JITOPS_REMOTE_CACHE is unset
+        (then this is one environment lookup on a disk miss, and the redis client is never imported)."""
+        url = config.remote_cache
+        if url is None:
+            return None
+        settings = remote.RemoteSettings(url, config.remote_cache_key, config.remote_timeout, config.remote_backoff,
+                                         config.remote_ttl, config.remote_max_entry_size,
+                                         config.remote_lock_seconds)
+        if self._remote is None or self._remote.settings != settings:
+            self._remote = remote.RemoteCache(settings, stats)
+        return self._remote
 
     def key_for(self, request: BuildRequest, target: Target) -> tuple[CacheKey, bool]:
         """The request's key, and whether this machine has the toolchain to compile it."""
@@ -132,8 +156,14 @@ class Runtime:
         private = self._private.get(key.full)
         if private is not None:
             return self._load_private(private, request, device_index)
-        if not build:
+        if not build:  # the background worker that builds it also asks the remote
             return None
+        fleet = self.remote_cache()
+        if fleet is not None:
+            for found in fleet.lookup(key, any_toolchain):
+                loaded = self._adopt(found, key, disk, request, device_index)
+                if loaded is not None:
+                    return loaded
         self._record_miss(context, target)
         if config.offline:
             raise CacheMissError(op=context.op if context else "?", kernel=request.label(),
@@ -153,9 +183,19 @@ class Runtime:
             loaded = self._load_from_disk(disk, key, False, request, device_index)  # it may have finished
             if loaded is not None:
                 return loaded
-            build_dir, files, meta = self._compile(request, key, context)
-            entry = disk.publish(key, build_dir, files, meta)
-        blobs = {name: (build_dir / name).read_bytes() for name in files}
+            # One compile per key across the fleet too: another node may be compiling it (then wait for its
+            # entry), and this node's other processes wait on the file lock meanwhile.
+            turn = fleet.compile_turn(key, request.label(), config.lock_timeout) if fleet else contextlib.nullcontext()
+            with turn as found:
+                if found is not None:
+                    loaded = self._adopt(found, key, disk, request, device_index)
+                    if loaded is not None:
+                        return loaded
+                build_dir, files, meta = self._compile(request, key, context)
+                entry = disk.publish(key, build_dir, files, meta)
+                blobs = {name: (build_dir / name).read_bytes() for name in files}
+                if fleet is not None:  # before the fleet lock is released, so waiters find it
+                    fleet.publish(key, blobs, entry.meta if entry is not None else entry_meta(key, blobs, meta))
         if entry is None:  # could not store: keep the build directory for this process
             self._private[key.full] = (build_dir, files, meta)
             atexit.register(shutil.rmtree, build_dir, True)
@@ -188,6 +228,31 @@ class Runtime:
             stats.disk_hits += 1
             return loaded
         return None
+
+    def _adopt(self, found: remote.RemoteEntry, key: CacheKey, disk: DiskCache, request: BuildRequest,
+               device_index: int | None) -> Any:
+        """A verified remote entry: stored in the writable root by the atomic publish (so the node's next process
+        hits the disk), then loaded from there as a disk entry is.  None if it does not load."""
+        entry = disk.store(found.key, found.blobs, found.meta, durable=False)  # refetched if a crash tears it
+        if entry is None:  # nowhere to store it: a private directory for this process, as for a compile
+            directory = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-remote-"))
+            for name, data in found.blobs.items():
+                (directory / name).write_bytes(data)
+            atexit.register(shutil.rmtree, directory, True)
+            self._private[key.full] = (directory, list(found.blobs), found.meta)
+            path, meta = directory, found.meta
+        else:
+            path, meta = entry.path, entry.meta
+        try:
+            loaded = backends.get(request.backend).load(request, path, found.blobs, meta, device_index)
+        except Exception as exc:  # noqa: BLE001 - a verified binary that will not load is a bad entry
+            stats.corrupt_entries += 1
+            self._private.pop(key.full, None)
+            if entry is not None:
+                disk.quarantine(entry.path, entry.root, f"from the remote cache; checksum ok but loading failed: {exc}")
+            return None
+        stats.remote_hits += 1
+        return loaded
 
     def _load_private(self, private: tuple[Path, list[str], dict[str, Any]], request: BuildRequest,
                       device_index: int | None) -> Any:
@@ -251,6 +316,9 @@ class Runtime:
             build_dir, files, meta = self._compile(request, key, context)
             try:
                 entry = disk.publish(key, build_dir, files, meta)
+                fleet = self.remote_cache()
+                if fleet is not None and entry is not None:
+                    fleet.publish(key, {name: (entry.path / name).read_bytes() for name in files}, entry.meta)
             finally:
                 shutil.rmtree(build_dir, ignore_errors=True)
         if entry is None:
@@ -387,3 +455,8 @@ class _BackgroundCompiles:
 
 
 runtime = Runtime()
+
+# Importing the redis client takes 78-189 ms after torch on the dev box, several times a remote hit's own cost;
+# a process configured for the remote tier starts that import now, in a thread, and its first call finds it done.
+if os.environ.get(Config.remote_cache.env, "").strip():
+    remote.import_client_in_background()
