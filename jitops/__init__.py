@@ -13,7 +13,7 @@ from . import shapes
 from ._logging import install_handler
 from .config import config
 from .errors import CacheMissError, CompileError, ConfigError, JitopsError, ToolchainError
-from .op import Impl, Kernels, Op, find, op, registered
+from .op import Impl, Kernels, Op, Public, find, find_public, op, public, public_names, registered
 from .runtime import MissContext, reset_stats, runtime, stats
 from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
@@ -45,7 +45,7 @@ __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
     "layer_norm_inference",
     "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm",
-    "op", "Impl", "Kernels", "Op", "find", "registered",
+    "op", "Impl", "Kernels", "Op", "find", "registered", "public", "Public", "find_public", "public_names",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
     "JitopsError", "CompileError", "CacheMissError", "ToolchainError", "ConfigError",
