@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopped = processes.stop_all()
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"{prog()}: {what}" + (f"; stopped {stopped} compiler process group(s)" if stopped else "") +
-              "; kernels already built stay cached, the rest left nothing behind", file=sys.stderr)
+              "; what was already built stays cached", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     finally:
         if handler is not None:

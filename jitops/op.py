@@ -560,7 +560,8 @@ class Op:
     def label(self) -> str:
         """How errors name the function the user called: 'jitops.layer_norm' for layer_norm_inference (it takes
         jitops.layer_norm's arguments), 'jitops.layer_norm_backward' for the backward op."""
-        return f"jitops.{self.public if self.is_entry else self.name}"
+        registered_public = self.is_entry and self.public != self.display_name
+        return f"jitops.{self.public if registered_public else self.name}"
 
     def companion_calls(self, args: tuple[Any, ...], needs: Sequence[bool] | None = None) -> list[tuple["Op", tuple]]:
         """The op calls that the backward of a call with `args` makes (the op's `companions` declaration), each as
