@@ -324,3 +324,16 @@ def test_companions_work_on_fake_cpu_tensors_and_follow_needs():
     assert [op.name for op, _ in conv.companion_calls(args, needs=(False, True, False))] == ["conv2d_weight_grad"]
     for op, call_args in calls:
         op.shape_class(*call_args)  # the backward's own checks accept them
+
+
+def test_readme_set_up_gives_times_the_cpu_route_and_the_venv_commands():
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    setup = readme.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    assert "ARCHS=cpu make run" in setup
+    assert "source .venv/bin/activate" in setup and ".venv/bin/jitops-cache" in setup
+    rows = [line for line in setup.splitlines() if line.startswith("| `make")]
+    assert len(rows) >= 4 and all(re.search(r"\d+(\.\d+)? (s|min)\b", row) for row in rows), rows
+    tools = readme.split("## Cache tools", 1)[1].split("\n## ", 1)[0]
+    assert ".venv/bin/jitops-cache" in tools
