@@ -198,3 +198,32 @@ def test_an_interrupted_prewarm_stops_its_compilers_and_leaves_nothing(sig, code
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# ---- the test suite itself -----------------------------------------------------------------------------------------
+PROBE = """
+import tempfile
+import jitops
+
+def test_makes_temporary_files(tmp_path, fresh_cache, session_cache):
+    (tmp_path / "f").write_text("x")
+    tempfile.mkdtemp(prefix="jitops-probe-")
+    assert session_cache.is_relative_to(tempfile.gettempdir())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_test_session_leaves_no_temporary_directory(tmp_path):
+    """tests/conftest.py keeps the session's cache root, pytest's tmp_path directories and everything made
+    through tempfile under one directory, removed when the session ends."""
+    probe = tmp_path / "probe" / "test_probe.py"
+    probe.parent.mkdir()
+    probe.write_text(PROBE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITOPS_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), TMPDIR=str(temp))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                          str(probe)], capture_output=True, text=True, env=env, cwd=probe.parent, timeout=280)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert list(temp.iterdir()) == []
