@@ -91,7 +91,7 @@ class Job:
 @dataclass
 class Plan:
     jobs: list[Job]
-    skipped: list[dict[str, str]]  # calls an op does not build on a target: {"where", "call", "arch", "reason"}
+    skipped: list[dict[str, str]]  # calls not built on a target: {"where", "call", "arch", "kind", "reason"}
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------

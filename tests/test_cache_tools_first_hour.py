@@ -89,9 +89,8 @@ def test_internal_names_stay_accepted_and_build_exactly_that_call():
                                                    "layer_norm_forward, layer_norm_inference, layer_norm_backward"]),
     (dict(LAYER_NORM, kernel_op="layer_norm_forward", grad=True), ["drop one of them"]),
     (dict(LAYER_NORM, grad="yes"), ['"grad" must be true']),
-    (dict(LAYER_NORM, op="layernorm"), ["unknown op 'layernorm'",
-                                        "known ops: add, conv2d, gelu, gemm, grouped_gemm, layer_norm",
-                                        "ops inside them: conv2d_input_grad"]),
+    (dict(LAYER_NORM, op="layernorm"), ["unknown op 'layernorm'", "known ops: add, ", ", layer_norm",
+                                        "(and the ops inside them: conv2d_input_grad"]),
 ])
 def test_bad_public_items_are_bad_input(item, words):
     with pytest.raises(UsageError) as info:

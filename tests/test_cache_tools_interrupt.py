@@ -149,6 +149,12 @@ probe = jitops.op("interrupttest::probe(Tensor x) -> Tensor", shape_class=lambda
 '''
 
 COMPILERS = {"cc1plus"}  # ninja's (load_inline); nvcc adds its own
+
+
+def _default_sigint() -> None:
+    """A process started from a background job inherits SIGINT ignored (and Python keeps it so): reset it, as a
+    terminal or a supervisor's process has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 NVCC = {"nvcc", "cicc", "cudafe++", "ptxas"}
 
 
@@ -168,7 +174,7 @@ def test_an_interrupted_prewarm_stops_its_compilers_and_leaves_nothing(sig, code
     prewarm = subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest),
                                 "--import", "interrupt_ops", "--cache-dir", str(cache), "--jobs", "2",
                                 "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, cwd=REPO, start_new_session=True)
+                               env=env, cwd=REPO, start_new_session=True, preexec_fn=_default_sigint)
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 300
