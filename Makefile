@@ -1,7 +1,8 @@
-# Two commands on a fresh machine:
-#   make run    set up .venv, prewarm the built-in ops' kernels for sm_80, sm_90a and the CPU (no GPU needed;
-#               kernels that need a compiler this machine lacks are reported and skipped), then run every op
-#               against torch on the CPU (and the GPU, if there is one)
+# Two commands on a fresh machine (README, "Set-up", says how long each step takes):
+#   make run    set up .venv; prewarm the kernels that `python -m jitops` runs, for $(ARCHS) (its own manifest,
+#               `python -m jitops --manifest`; no GPU needed; kernels that need a compiler this machine lacks are
+#               reported and skipped); then run every public op against torch on the CPU (and the GPU, if there
+#               is one), which compiles nothing.  ARCHS=cpu make run: the CPU only.
 #   make test   set up .venv, run the test suite (GPU tests run where a GPU is, and skip elsewhere)
 ARCHS ?= sm_80,sm_90a,cpu
 PYTHON ?= python3
@@ -10,7 +11,8 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test setup clean
 run: setup
-	$(PY) -m cache_tools prewarm --all-builtin --arch $(ARCHS) --skip-unbuildable
+	$(PY) -m jitops --manifest --arch $(ARCHS) > $(VENV)/jitops-run-manifest.json
+	$(PY) -m cache_tools prewarm --manifest $(VENV)/jitops-run-manifest.json --skip-unbuildable
 	$(PY) -m jitops
 
 test: setup

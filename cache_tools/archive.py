@@ -31,7 +31,7 @@ from jitops.cache import CacheEntry, CacheRoot, CorruptEntry
 from jitops.keys import FORMAT_VERSION, CacheKey
 
 from .common import UsageError
-from .entries import cache_entries, entry_record
+from .entries import cache_entries, entry_record, op_names
 
 INDEX = "jitops-archive.json"
 ARCHIVE_FORMAT = "jitops-cache-archive"
@@ -69,6 +69,13 @@ def export(output: str | Path, archs: Sequence[str] = (), zstd: bool = False, jo
     their checksum are left out and reported.  The file appears complete or not at all (written beside, then
     renamed).  The archive is reproducible: sorted members, fixed owners, mtimes from the entries."""
     output = Path(output)
+    directory = output.parent
+    if output.is_dir():
+        raise UsageError(f"{output} is a directory; give the archive's file name, e.g. {output / 'kernels.tar.gz'}")
+    if not directory.is_dir():
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise UsageError(f"cannot write {output}: the directory {directory} {what}; create it first "
+                         f"(mkdir -p {directory}) or give another path")
     compression = compression_for(output, zstd)
     compressor = _zstd_module() if compression == "zstd" else None
     good, bad = cache_entries(archs)
@@ -98,8 +105,8 @@ def export(output: str | Path, archs: Sequence[str] = (), zstd: bool = False, jo
         files.update({name: _digest(blobs[name]) for name in sorted(blobs)})
         record = entry_record(entry)
         index_entries.append({"path": relative, "files": files,
-                              **{k: record[k] for k in ("op", "kernel", "label", "backend", "arch", "dtype",
-                                                        "shape_class", "compile_seconds")}})
+                              **{k: record[k] for k in ("op", "kernel_op", "kernel", "label", "backend", "arch",
+                                                        "dtype", "shape_class", "compile_seconds")}})
         mtime = float(entry.meta.get("created") or 0)
         members.append((f"{relative}/meta.json", meta_bytes, mtime))
         members += [(f"{relative}/{name}", blobs[name], mtime) for name in sorted(blobs)]
@@ -111,7 +118,6 @@ def export(output: str | Path, archs: Sequence[str] = (), zstd: bool = False, jo
              "entries": index_entries}
     index_bytes = json.dumps(index, indent=1, sort_keys=True).encode()
 
-    output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.{os.getpid()}.partial")
     try:
         with open(partial, "wb") as raw:
@@ -189,7 +195,7 @@ def import_archive(archive: str | Path, jobs: int | None = None) -> ImportReport
         index = _unpack(archive, staging)
         entries = _check_entries(index, staging, archive, jobs)
         for relative, key, meta in entries:
-            record = {"path": relative, "op": meta.get("op"), "label": meta.get("label"), "arch": key.arch,
+            record = {"path": relative, "op": op_names(meta)[0], "label": meta.get("label"), "arch": key.arch,
                       "dtype": key.dtype}
             existing = disk.writable.entry_dir(key)
             if existing.is_dir():

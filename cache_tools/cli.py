@@ -2,26 +2,82 @@
 modules (which tests call directly too) and prints their results as tables or, with --json, as JSON.
 
 Exit codes: 0 done; 1 something failed (a compile, a corrupt entry, a manifest item that would miss, a write);
-2 bad input (flags, manifest, archive), with nothing in the cache changed; 130 interrupted.
+2 bad input (flags, manifest, archive, an arch no compiler here supports, a cache root that cannot be
+written), with nothing in the cache changed; 130 interrupted (SIGINT), 143 terminated (SIGTERM): the
+compilers under way are stopped and their build directories removed.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
+import shlex
+import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jitops
 from jitops import config, runtime
+from jitops.backends import processes
 from jitops.config import Config
 from jitops.errors import ConfigError
 
 from . import archive, entries, explain, info, manifest, prewarm, remote
-from .common import (UsageError, compact_shape_class, format_age, format_size, parse_age, parse_archs,
-                     parse_size, print_json, print_table)
+from .common import (UsageError, check_archs_supported, check_writable, compact_shape_class, format_age,
+                     format_size, os_error_message, parse_age, parse_archs, parse_size, print_json, print_table)
 
 PROG = "jitops-cache"
+
+MANIFEST_HELP = """\
+manifest format (JSON, or YAML with PyYAML):
+  {{"archs": ["sm_90a", "cpu"],
+   "ops": [{{"op": "layer_norm", "dtypes": ["bf16", "fp32"],
+            "shapes": [[[4096, 1024], [1024], [1024]]],
+            "kwargs": {{"normalized_shape": [1024], "eps": 1e-05}}}}]}}
+  op         a public op ({ops}),
+             or namespace::name with --import MODULE.  The item builds every kernel a call
+             can use: the no-grad path, the grad path and its backward; "grad": false (or
+             true) keeps one path.
+  shapes     one entry per example call: the shapes of its tensor arguments in order
+             (null for an absent optional tensor, a list of shapes for a list argument)
+  kwargs     the other arguments; omitted ones take their defaults
+  strides    optional, parallel to shapes, for non-contiguous calls
+  kernel_op  exactly one op's call, as JITOPS_RECORD lines give it:
+             {{"op": "layer_norm", "kernel_op": "layer_norm_backward", ...}}
+A JITOPS_RECORD file (--record) holds one item per line, with "archs"."""
+
+
+def manifest_help() -> str:
+    return MANIFEST_HELP.format(ops=", ".join(jitops.public_names()))
+
+
+def prog() -> str:
+    """How this command was started, for remedy lines the user can paste: `jitops-cache` when that is on PATH,
+    the path typed otherwise (.venv/bin/jitops-cache without the venv activated), `python -m cache_tools`."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if name == "__main__.py" and os.path.basename(os.path.dirname(argv0)) == "cache_tools":
+        return "python -m cache_tools"
+    if name == PROG and argv0 != PROG:
+        on_path = shutil.which(PROG)
+        if not on_path or os.path.realpath(on_path) != os.path.realpath(argv0):
+            return argv0
+    return PROG
+
+
+def again(args: argparse.Namespace, command: str, *extra: str, archs: Sequence[str] = ()) -> str:
+    """A remedy command line that repeats the flags in use (--cache-dir, --arch, --import)."""
+    parts = [prog(), command, *extra]
+    if getattr(args, "cache_dir", None) is not None:
+        parts += ["--cache-dir", shlex.quote(str(args.cache_dir))]
+    for arch in archs:
+        parts += ["--arch", arch]
+    for module in getattr(args, "imports", None) or ():
+        parts += ["--import", shlex.quote(module)]
+    return " ".join(parts)
 
 
 # ---- flags -------------------------------------------------------------------------------------------------------
@@ -60,18 +116,22 @@ def _imports(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Prewarm, inspect, verify, prune, ship and explain the jitops kernel cache.  "
-        "Manifest format and examples: docs/cache_tools.md.")
+        prog=prog(), description="Prewarm, inspect, verify, prune, ship and explain the jitops kernel cache.\n"
+        "`COMMAND --help` describes a command; the manifest format is below.",
+        epilog=manifest_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s (jitops {jitops.__version__}, torch {_torch_version()})")
     _shared(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, epilog: str | None = None) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, epilog=epilog,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         _shared(sub, suppress=True)
         return sub
 
     p = command("prewarm", "compile the kernels a manifest, a JITOPS_RECORD file or the built-in ops need "
-                           "(no GPU needed for NVRTC kernels)")
+                           "(no GPU needed for NVRTC kernels)", manifest_help())
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--manifest", metavar="FILE", help="a manifest (JSON, or YAML with PyYAML)")
     source.add_argument("--record", metavar="FILE", help="a JITOPS_RECORD file: replays every recorded miss")
@@ -79,12 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-unbuildable", action="store_true",
                    help="report kernels this machine cannot build, but do not fail for them")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--verbose", action="store_true",
+                   help="list every call that was skipped (an op without an implementation on an arch, a dtype "
+                        "the arch does not support), not only their count")
     _imports(p)
 
     p = command("list", "a table of the cached entries")
     p.add_argument("--op", action="append", metavar="NAME", help="only this op's entries (repeatable)")
 
-    p = command("verify", "check every entry's checksums; with --manifest, check that nothing it names would miss")
+    p = command("verify", "check every entry's checksums; with --manifest, check that nothing it names would miss",
+                manifest_help())
     p.add_argument("--fix", action="store_true", help="remove corrupt entries from the writable root")
     p.add_argument("--manifest", metavar="FILE", help="exit 1 if a call of this manifest would miss the cache")
     p.add_argument("--record", metavar="FILE", help="the same for a JITOPS_RECORD file")
@@ -141,10 +205,29 @@ def _remote_flag(parser: argparse.ArgumentParser) -> None:
                         help="the remote tier, redis://host:port/db (default: JITOPS_REMOTE_CACHE)")
 
 
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 # ---- entry point -------------------------------------------------------------------------------------------------
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a supervisor, `docker stop`): unwinds like Ctrl-C, so compilers stop and build dirs go."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with argparse's message on bad flags
+    handler = None
+    try:
+        handler = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (an embedding application): its own handlers stay
+        pass
     try:
         archs = parse_archs(args.arch)
         if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
@@ -157,14 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         with config.scope(**scope):
             return COMMANDS[args.command](args, archs)
     except (UsageError, ConfigError) as exc:
-        print(f"{PROG} {args.command}: error: {str(exc).removeprefix('jitops: ')}", file=sys.stderr)
+        print(f"{prog()} {args.command}: error: {str(exc).removeprefix('jitops: ')}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a full disk, a read-only or missing directory: say which file, no traceback
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+    except OSError as exc:  # a full disk, a read-only or missing directory: which path, and what to do
+        print(f"{prog()} {args.command}: error: {os_error_message(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        stopped = processes.stop_all()
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{prog()}: {what}" + (f"; stopped {stopped} compiler process group(s)" if stopped else "") +
+              "; what was already built stays cached", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _import(module: str) -> None:
@@ -175,8 +264,15 @@ def _import(module: str) -> None:
 
 
 def _writable() -> None:
+    """Bad input (exit 2, nothing changed) rather than a failed write half-way: no writable root, or one on a
+    read-only filesystem or without write permission."""
     if runtime.disk_cache().writable is None:
         raise UsageError("no writable cache root: give --cache-dir DIR (JITOPS_CACHE_DIR is set but empty)")
+    check_writable(runtime.disk_cache().writable.path)
+
+
+def _effective_archs(calls: list[manifest.Call], archs: list[str]) -> list[str]:
+    return archs or sorted({a for call in calls for a in call.archs})
 
 
 def _calls(args: argparse.Namespace) -> list[manifest.Call]:
@@ -192,6 +288,7 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
     calls = _calls(args)
     if args.all_builtin and not archs:
         raise UsageError("--all-builtin needs --arch: e.g. --arch sm_80,sm_90a,cpu")
+    check_archs_supported(_effective_archs(calls, archs))
     plan = manifest.plan(calls, archs, strict=not args.all_builtin)
     _writable()
     report = prewarm.prewarm(plan, args.jobs, progress=not args.no_progress)
@@ -208,22 +305,49 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
           "added up)")
     for result in report.results:
         if result.outcome == "failed":
-            print(f"\nFAILED {result.job.label} [{result.job.arch}] (op {result.job.op}, {result.job.call.where}):")
+            print(f"\nFAILED {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}, "
+                  f"{result.job.call.where}):")
             print(_head(result.error or "", 30))
         elif result.outcome == "unbuildable":
-            print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {result.job.op}): {result.error}")
-    _print_skipped(report.skipped)
+            print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}): "
+                  f"{result.error}")
+    _print_skipped(report.skipped, args.verbose)
     if not ok:
-        print(f"\n{PROG} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
+        print(f"\n{prog()} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
               "here" + ("" if args.skip_unbuildable else " (--skip-unbuildable accepts those)"), file=sys.stderr)
     return 0 if ok else 1
 
 
-def _print_skipped(skipped: list[dict[str, str]], limit: int = 12) -> None:
-    for item in skipped[:limit]:
-        print(f"skipped {item['call']} on {item['arch']}: {item['reason']}")
-    if len(skipped) > limit:
-        print(f"... and {len(skipped) - limit} more skipped (--json lists them all)")
+def _op_text(job: manifest.Job) -> str:
+    return job.op if job.kernel_op == job.op else f"{job.op}, through {job.kernel_op}"
+
+
+def skip_summary(skipped: list[dict[str, str]]) -> str:
+    """'30 combinations skipped: dtype not supported on the target (24), no cpu implementation (6)'."""
+    kinds: dict[str, int] = {}
+    for item in skipped:
+        reason = item["reason"]
+        if item.get("kind") == "no implementation":
+            kind = f"no {'cpu' if item['arch'] == 'cpu' else 'GPU'} implementation"
+        elif " has dtype " in reason and "supported there" in reason:
+            kind = "dtype not supported on the target"
+        else:
+            kind = "the op does not take the call there"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    parts = [f"{kind} ({n})" if len(kinds) > 1 else kind for kind, n in sorted(kinds.items(), key=lambda k: -k[1])]
+    return f"{len(skipped)} combination{'s' if len(skipped) != 1 else ''} skipped: {', '.join(parts)}"
+
+
+def _print_skipped(skipped: list[dict[str, str]], verbose: bool) -> None:
+    """Expected skips (--all-builtin's GPU shapes on the CPU) are one line; --verbose lists them."""
+    if not skipped:
+        return
+    if not verbose:
+        print(skip_summary(skipped) + "; --verbose lists them")
+        return
+    print(skip_summary(skipped) + ":")
+    for item in skipped:
+        print(f"  skipped {item['call']} on {item['arch']}: {item['reason']}")
 
 
 def _head(text: str, lines: int) -> str:
@@ -243,7 +367,7 @@ def cmd_list(args: argparse.Namespace, archs: list[str]) -> int:
     several = len(result["roots"]) > 1
     print("cache roots: " + ", ".join(f"{r['path']} ({'writable' if r['writable'] else 'read-only'})"
                                       for r in result["roots"]))
-    table = [[r["op"] or "-", r["kernel"], r["arch"], r["dtype"], compact_shape_class(r["shape_class"]),
+    table = [[_op_cell(r), r["kernel"], r["arch"], r["dtype"], compact_shape_class(r["shape_class"]),
               format_size(r["size"]),
               "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.2f}", format_age(r["last_used"])]
              + ([("rw" if r["writable"] else "ro")] if several else []) for r in rows]
@@ -251,16 +375,25 @@ def cmd_list(args: argparse.Namespace, archs: list[str]) -> int:
     print_table(table, header + (["root"] if several else []), right=(5, 6))
     print(f"{len(rows)} entries, {format_size(sum(r['size'] for r in rows))}")
     if result["unreadable"]:
-        print(f"{len(result['unreadable'])} unreadable entries (run `{PROG} verify`):")
+        print(f"{len(result['unreadable'])} unreadable entries (run `{again(args, 'verify')}`):")
         for bad in result["unreadable"]:
             print(f"  {bad['path']}: {bad['reason']}")
     return 0
 
 
+def _op_cell(row: dict[str, Any]) -> str:
+    """The public op, and the internal op that asked when it is another: 'layer_norm (layer_norm_backward)'."""
+    if not row["op"]:
+        return "-"
+    return row["op"] if row["kernel_op"] in (None, row["op"]) else f"{row['op']} ({row['kernel_op']})"
+
+
 def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
     coverage = None
     if args.manifest or args.record:
-        coverage = manifest.plan(_calls(args), archs)  # bad input stops here, before anything is removed
+        calls = _calls(args)
+        check_archs_supported(_effective_archs(calls, archs))
+        coverage = manifest.plan(calls, archs)  # bad input stops here, before anything is removed
     if args.fix:
         _writable()
     report = entries.verify(archs, args.jobs, args.fix, coverage)
@@ -271,7 +404,8 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
     print(f"checked {report.checked} entries in {where}: {len(report.corrupt)} corrupt")
     for item in report.corrupt:
         state = "removed" if item.get("removed") else \
-            "kept: read-only root" if args.fix and not item["writable"] else f"run `{PROG} verify --fix`"
+            "kept: read-only root" if args.fix and not item["writable"] else \
+            f"run `{again(args, 'verify', '--fix', archs=archs)}`"
         print(f"  CORRUPT {item['path']}: {item['reason']} [{state}]")
     if coverage is not None:
         source = args.manifest or args.record
@@ -279,11 +413,11 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
         print(f"coverage of {source}: {report.covered} of {total} kernels cached"
               + (", missing:" if report.missing else ""))
         for miss in report.missing:
-            print(f"  MISSING {miss['label']} [{miss['arch']}] (op {miss['op']}, {miss['where']})")
+            via = "" if miss["kernel_op"] == miss["op"] else f", through {miss['kernel_op']}"
+            print(f"  MISSING {miss['label']} [{miss['arch']}] (op {miss['op']}{via}, {miss['where']})")
         if report.missing:
             flag = "--manifest" if args.manifest else "--record"
-            arch_flags = "".join(f" --arch {a}" for a in archs)
-            print(f"prewarm them: {PROG} prewarm {flag} {source}{arch_flags}")
+            print(f"prewarm them: {again(args, 'prewarm', flag, shlex.quote(str(source)), archs=archs)}")
     return 0 if report.ok else 1
 
 
@@ -311,6 +445,12 @@ def cmd_prune(args: argparse.Namespace, archs: list[str]) -> int:
 # ---- export, import ----------------------------------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace, archs: list[str]) -> int:
     report = archive.export(args.output, archs, args.zstd, args.jobs, args.level)
+    if not report.entries:
+        where = ", ".join(r["path"] for r in entries.roots())
+        print(f"{prog()} export: warning: no entries to export from {where}"
+              + (f" for {','.join(archs)}" if archs else "") + f"; {report.path} holds only its index.  "
+              f"Prewarm first ({prog()} prewarm --help), or point --cache-dir at the cache to ship.",
+              file=sys.stderr)
     if args.json:
         print_json(report.as_dict())
         return 0
@@ -384,19 +524,24 @@ def _kwarg(text: str) -> tuple[str, Any]:
 
 
 def cmd_explain(args: argparse.Namespace, archs: list[str]) -> int:
-    reports = explain.explain(_explain_calls(args), archs)
+    calls = _explain_calls(args)
+    check_archs_supported(_effective_archs(calls, archs))
+    reports = explain.explain(calls, archs, fix_command=again(args, "verify", "--fix"))
     if args.json:
         print_json(reports)
         return 0
     for report in reports:
         call = report["call"]
-        print(f"{call['op']} {call['dtypes'][0]} shapes {json.dumps(call['shapes'][0])}"
+        via = f" ({call['kernel_op']})" if call.get("kernel_op") not in (None, call["op"]) else ""
+        print(f"{call['op']}{via} {call['dtypes'][0]} shapes {json.dumps(call['shapes'][0])}"
               + "".join(f" {k}={v}" for k, v in call["kwargs"].items()) + f" on {report['arch']}")
         for reason in report["skipped"]:
             print(f"  not built there: {reason}")
-        if "shape_class" in report:
-            print(f"  shape class: {report['shape_class']}")
+        shown = None
         for kernel in report["kernels"]:
+            if (kernel["kernel_op"], kernel["shape_class"]) != shown:  # one header per op call
+                shown = (kernel["kernel_op"], kernel["shape_class"])
+                print(f"  {kernel['kernel_op']}: shape class: {kernel['shape_class']}")
             _print_kernel(kernel)
         print()
     return 0

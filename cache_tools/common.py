@@ -1,6 +1,7 @@
 """Pieces every subcommand shares: the bad-input error, arch/size/age parsing, and plain-text tables."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -54,6 +55,70 @@ def entry_archs(archs: Sequence[str]) -> set[str]:
         selected.add(target.arch(False))
         selected.add(target.arch(True))
     return selected
+
+
+def check_archs_supported(archs: Sequence[str]) -> None:
+    """Bad input, before any work: a GPU arch that no compiler installed here can target (sm_999, or one newer
+    than this CUDA).  Where no compiler is installed nothing can be checked; prewarm then reports every kernel
+    as one it cannot build here."""
+    from jitops.backends import toolkit
+
+    gpu = [a for a in archs if a != "cpu"]
+    if not gpu:
+        return
+    compilers = {name: found for name, found in (("NVRTC", toolkit.nvrtc_archs()), ("nvcc", toolkit.nvcc_archs()))
+                 if found is not None}
+    if not compilers:
+        return
+    for arch in gpu:
+        if not any(toolkit.arch_number(arch) in found for found in compilers.values()):
+            known = "; ".join(f"{name} compiles for {toolkit.format_archs(found)}" for name, found in compilers.items())
+            raise UsageError(f"--arch {arch}: no compiler here can build for it ({known}).  Use one of those "
+                             "(sm_80 for A100, sm_90a for H100), or install the CUDA release that supports it")
+
+
+# ---- filesystem errors ---------------------------------------------------------------------------------------------
+_REMEDIES = {
+    errno.EROFS: "the filesystem is read-only: give a writable --cache-dir (a read-only cache is read, never "
+                 "changed, through JITOPS_CACHE_PATH)",
+    errno.EACCES: "permission denied: run as the owner of that path, or give a --cache-dir you can write",
+    errno.EPERM: "not permitted: run as the owner of that path, or give a --cache-dir you can write",
+    errno.ENOSPC: "the disk is full: free space there (`prune --max-size SIZE` frees cache space) or give a "
+                  "--cache-dir on another disk",
+    errno.EDQUOT: "the disk quota is exhausted: free space there or give a --cache-dir elsewhere",
+    errno.ENOENT: "it does not exist: create it, or check the path",
+    errno.ENOTDIR: "a part of that path is a file, not a directory: check the path",
+    errno.EISDIR: "it is a directory where a file was expected: give a file name",
+    errno.ENAMETOOLONG: "the path is too long: use a shorter --cache-dir",
+}
+
+
+def os_error_message(exc: OSError) -> str:
+    """'Read-only file system: /c/v1/x -> /c/v1/tmp/x.removed; the filesystem is read-only: give a writable
+    --cache-dir ...': what failed, on which path, and what to do."""
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    what = exc.strerror or str(exc).removeprefix("jitops: ")
+    text = what + (f": {' -> '.join(paths)}" if paths else "")
+    remedy = _REMEDIES.get(exc.errno) if exc.errno is not None else None
+    return f"{text}; {remedy}" if remedy else text
+
+
+def check_writable(path: Path) -> None:
+    """Bad input before anything is written: `path` (or the directory that would hold it) is on a read-only
+    filesystem or not writable by this user."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise UsageError(f"the cache root {path} is on a read-only filesystem ({existing}); give a writable "
+                         "--cache-dir (a read-only cache is read, never changed, through JITOPS_CACHE_PATH)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"the cache root {path} is not writable by this user ({existing}); run as its owner, "
+                         "or give a --cache-dir you can write")
 
 
 # ---- sizes and ages ------------------------------------------------------------------------------------------------

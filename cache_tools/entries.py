@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import jitops
 from jitops import config, runtime
 from jitops.cache import CacheEntry, CorruptEntry
 
@@ -34,11 +35,24 @@ def cache_entries(archs: Sequence[str] = ()) -> tuple[list[CacheEntry], list[dic
     return good, bad
 
 
+def op_names(meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(public op, the op that asked) of an entry.  Entries written before public names kept only the op
+    that asked (layer_norm_forward): its public op is looked up (an op of a module not imported stays as is)."""
+    op, kernel_op = meta.get("op"), meta.get("kernel_op")
+    if op is None or kernel_op is not None:
+        return op, kernel_op
+    try:
+        return jitops.find_public(op).name, op
+    except ValueError:
+        return op, op
+
+
 def entry_record(entry: CacheEntry) -> dict[str, Any]:
     """One row of `list` (and of an archive's index)."""
     meta, request = entry.meta, entry.meta.get("request", {})
+    op, kernel_op = op_names(meta)
     return {
-        "op": meta.get("op"), "kernel": request.get("kernel"), "label": meta.get("label"),
+        "op": op, "kernel_op": kernel_op, "kernel": request.get("kernel"), "label": meta.get("label"),
         "backend": request.get("backend"), "arch": request.get("arch"), "dtype": request.get("dtype"),
         "shape_class": meta.get("shape_class") or " ".join(f"{k}={v}" for k, v in request.get("shape_class", [])),
         "size": dir_size(entry.path), "compile_seconds": meta.get("compile_seconds"),
@@ -52,10 +66,11 @@ def entry_record(entry: CacheEntry) -> dict[str, Any]:
 def list_entries(archs: Sequence[str] = (), ops: Sequence[str] = ()) -> dict[str, Any]:
     good, bad = cache_entries(archs)
     rows = [entry_record(e) for e in good]
-    if ops:
+    if ops:  # a public op (layer_norm) or one of its ops (layer_norm_backward)
         wanted = {o.removeprefix("jitops::") for o in ops}
-        rows = [r for r in rows if r["op"] in wanted]
-    rows.sort(key=lambda r: (str(r["op"]), str(r["kernel"]), str(r["arch"]), str(r["dtype"]), str(r["label"])))
+        rows = [r for r in rows if r["op"] in wanted or r["kernel_op"] in wanted]
+    rows.sort(key=lambda r: (str(r["op"]), str(r["kernel_op"]), str(r["kernel"]), str(r["arch"]), str(r["dtype"]),
+                             str(r["label"])))
     return {"roots": roots(), "entries": rows, "unreadable": bad}
 
 
@@ -114,7 +129,8 @@ def verify(archs: Sequence[str] = (), jobs: int | None = None, fix: bool = False
             if runtime.find_entry(key, any_toolchain=config.offline or not can_compile) is not None:
                 report.covered += 1
             else:
-                report.missing.append({"op": job.op, "kernel": job.request.kernel, "label": job.label,
+                report.missing.append({"op": job.op, "kernel_op": job.kernel_op, "kernel": job.request.kernel,
+                                       "label": job.label,
                                        "arch": job.arch, "dtype": job.request.dtype, "shape_class": job.shape_class,
                                        "where": job.call.where, "call": job.call.item()})
     return report

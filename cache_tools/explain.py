@@ -13,8 +13,11 @@ from .entries import cache_entries
 from .manifest import Call, Job, plan
 
 
-def explain(calls: Sequence[Call], archs: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """One report per (call, arch): the shape class and, per kernel, key, status and nearest entry."""
+def explain(calls: Sequence[Call], archs: Sequence[str] = (),
+            fix_command: str = "jitops-cache verify --fix") -> list[dict[str, Any]]:
+    """One report per (call, arch): per kernel (of every op call a public op's call leads to, or of the one
+    op call an item with kernel_op names), the op and shape class that ask for it, key, status and nearest
+    entry.  "shape_class" is the first op call's."""
     entries, _ = cache_entries()
     by_kernel: dict[str, list[CacheEntry]] = {}
     for entry in entries:
@@ -26,19 +29,20 @@ def explain(calls: Sequence[Call], archs: Sequence[str] = ()) -> list[dict[str, 
             report: dict[str, Any] = {"call": call.item(), "arch": arch, "kernels": [],
                                       "skipped": [s["reason"] for s in result.skipped]}
             for job in result.jobs:
-                report["shape_class"] = job.shape_class
+                report.setdefault("shape_class", job.shape_class)
                 report["kernels"].append(_explain_job(job, by_kernel.get(job.request.kernel, []),
-                                                      len(entries)))
+                                                      len(entries), fix_command))
             reports.append(report)
     return reports
 
 
-def _explain_job(job: Job, same_kernel: list[CacheEntry], total_entries: int) -> dict[str, Any]:
+def _explain_job(job: Job, same_kernel: list[CacheEntry], total_entries: int, fix_command: str) -> dict[str, Any]:
     key, can_compile = runtime.key_for(job.request, job.target)
     any_toolchain = config.offline or not can_compile
     found = runtime.find_entry(key, any_toolchain=any_toolchain)
     info: dict[str, Any] = {
-        "name": job.name, "kernel": job.request.kernel, "label": job.label, "backend": job.request.backend,
+        "name": job.name, "kernel_op": job.kernel_op, "shape_class": job.shape_class,
+        "kernel": job.request.kernel, "label": job.label, "backend": job.request.backend,
         "arch": job.arch, "dtype": job.request.dtype, "key": {"request": key.request, "toolchain": key.toolchain},
         "request_hash": key.request_hash, "toolchain_hash": key.toolchain_hash, "entry_name": key.dirname(),
         "status": "hit" if found is not None else "miss", "entry": str(found.path) if found else None,
@@ -81,7 +85,7 @@ def _explain_job(job: Job, same_kernel: list[CacheEntry], total_entries: int) ->
                         "builds its own in its writable root.  Offline mode (JITOPS_OFFLINE=1) or shipping "
                         "that cache as a read-only root (JITOPS_CACHE_PATH) would use it")
     elif not request_diff and not toolchain_diff:
-        info["note"] = "an entry with this key exists but fails its checksum: run `jitops-cache verify --fix`"
+        info["note"] = f"an entry with this key exists but fails its checksum: run `{fix_command}`"
     return info
 
 

@@ -4,7 +4,13 @@ A manifest item names one op, its dtypes and example calls (docs/cache_tools.md)
     {"op": "gelu", "dtypes": ["bf16", "fp16"], "shapes": [[[4096, 8192]]], "kwargs": {"approximate": "tanh"}}
 Each entry of "shapes" is one call: the shapes of its tensor arguments in order (null for an absent optional
 tensor, a list of shapes for a Tensor[] argument).  "strides" (parallel to "shapes") replays non-contiguous
-calls; "archs" on an item overrides the manifest's.  JITOPS_RECORD lines are items with "archs".
+calls; "archs" on an item overrides the manifest's.
+
+"op" is a public op (what users call: layer_norm, grouped_gemm, gemm ...), and the item builds every kernel a
+call of it can use: the no-grad path, the path that records a gradient, and that gradient's backward ("grad":
+false or true keeps one path).  An item with "kernel_op" (the internal op the call reached, e.g.
+layer_norm_backward) builds exactly that op's call: JITOPS_RECORD lines are such items, with "archs".  An
+internal op's name as "op" means the same.
 
 Everything is validated before anything is built: a bad item raises UsageError naming the file, the item and
 what to change.
@@ -23,7 +29,7 @@ from jitops.specs import BuildRequest
 
 from .common import UsageError, normalize_arch, parse_archs
 
-ITEM_KEYS = ("op", "dtypes", "shapes", "kwargs", "strides", "archs")
+ITEM_KEYS = ("op", "kernel_op", "grad", "dtypes", "shapes", "kwargs", "strides", "archs")
 MANIFEST_KEYS = ("archs", "ops")
 
 
@@ -31,26 +37,35 @@ MANIFEST_KEYS = ("archs", "ops")
 class Call:
     """One example call: one op, one dtype, one entry of "shapes"."""
 
-    op: str
+    op: str                     # the public op
     dtype: str
     shapes: list[Any]
     kwargs: dict[str, Any]
     strides: list[Any] | None
     archs: tuple[str, ...]
-    where: str  # "m.json ops[2]" or "misses.jsonl:17", for messages
+    where: str                  # "m.json ops[2]" or "misses.jsonl:17", for messages
+    kernel_op: str | None = None  # exactly this op's call (a JITOPS_RECORD line); None: everything op can use
+    grad: bool | None = None      # only the path that records a gradient (True) or the one that does not (False)
 
     def item(self) -> dict[str, Any]:
         """This call as a manifest item (what JITOPS_RECORD would write for it, less the archs)."""
-        item: dict[str, Any] = {"op": self.op, "dtypes": [self.dtype], "shapes": [self.shapes],
-                                "kwargs": self.kwargs}
+        item: dict[str, Any] = {"op": self.op}
+        if self.kernel_op is not None:
+            item["kernel_op"] = self.kernel_op
+        if self.grad is not None:
+            item["grad"] = self.grad
+        item.update({"dtypes": [self.dtype], "shapes": [self.shapes], "kwargs": self.kwargs})
         if self.strides is not None:
             item["strides"] = [self.strides]
         return item
 
     def describe(self) -> str:
-        text = f"{self.op} {self.dtype} {json.dumps(self.shapes)}"
+        text = self.op + (f" ({self.kernel_op})" if self.kernel_op and self.kernel_op != self.op else "")
+        text += f" {self.dtype} {json.dumps(self.shapes)}"
         if self.kwargs:
             text += " " + " ".join(f"{k}={v}" for k, v in self.kwargs.items())
+        if self.grad is not None:
+            text += " with grad" if self.grad else " without grad"
         return text
 
 
@@ -58,13 +73,15 @@ class Call:
 class Job:
     """One kernel to build: a request for one target, and the call that asks for it."""
 
-    op: str
-    name: str             # the kernel's name in the op ("forward", "cpu", ...)
+    op: str               # the public op
+    kernel_op: str        # the op whose call needs the kernel (layer_norm_backward)
+    name: str             # the kernel's name in that op ("forward", "cpu", ...)
     request: BuildRequest
     target: Target
     arch: str             # the exact compile target (sm_90 for a portable kernel asked for sm_90a)
     shape_class: str
     call: Call
+    item: dict[str, Any]  # that op's call as an exact manifest item (for JITOPS_RECORD and offline errors)
 
     @property
     def label(self) -> str:
@@ -74,7 +91,7 @@ class Job:
 @dataclass
 class Plan:
     jobs: list[Job]
-    skipped: list[dict[str, str]]  # calls an op does not build on a target: {"where", "call", "arch", "reason"}
+    skipped: list[dict[str, str]]  # calls not built on a target: {"where", "call", "arch", "kind", "reason"}
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
@@ -147,16 +164,15 @@ def parse_item(item: Any, archs: Sequence[str], where: str) -> list[Call]:
                          '{"op": "gelu", "dtypes": ["bf16"], "shapes": [[[4096, 8192]]]}, '
                          f"got {type(item).__name__}")
     _check_keys(item, ITEM_KEYS, where)
-    op = item.get("op")
-    if not isinstance(op, str) or not op:
-        raise UsageError(f"{where}: \"op\" must name an op, e.g. \"gelu\"")
-    try:
-        jitops.find(op)
-    except ValueError as exc:
-        hint = "; an op declared in your own code needs --import MODULE (the module that declares it)" \
-            if "::" in op and not op.startswith("jitops::") else ""
-        raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}{hint}") from None
-    where = f"{where} ({op})"
+    op, kernel_op = _resolve(item, where)
+    grad = item.get("grad")
+    if grad is not None and not isinstance(grad, bool):
+        raise UsageError(f"{where}: \"grad\" must be true (only calls that record a gradient, and their "
+                         "backward), false (only calls that do not) or absent (both)")
+    if grad is not None and kernel_op is not None:
+        raise UsageError(f"{where}: \"grad\" chooses among the calls of the public op {op}; an item naming "
+                         f"{kernel_op} builds exactly that call: drop one of them")
+    where = f"{where} ({op if kernel_op is None else kernel_op})"
     dtypes = item.get("dtypes")
     if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
         raise UsageError(f"{where}: \"dtypes\" must be a non-empty list of names such as [\"bf16\", \"fp32\"]")
@@ -185,8 +201,33 @@ def parse_item(item: Any, archs: Sequence[str], where: str) -> list[Call]:
         raise UsageError(f"{where}: \"kwargs\" must be an object of the op's other arguments, e.g. "
                          '{"approximate": "tanh"}')
     item_archs = _archs(item.get("archs"), f"{where} \"archs\"") or tuple(archs)
-    return [Call(op, dtype, shapes, dict(kwargs), strides[number] if strides else None, item_archs, where)
+    return [Call(op, dtype, shapes, dict(kwargs), strides[number] if strides else None, item_archs, where,
+                 kernel_op, grad)
             for dtype in dtypes for number, shapes in enumerate(calls_shapes)]
+
+
+def _resolve(item: dict[str, Any], where: str) -> tuple[str, str | None]:
+    """(public op, exact op or None) of an item: {"op": "layer_norm"} is the public op; {"op": "layer_norm",
+    "kernel_op": "layer_norm_backward"} and {"op": "layer_norm_backward"} the exact call of an internal op."""
+    name, kernel_op = item.get("op"), item.get("kernel_op")
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{where}: \"op\" must name an op, e.g. \"gelu\" or \"layer_norm\"")
+    if kernel_op is not None and (not isinstance(kernel_op, str) or not kernel_op):
+        raise UsageError(f"{where}: \"kernel_op\" must name an op of {name}, e.g. \"layer_norm_backward\"")
+    try:
+        public = jitops.find_public(name)
+        exact = jitops.find(kernel_op) if kernel_op is not None else None
+    except ValueError as exc:
+        missing = kernel_op if kernel_op is not None and "::" in kernel_op else name
+        hint = "; an op declared in your own code needs --import MODULE (the module that declares it)" \
+            if "::" in missing and not missing.startswith("jitops::") else ""
+        raise UsageError(f"{where}: {str(exc).removeprefix('jitops: ')}{hint}") from None
+    if exact is None and public.name != name.removeprefix("jitops::"):
+        exact = jitops.find(name)  # an internal op named as "op"
+    if exact is not None and exact not in public.ops:
+        raise UsageError(f"{where}: \"kernel_op\" {kernel_op!r} is not an op of {public.name} (its ops: "
+                         f"{', '.join(o.display_name for o in public.ops)})")
+    return public.name, exact.display_name if exact is not None else None
 
 
 def _read(path: Path, what: str) -> str:
@@ -241,9 +282,11 @@ def _check_call_shapes(shapes: Any, where: str, what: str) -> None:
 def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool = True) -> Plan:
     """The kernels `calls` need on their archs (or on `arch_override`), deduplicated.
 
-    A call an op has no implementation for on a target (gemm on cpu) is skipped.  A call the op rejects
-    (fp16 on the CPU path) is an error when `strict` (a user's manifest: say it before building anything),
-    and skipped otherwise (--all-builtin: the common classes are written for the GPU)."""
+    A call of a public op expands into every op call it can lead to (jitops.Public.calls: the no-grad path,
+    the grad path and its backward); a call with kernel_op is that op's call alone.  A call an op has no
+    implementation for on a target (gemm's CUTLASS kernels on cpu) is skipped.  A call the op rejects (fp16 on
+    the CPU path) is an error when `strict` (a user's manifest: say it before building anything), and skipped
+    otherwise (--all-builtin: the common classes are written for the GPU)."""
     jobs: dict[tuple[BuildRequest, str], Job] = {}
     skipped: list[dict[str, str]] = []
     errors: list[str] = []
@@ -252,30 +295,44 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
         if not archs:
             raise UsageError(f"{call.where}: no arch to build for; give --arch (e.g. --arch sm_90a,cpu) or an "
                              "\"archs\" list in the manifest")
-        op = jitops.find(call.op)
+        public = jitops.find_public(call.op)
+        if call.kernel_op is not None:
+            entry, shapes, kwargs = jitops.find(call.kernel_op), call.shapes, call.kwargs
+        else:
+            try:
+                entry, shapes, kwargs = public.form(call.shapes, call.kwargs)
+            except ValueError as exc:
+                errors.append(f"{call.where}: {call.describe()}: {str(exc).removeprefix('jitops: ')}")
+                continue
         for arch in archs:
             target = Target.parse(arch)
-            if target.device_type not in op.impls:
-                skipped.append({"where": call.where, "call": call.describe(), "arch": normalize_arch(arch),
-                                "reason": f"{op.name} has no {target.device_type} implementation"})
+            where = {"where": call.where, "call": call.describe(), "arch": normalize_arch(arch)}
+            if target.device_type not in entry.impls:
+                skipped.append(dict(where, kind="no implementation",
+                                    reason=f"{public.name} has no {target.device_type} implementation"))
                 continue
             try:
-                args = op.example_args(call.dtype, call.shapes, call.kwargs, call.strides,
-                                       device="cpu" if target.device_type == "cpu" else "meta")
-                requests = op.requests_for(args, target)
-                shape_class = str(op.shape_class(*args))
+                args = entry.example_args(call.dtype, shapes, kwargs, call.strides,
+                                          device="cpu" if target.device_type == "cpu" else "meta")
+                entry.shape_class(*args)  # the op's own checks, before anything derived from the call
+                op_calls = [(entry, args)] if call.kernel_op is not None else public.calls(entry, args, call.grad)
+                found = []
+                for op_, op_args in op_calls:
+                    if target.device_type in op_.impls:
+                        found.append((op_, op_args, op_.requests_for(op_args, target), str(op_.shape_class(*op_args))))
             except Exception as exc:  # noqa: BLE001 - the op's own checks: TypeError, ValueError, KeyError...
                 reason = str(exc).removeprefix("jitops: ") or type(exc).__name__
                 if strict:
                     errors.append(f"{call.where}: {call.describe()} on {normalize_arch(arch)}: {reason}")
                 else:
-                    skipped.append({"where": call.where, "call": call.describe(), "arch": normalize_arch(arch),
-                                    "reason": reason})
+                    skipped.append(dict(where, kind="rejected", reason=reason))
                 continue
-            for name, request in requests.items():
-                key = (request, request.arch(target))
-                if key not in jobs:
-                    jobs[key] = Job(op.name, name, request, target, request.arch(target), shape_class, call)
+            for op_, op_args, requests, shape_class in found:
+                for name, request in requests.items():
+                    key = (request, request.arch(target))
+                    if key not in jobs:
+                        jobs[key] = Job(public.name, op_.display_name, name, request, target, request.arch(target),
+                                        shape_class, call, op_.manifest_item(op_args))
     if errors:
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
         raise UsageError("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +

@@ -1,9 +1,10 @@
 """Build every kernel of a plan into the writable cache root, in parallel, with progress and a report.
 
 Parallelism: --jobs worker threads, so at most N compiles run at once.  NVRTC compiles in the thread (CuPy's
-binding releases the GIL) and nvcc runs as a subprocess.  load_inline builds go to a pool of spawned
-processes: torch's load_inline reads TORCH_CUDA_ARCH_LIST and MAX_JOBS from os.environ, which the backend sets
-around each build, so two builds in one process could compile for each other's arch.
+binding releases the GIL); nvcc and load_inline's ninja run as subprocesses, each in a process group of its
+own (jitops.backends.processes).  An interrupt (SIGINT, or SIGTERM, which the command line turns into one)
+starts nothing new, stops every compiler process group and lets the worker threads remove their build
+directories before the command exits; NVRTC compiles under way (seconds) finish and publish.
 
 Nothing here decides what is cached: jitops.runtime.prewarm() takes the per-key lock, re-checks and publishes
 atomically, so a prewarm and processes using the ops on the same cache are safe together.
@@ -11,18 +12,14 @@ atomically, so a prewarm and processes using the ops on the same cache are safe 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import threading
 import time
 import traceback
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from jitops import MissContext, config, runtime
-from jitops.backends import BACKENDS
-from jitops.config import settings as setting_names
-from jitops.specs import BuildRequest, Target
+from jitops.backends import BACKENDS, processes
 
 from .manifest import Job, Plan
 from .progress import Progress
@@ -39,7 +36,8 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         job = self.job
-        return {"op": job.op, "kernel": job.request.kernel, "label": job.label, "backend": job.request.backend,
+        return {"op": job.op, "kernel_op": job.kernel_op, "kernel": job.request.kernel, "label": job.label,
+                "backend": job.request.backend,
                 "arch": job.arch, "dtype": job.request.dtype, "shape_class": job.shape_class,
                 "call": job.call.item(), "outcome": self.outcome, "seconds": round(self.seconds, 3),
                 "error": self.error}
@@ -96,20 +94,19 @@ def prewarm(plan: Plan, jobs: int | None = None, progress: bool = True, stream: 
     # The display reports progress; the runtime's own "compiling ..." lines would break the bar.  Without the
     # display (--no-progress) they are the only sign of a long compile, so they stay.
     with config.scope(progress_seconds=1e9) if progress else contextlib.nullcontext():
-        builder = _Builder(jobs, sum(plan.jobs[i].request.backend == "load_inline" for i in todo))
         try:
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="prewarm") as threads:
-                futures: dict[Future, int] = {threads.submit(builder.build, i, plan.jobs[i], display): i
-                                              for i in todo}
+                futures: dict[Future, int] = {threads.submit(_build, i, plan.jobs[i], display): i for i in todo}
                 try:
                     for future in as_completed(futures):
                         results[futures[future]] = future.result()
-                except BaseException:  # Ctrl-C: start nothing new; the builds under way finish and publish
+                except BaseException:  # Ctrl-C, SIGTERM: start nothing new, stop the compilers under way
                     for future in futures:
                         future.cancel()
+                    processes.stop_all(refuse_new=True)
                     raise
         finally:
-            builder.close()
+            processes.allow_new()
             display.close()
     return PrewarmReport([r for r in results if r is not None], list(plan.skipped),
                          time.perf_counter() - started, jobs)
@@ -123,60 +120,26 @@ def _settle(job: Job) -> Result | None:
             return Result(job, "cached")
     except Exception as exc:  # noqa: BLE001 - e.g. CUTLASS headers missing: report it by name
         return Result(job, "failed", error=f"{type(exc).__name__}: {exc}")
+    backend = BACKENDS[job.request.backend]
     if not can_compile:
-        reason = BACKENDS[job.request.backend].unavailable_reason(job.request) or \
-            f"no {job.request.backend} toolchain here"
+        reason = backend.unavailable_reason(job.request) or f"no {job.request.backend} toolchain here"
         return Result(job, "unbuildable", error=reason)
+    unsupported = backend.unsupported_arch(job.request, job.arch)
+    if unsupported:
+        return Result(job, "unbuildable", error=unsupported)
     return None
 
 
-class _Builder:
-    """Runs one job in a worker thread; load_inline jobs in a spawned process of a shared pool."""
-
-    def __init__(self, jobs: int, inline_jobs: int) -> None:
-        self.processes = min(jobs, inline_jobs)
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
-        # Workers start with the environment, not with this process's config.scope(): pass every setting.
-        self.settings = {name: getattr(config, name) for name in setting_names()}
-
-    def build(self, index: int, job: Job, display: Progress) -> Result:
-        display.start(index, f"{job.label} [{job.arch}]")
-        started = time.perf_counter()
-        args = (job.request, job.target, job.op, job.shape_class, job.call.item())
-        try:
-            if job.request.backend == "load_inline":
-                outcome, error = self._pool_submit(args).result()
-            else:
-                outcome, error = _build(*args)
-        except Exception as exc:  # noqa: BLE001 - a worker process that died (BrokenProcessPool) and the like
-            outcome, error = "failed", f"{type(exc).__name__}: {exc}"
-        result = Result(job, outcome, time.perf_counter() - started, error)
-        display.finish(index, job.label, outcome, job.arch, result.seconds)
-        return result
-
-    def _pool_submit(self, args: tuple[Any, ...]) -> Future:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(max_workers=self.processes,
-                                                 mp_context=multiprocessing.get_context("spawn"))
-            return self._pool.submit(_build_in_process, self.settings, *args)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _build(request: BuildRequest, target: Target, op: str, shape_class: str,
-           item: dict[str, Any]) -> tuple[str, str | None]:
+def _build(index: int, job: Job, display: Progress) -> Result:
+    """One job, in a worker thread."""
+    display.start(index, f"{job.label} [{job.arch}]")
+    started = time.perf_counter()
     try:
-        return runtime.prewarm(request, target, MissContext(op, shape_class, item)), None
+        outcome = runtime.prewarm(job.request, job.target,
+                                  MissContext(job.op, job.shape_class, job.item, kernel_op=job.kernel_op))
+        error = None
     except Exception as exc:  # noqa: BLE001 - CompileError, ToolchainError, OSError: reported per kernel
-        return "failed", str(exc) or traceback.format_exc(limit=3)
-
-
-def _build_in_process(settings: dict[str, Any], *args: Any) -> tuple[str, str | None]:
-    """In a spawned worker: the caller's settings, then the build.  Returns plain strings (CompileError does
-    not survive pickling)."""
-    with config.scope(**settings):
-        return _build(*args)
+        outcome, error = "failed", str(exc) or traceback.format_exc(limit=3)
+    result = Result(job, outcome, time.perf_counter() - started, error)
+    display.finish(index, job.label, outcome, job.arch, result.seconds)
+    return result

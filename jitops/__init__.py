@@ -13,7 +13,8 @@ from . import shapes
 from ._logging import install_handler
 from .config import config
 from .errors import CacheMissError, CompileError, ConfigError, JitopsError, ToolchainError
-from .op import CallRecorder, Impl, Kernels, Op, find, op, record_calls, registered
+from .op import (CallRecorder, Impl, Kernels, Op, Public, find, find_public, op, public, public_names,
+                 record_calls, registered)
 from .runtime import MissContext, reset_stats, runtime, stats
 from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
@@ -55,7 +56,7 @@ __all__ = [
     "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm", "linear",
     "patch", "unpatch", "prefetch", "PatchReport", "PrefetchReport",
     "record_calls", "CallRecorder",
-    "op", "Impl", "Kernels", "Op", "find", "registered",
+    "op", "Impl", "Kernels", "Op", "find", "registered", "public", "Public", "find_public", "public_names",
     "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "wait", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
     "JitopsError", "CompileError", "CacheMissError", "ToolchainError", "ConfigError",

@@ -179,7 +179,7 @@ class Config:
         "Seconds to wait for another process compiling the same kernel before giving up.")
     jobs: Setting[int] = Setting(
         "JITOPS_JOBS", _parse_int, lambda: os.cpu_count() or 1,
-        "Parallel compiles in prewarm and ninja jobs in load_inline builds.")
+        "Parallel compiles in prewarm (and checksum threads in cache_tools verify, export and import).")
     cuda_home: Setting[Path | None] = Setting(
         "JITOPS_CUDA_HOME", _parse_path, lambda: None,
         "CUDA toolkit to use for headers and nvcc, overriding the pip wheels, CUDA_HOME and CUDA_PATH.")

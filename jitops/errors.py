@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -22,18 +23,23 @@ class CacheMissError(JitopsError):
     """Offline mode (JITOPS_OFFLINE=1) met a kernel that is not in any cache root."""
 
     def __init__(self, *, op: str, kernel: str, shape_class: object, arch: str, roots: Sequence[Path],
-                 manifest_item: str | None) -> None:
+                 manifest_item: str | None, kernel_op: str | None = None) -> None:
         self.op, self.kernel, self.shape_class, self.arch = op, kernel, shape_class, arch
+        self.kernel_op = kernel_op
         where = ", ".join(str(r) for r in roots) or "(no cache roots)"
-        prewarm = "python -m cache_tools prewarm --arch {arch} --manifest M.json".format(arch=arch)
+        # The remedy repeats the cache in use: the root an image reads (the first, read-only ones come first),
+        # so the prewarm fills the directory that is shipped, not the build machine's default cache.
+        cache_dir = f" --cache-dir {shlex.quote(str(roots[0]))}" if roots else ""
+        prewarm = f"python -m cache_tools prewarm{cache_dir} --arch {arch} --manifest M.json"
         if manifest_item:
             prewarm += f"   # with M.json = {{\"ops\": [{manifest_item}]}}"
+        via = f" (through its op {kernel_op})" if kernel_op and kernel_op != op else ""
         super().__init__(
-            f"jitops: offline mode (JITOPS_OFFLINE=1) and op {op!r} needs kernel {kernel!r} for arch {arch}, "
+            f"jitops: offline mode (JITOPS_OFFLINE=1) and op {op!r}{via} needs kernel {kernel!r} for arch {arch}, "
             f"shape class {shape_class}, which is not cached in: {where}.\n"
             f"Prewarm it on a build machine (no GPU needed for NVRTC kernels) and ship the cache:\n  {prewarm}\n"
             f"or record every miss of a real run with JITOPS_RECORD=misses.jsonl and replay it with "
-            f"`python -m cache_tools prewarm --record misses.jsonl`.")
+            f"`python -m cache_tools prewarm{cache_dir} --record misses.jsonl`.")
 
 
 class CompileError(JitopsError):

@@ -21,6 +21,7 @@ benchmarks/probe_launch_paths.py).  So the public function, generated per op:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 from dataclasses import dataclass
@@ -124,7 +125,8 @@ class Op:
                  cuda: Impl | None = None, cpu: Impl | None = None,
                  setup_context: Callable[..., None] | None = None, backward: Callable[..., Any] | None = None,
                  keyword_only: Sequence[str] = (), doc: str | None = None,
-                 fallback: Callable[..., Any] | None = None) -> None:
+                 fallback: Callable[..., Any] | None = None,
+                 companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None) -> None:
         qualname, _, signature = schema.partition("(")
         namespace, _, name = qualname.rpartition("::")
         self.namespace = namespace or "jitops"
@@ -150,6 +152,11 @@ class Op:
         # (JITOPS_COMPILE=background).  Ops without one always wait for their kernels.
         self.fallback = fallback
         self._pending: dict[tuple[int, Any], list[Any]] = {}  # (device, class) -> background compiles
+        self.companions = companions
+        # The public op this one belongs to (jitops.public() sets it for internal ops), and whether its
+        # arguments are that public function's (then its errors name the public function).
+        self.public = self.display_name
+        self.is_entry = True
         self.__doc__ = doc
         self._memo: dict[tuple[int, Any], Kernels] = {}
         self._targets: dict[int, Target] = {}
@@ -341,7 +348,7 @@ class Op:
             t = args[i]
             if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
                 if not isinstance(t, torch.Tensor):
-                    raise TypeError(f"jitops.{self.name}: argument '{self.args[i].name}' must be a torch.Tensor, "
+                    raise TypeError(f"{self.label}: argument '{self.args[i].name}' must be a torch.Tensor, "
                                     f"got {type(t).__name__}")
                 return _DISPATCHER  # subclasses (FakeTensor, DTensor, ...): the dispatcher knows what to do
             if grad and t.requires_grad:
@@ -377,18 +384,23 @@ class Op:
         tensors = self._tensors(args)
         for i in self._tensor_positions:
             if not isinstance(args[i], torch.Tensor):
-                raise TypeError(f"jitops.{self.name}: argument '{self.args[i].name}' must be a torch.Tensor, "
+                raise TypeError(f"{self.label}: argument '{self.args[i].name}' must be a torch.Tensor, "
                                 f"got {type(args[i]).__name__}")
         if not tensors:
-            raise ValueError(f"jitops.{self.name}: no tensor arguments")
+            lists = [a.name for a in self.args if a.kind == "tensor_list"]
+            if lists:
+                raise ValueError(f"{self.label}: argument{'s' if len(lists) > 1 else ''} "
+                                 f"{' and '.join(repr(n) for n in lists)} hold no tensors; give at least one (the "
+                                 "tensors say which device and dtype to run on)")
+            raise ValueError(f"{self.label}: no tensor arguments")
         for name, t in tensors:
             if t.layout != torch.strided:
-                raise TypeError(f"jitops.{self.name}: argument '{name}' has layout {t.layout}; only dense (strided) "
+                raise TypeError(f"{self.label}: argument '{name}' has layout {t.layout}; only dense (strided) "
                                 "tensors are supported: call .to_dense() first")
         first_name, first = tensors[0]
         for name, t in tensors[1:]:
             if t.device != first.device:
-                raise ValueError(f"jitops.{self.name}: argument '{name}' is on {t.device} but '{first_name}' is on "
+                raise ValueError(f"{self.label}: argument '{name}' is on {t.device} but '{first_name}' is on "
                                  f"{first.device}; move them to one device")
         return first
 
@@ -425,7 +437,7 @@ class Op:
             impl = self.impls.get("cuda" if first.is_cuda else first.device.type)
             device_index = first.get_device()
         if impl is None:
-            raise ValueError(f"jitops.{self.name}: inputs are on {first.device}, but this op runs on "
+            raise ValueError(f"{self.label}: inputs are on {first.device}, but this op runs on "
                              f"{' and '.join(self.impls)} only")
         shape_class = self.shape_class(*args)
         kernels = self._memo.get((device_index, shape_class))
@@ -498,7 +510,7 @@ class Op:
                 return None  # still compiling, or a compile failed (warned once): torch's implementation
             del self._pending[memo_key]
         target = self.target(device_type, device_index)
-        context = MissContext(self.name, shape_class, self.manifest_item(args))
+        context = MissContext(self.public, shape_class, self.manifest_item(args), kernel_op=self.display_name)
         index = device_index if device_index >= 0 else None
         requests = impl.kernels(shape_class, target)
         if self.fallback is not None and config.compile_mode == "background" and not config.offline:
@@ -551,10 +563,10 @@ class Op:
                     contiguous &= value.is_contiguous()
                     dtype = dtype or value.dtype
         kwargs = {a.name: _jsonable(args[i]) for i, a in enumerate(self.args) if a.kind == "value"}
-        # jitops' own ops by short name; others qualified (jitops.find("mylib::scaled_add") finds them on replay).
-        name = self.name if self.namespace == "jitops" else self.qualname
-        item: dict[str, Any] = {"op": name, "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes],
-                                "kwargs": kwargs}
+        # The public op, and this op as "kernel_op": replaying the item builds exactly this call's kernels (an
+        # item without kernel_op builds every kernel the public op can use: its backward, its no-grad path).
+        item: dict[str, Any] = {"op": self.public, "kernel_op": self.display_name,
+                                "dtypes": [dtype_name(dtype)] if dtype else [], "shapes": [shapes], "kwargs": kwargs}
         if not contiguous:
             item["strides"] = [strides]
         return item
@@ -580,11 +592,11 @@ class Op:
                     return _empty(shape, stride, dtype, device)
         tensor_args = [a for a in self.args if a.kind != "value"]
         if len(shapes) != len(tensor_args):
-            raise ValueError(f"jitops.{self.name}: a manifest call gives {len(shapes)} shapes, the op takes "
+            raise ValueError(f"{self.label}: a manifest call gives {len(shapes)} shapes, the op takes "
                              f"{len(tensor_args)} tensor arguments ({', '.join(a.name for a in tensor_args)})")
         unknown = set(kwargs) - {a.name for a in self.args if a.kind == "value"}
         if unknown:
-            raise ValueError(f"jitops.{self.name}: unknown argument(s) {sorted(unknown)} in manifest kwargs")
+            raise ValueError(f"{self.label}: unknown argument(s) {sorted(unknown)} in manifest kwargs")
         strides = strides or [None] * len(shapes)
         shape_iter = iter(zip(shapes, strides))
         values: list[Any] = []
@@ -598,7 +610,7 @@ class Op:
                 elif a.has_default:
                     values.append(a.default)
                 else:
-                    raise ValueError(f"jitops.{self.name}: manifest call lacks argument '{a.name}'")
+                    raise ValueError(f"{self.label}: manifest call lacks argument '{a.name}'")
                 continue
             shape, stride = next(shape_iter)
             if a.kind == "tensor_list":
@@ -606,7 +618,7 @@ class Op:
                 values.append([make(s, st, torch_dtype) for s, st in zip(shape, stride)])
             elif shape is None:
                 if a.kind != "optional_tensor":
-                    raise ValueError(f"jitops.{self.name}: argument '{a.name}' is a required tensor; its shape "
+                    raise ValueError(f"{self.label}: argument '{a.name}' is a required tensor; its shape "
                                      "cannot be null")
                 values.append(None)
             else:
@@ -617,7 +629,7 @@ class Op:
         """The build requests a call with `args` (e.g. from example_args) needs on `target`."""
         impl = self.impls.get(target.device_type)
         if impl is None:
-            raise ValueError(f"jitops.{self.name}: no {target.device_type} implementation")
+            raise ValueError(f"{self.label}: no {target.device_type} implementation")
         return dict(impl.kernels(self.shape_class(*args), target))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -625,6 +637,87 @@ class Op:
 
     def __repr__(self) -> str:
         return f"<jitops op {self.qualname}>"
+
+    # ---- names, and the calls a call leads to --------------------------------------------------------------
+    @property
+    def display_name(self) -> str:
+        """jitops' own ops by short name ('gelu'), others qualified ('mylib::scaled_add'): what manifests use."""
+        return self.name if self.namespace == "jitops" else self.qualname
+
+    @property
+    def label(self) -> str:
+        """How errors name the function the user called: 'jitops.layer_norm' for layer_norm_inference (it takes
+        jitops.layer_norm's arguments), 'jitops.layer_norm_backward' for the backward op."""
+        registered_public = self.is_entry and self.public != self.display_name
+        return f"jitops.{self.public if registered_public else self.name}"
+
+    def companion_calls(self, args: tuple[Any, ...], needs: Sequence[bool] | None = None) -> list[tuple["Op", tuple]]:
+        """The op calls that the backward of a call with `args` makes (the op's `companions` declaration), each as
+        (Op, args).  `needs`: whether each tensor argument needs a gradient, like ctx.needs_input_grad (default:
+        all).  Works on meta and fake tensors, so manifests expand without a GPU."""
+        if self.companions is None:
+            return []
+        if needs is None:
+            needs = (True,) * len(self._differentiable)
+        return [(getattr(fn, "op", fn), tuple(call_args)) for fn, call_args in self.companions(*args, needs=tuple(needs))]
+
+    def prefetch(self, *args: Any) -> list[threading.Thread]:
+        """Start loading (compiling, on a cold cache) the kernels this call's backward will need, each in a daemon
+        thread, so they build while the forward's own kernels do.  For a call on a GPU whose inputs require a
+        gradient; once per (device, op, shape class) in a process.  Errors are left for the backward itself to
+        raise; the runtime's per-kernel locks make it wait for a compile still in flight."""
+        tensors = [t for _, t in self._tensors(args)]
+        if not tensors or tensors[0].is_cpu or self.companions is None:
+            return []
+        index = max(tensors[0].get_device(), 0)  # (meta tensors, in tests: device 0)
+        needs = []
+        for i in self._differentiable:
+            value = args[i]
+            items = value if isinstance(value, (list, tuple)) else [value]
+            needs.append(any(isinstance(t, torch.Tensor) and t.requires_grad for t in items))
+        try:
+            key = (index, self.qualname, self.shape_class(*args), tuple(needs))
+        except Exception:  # noqa: BLE001 - bad inputs: the call itself raises the error
+            return []
+        with _PREFETCH_GUARD:
+            if key in _PREFETCHED:  # the common case: a training loop's later steps
+                return []
+            _PREFETCHED.add(key)
+        started = []
+        for op_, call_args in self.companion_calls(args, needs):
+            try:
+                cls = op_.shape_class(*call_args)
+                impl = op_.impls.get("cuda")
+                if impl is None:
+                    continue
+                target = op_.target("cuda", index)
+                with _PREFETCH_GUARD:
+                    if (index, op_.qualname, cls) in _PREFETCHED:  # another forward's backward asked already
+                        continue
+                    _PREFETCHED.add((index, op_.qualname, cls))
+                requests = impl.kernels(cls, target)
+            except Exception as exc:  # noqa: BLE001 - the backward reports bad inputs with its own checks
+                log.debug("no prefetch for %s: %s", op_.qualname, exc)
+                continue
+            context = MissContext(op_.public, cls, op_.manifest_item(call_args), kernel_op=op_.display_name)
+            for request in requests.values():
+                thread = threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
+                                          name=f"jitops-prefetch-{request.kernel}")
+                thread.start()
+                started.append(thread)
+        return started
+
+
+_PREFETCHED: set[tuple[int, str, Any]] = set()
+_PREFETCH_GUARD = threading.Lock()
+
+
+def _load_quietly(request: BuildRequest, target: Target, index: int, context: MissContext) -> None:
+    try:
+        ensure_context(index)  # a fresh thread has no current CUDA context
+        runtime.get_kernel(request, target, index, context)
+    except Exception as exc:  # noqa: BLE001 - the backward raises it with full context when it needs the kernel
+        log.debug("background compile of %s failed: %s", request.label(), exc)
 
 
 def _empty(shape: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -648,10 +741,20 @@ def _jsonable(value: Any) -> Any:
 def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any], cuda: Impl | None = None,
        cpu: Impl | None = None, setup_context: Callable[..., None] | None = None,
        backward: Callable[..., Any] | None = None, keyword_only: Sequence[str] = (),
-       doc: str | None = None, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
-    """Declare an op and return its public function (its `.op` attribute is the Op).  See module docstring."""
+       doc: str | None = None, fallback: Callable[..., Any] | None = None,
+       companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None) -> Callable[..., Any]:
+    """Declare an op and return its public function (its `.op` attribute is the Op).  See module docstring.
+
+    fallback(k, *args) -> outputs through torch's own ops, called like run (k holds only k.shape_class): what
+    a call runs while its kernels compile in the background (JITOPS_COMPILE=background).
+    companions(*args, needs) -> [(op function, args), ...]: the op calls the backward of a call with `args` makes,
+    for the tensor arguments whose `needs` flag is set (one per Tensor/Tensor?/Tensor[] argument, like
+    ctx.needs_input_grad).  New tensors in them come from shapes.placeholder(), so it runs on meta and fake
+    tensors: prewarm builds a public op's backward from a manifest item, and Op.prefetch() starts compiling
+    the backward while the forward compiles."""
     return Op(schema, shape_class=shape_class, fake=fake, cuda=cuda, cpu=cpu, setup_context=setup_context,
-              backward=backward, keyword_only=keyword_only, doc=doc, fallback=fallback).function
+              backward=backward, keyword_only=keyword_only, doc=doc, fallback=fallback,
+              companions=companions).function
 
 
 class CallRecorder:
@@ -706,15 +809,133 @@ def registered() -> dict[str, Op]:
 
 
 def find(name: str) -> Op:
-    """An op by name ('gelu' or 'jitops::gelu').  Loads jitops' built-in ops first."""
-    from . import ops  # noqa: F401 - registers the built-in ops
-
+    """An op by name ('gelu' or 'jitops::gelu').  jitops' built-in ops are registered when jitops is imported
+    (importing jitops.op imports jitops first)."""
     qualname = name if "::" in name else f"jitops::{name}"
     try:
         return _REGISTRY[qualname]
     except KeyError:
-        known = ", ".join(sorted(q.removeprefix("jitops::") for q in _REGISTRY))
-        raise ValueError(f"jitops: unknown op {name!r}; known ops: {known}") from None
+        raise ValueError(f"jitops: unknown op {name!r}; {_known()}") from None
 
 
-__all__ = ["Impl", "Kernels", "Op", "op", "registered", "find", "record_calls", "CallRecorder"]
+# ---- public names -----------------------------------------------------------------------------------------------
+class Public:
+    """A name users call, and the ops that carry it.
+
+    jitops.layer_norm is a Python function over three ops: layer_norm_forward when a gradient is recorded,
+    layer_norm_inference when none is, and layer_norm_backward in the backward.  Registering it (jitops.public)
+    gives manifests, JITOPS_RECORD lines, explain, list, verify and errors one name for all three.  An op
+    declared with jitops.op and no public() around it is its own public op.
+
+    entries: the ops that take the public function's arguments, one per form (grouped_gemm: a list form and a
+        ragged form); their errors say jitops.<name>.
+    parts: ops only its calls reach (backward ops); they keep their own name in errors and show it as detail.
+    form(shapes, kwargs) -> (entry, shapes, kwargs): which entry's argument list a manifest call of the public
+        name is written in, and that call in it (default: the first entry, unchanged).
+    calls(entry, args, grad) -> [(op function, args), ...]: the op calls the public function makes for a call
+        given as `args` of `entry`, when a gradient is recorded (grad=True) or not (default: [(entry, args)]).
+    bind(*args, **kwargs) -> (entry, args): a call of the public function as a call of one entry (default: by
+        the function's signature, onto the first entry's arguments of the same names)."""
+
+    def __init__(self, name: str, function: Callable[..., Any], entries: Sequence[Any], parts: Sequence[Any] = (),
+                 form: Callable[..., tuple[Any, Any, Any]] | None = None,
+                 calls: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None,
+                 bind: Callable[..., tuple[Any, tuple[Any, ...]]] | None = None) -> None:
+        self.name = name
+        self.function = function
+        self.entries: tuple[Op, ...] = tuple(getattr(e, "op", e) for e in entries)
+        self.parts: tuple[Op, ...] = tuple(getattr(p, "op", p) for p in parts)
+        self._form = form
+        self._calls = calls
+        self._bind = bind
+
+    def bind(self, *args: Any, **kwargs: Any) -> tuple[Op, tuple[Any, ...]]:
+        if self._bind is not None:
+            entry, entry_args = self._bind(*args, **kwargs)
+            return getattr(entry, "op", entry), tuple(entry_args)
+        entry = self.entries[0]
+        bound = inspect.signature(self.function).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return entry, tuple(bound.arguments[a.name] for a in entry.args)
+
+    def manifest_item(self, *args: Any, grad: bool | None = None, **kwargs: Any) -> dict[str, Any]:
+        """A call of the public function (real, meta or fake tensors) as a manifest item of the public name,
+        which builds everything the call can use (`grad`: only the path with or without a gradient)."""
+        entry, entry_args = self.bind(*args, **kwargs)
+        item = entry.manifest_item(entry_args)
+        del item["kernel_op"]
+        item["op"] = self.name
+        if grad is not None:
+            item["grad"] = grad
+        return item
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self.entries + self.parts
+
+    def form(self, shapes: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Op, Sequence[Any], Mapping[str, Any]]:
+        if self._form is None:
+            return self.entries[0], shapes, kwargs
+        entry, shapes, kwargs = self._form(shapes, kwargs)
+        return getattr(entry, "op", entry), shapes, kwargs
+
+    def calls(self, entry: Op, args: tuple[Any, ...], grad: bool | None = None) -> list[tuple[Op, tuple]]:
+        """Every op call a call of the public function makes: its direct calls on the grad path (grad=True),
+        the no-grad path (False) or both (None), and on the grad path its backward's calls (Op.companions)."""
+        found: list[tuple[Op, tuple]] = []
+        for path in ((False, True) if grad is None else (grad,)):
+            direct = [(entry, args)] if self._calls is None else \
+                [(getattr(fn, "op", fn), tuple(a)) for fn, a in self._calls(entry, args, path)]
+            for op_, op_args in direct:
+                found.append((op_, op_args))
+                if path:
+                    found += op_.companion_calls(op_args)
+        return found
+
+    def __repr__(self) -> str:
+        return f"<jitops public op {self.name}: {', '.join(o.display_name for o in self.ops)}>"
+
+
+_PUBLIC: dict[str, Public] = {}
+
+
+def public(name: str, function: Callable[..., Any], *, entries: Sequence[Any], parts: Sequence[Any] = (),
+           form: Callable[..., tuple[Any, Any, Any]] | None = None,
+           calls: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None,
+           bind: Callable[..., tuple[Any, tuple[Any, ...]]] | None = None) -> Public:
+    """Register the public name of a Python function over several ops (see Public)."""
+    registered_public = Public(name, function, entries, parts, form, calls, bind)
+    for declared in registered_public.ops:
+        declared.public = name
+        declared.is_entry = declared in registered_public.entries
+    _PUBLIC[name] = registered_public
+    return registered_public
+
+
+def public_names() -> list[str]:
+    """The names users call: registered public names and every op that belongs to no other."""
+    names = set(_PUBLIC)
+    names.update(o.display_name for o in _REGISTRY.values() if o.public == o.display_name)
+    return sorted(names)
+
+
+def find_public(name: str) -> Public:
+    """The public op called `name` ('layer_norm', 'gemm', 'mylib::scaled_add'), or the one the op called `name`
+    belongs to ('layer_norm_backward' -> layer_norm)."""
+    short = name.removeprefix("jitops::")
+    if short in _PUBLIC:
+        return _PUBLIC[short]
+    declared = find(name)
+    if declared.public in _PUBLIC:
+        return _PUBLIC[declared.public]
+    return Public(declared.display_name, declared.function, (declared,))
+
+
+def _known() -> str:
+    internal = sorted(o.display_name for o in _REGISTRY.values() if o.public != o.display_name)
+    return (f"known ops: {', '.join(public_names())}" +
+            (f" (and the ops inside them: {', '.join(internal)})" if internal else ""))
+
+
+__all__ = ["Impl", "Kernels", "Op", "Public", "op", "public", "registered", "find", "find_public", "public_names",
+           "record_calls", "CallRecorder"]

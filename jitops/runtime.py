@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import backends
-from .backends import toolkit
+from .backends import processes, toolkit
 from .cache import CacheEntry, CorruptEntry, DiskCache, remote
 from .cache.disk import entry_meta
 from .config import Config, config
@@ -69,10 +69,11 @@ def reset_stats() -> None:
 class MissContext:
     """Who asked for a kernel: for progress messages, JITOPS_RECORD lines and offline errors."""
 
-    op: str
+    op: str                          # the public op ("layer_norm")
     shape_class: Any
     manifest_item: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    kernel_op: str | None = None     # the op that asked, when it is not the public one ("layer_norm_backward")
 
 
 class Runtime:
@@ -170,7 +171,8 @@ class Runtime:
                                  shape_class=context.shape_class if context else request.params, arch=key.arch,
                                  roots=[r.path for r in disk.roots],
                                  manifest_item=json.dumps(context.manifest_item) if context and
-                                 context.manifest_item else None)
+                                 context.manifest_item else None,
+                                 kernel_op=context.kernel_op if context else None)
         if not can_compile:
             raise ToolchainError(
                 f"jitops: cannot compile {request.label()} for {key.arch}: {backend.unavailable_reason(request)}; "
@@ -266,7 +268,7 @@ class Runtime:
         what = f"{request.label()} for {key.arch} ({backend.name})"
         if context is not None:
             what += f", op {context.op}"
-        build_dir = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-"))
+        build_dir = processes.new_build_dir(f"jitops-{request.kernel}-")  # removed at exit if left behind
         announce = threading.Timer(config.progress_seconds, log.info, args=("compiling %s ...", what))
         announce.daemon = True
         announce.start()
@@ -279,6 +281,7 @@ class Runtime:
                 log.warning("failed build of %s kept at %s", what, build_dir)
             else:
                 shutil.rmtree(build_dir, ignore_errors=True)
+            processes.release_build_dir(build_dir)
             raise
         finally:
             announce.cancel()
@@ -295,6 +298,7 @@ class Runtime:
             files.append("compile.log")
         meta = dict(output.meta, backend=backend.name, label=request.label(), compile_seconds=round(seconds, 3),
                     op=context.op if context else None,
+                    kernel_op=context.kernel_op if context else None,
                     shape_class=str(context.shape_class) if context else None)
         return build_dir, files, meta
 

@@ -128,3 +128,26 @@ def check_same_shape(op: str, reference: tuple[str, torch.Tensor], *others: tupl
         if t.shape != ref.shape:
             raise ValueError(f"jitops.{op}: argument '{name}' has shape {tuple(t.shape)} but '{ref_name}' has "
                              f"{tuple(ref.shape)}; they must match (jitops ops do not broadcast)")
+
+
+# ---- describing a call without running it ----------------------------------------------------------------------
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def placeholder(like: torch.Tensor, shape: Sequence[int], dtype: torch.dtype | None = None,
+                stride: Sequence[int] | None = None) -> torch.Tensor:
+    """A tensor that holds no memory, for an argument of a call that is described rather than run (an op's
+    companions: its backward's gradient, saved statistics).  Meta when `like` is a real tensor, so that
+    prefetching a GPU call's backward allocates nothing; otherwise of like's kind: meta, or a fake CPU tensor
+    when a manifest is expanded for the CPU, whose shape classes must see a CPU tensor."""
+    shape = tuple(int(s) for s in shape)
+    stride = tuple(stride) if stride is not None else contiguous_strides(shape)
+    dtype = dtype or like.dtype
+    if type(like) in (torch.Tensor, torch.nn.Parameter) and not like.is_meta:
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return like.new_empty_strided(shape, stride, dtype=dtype)

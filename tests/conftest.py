@@ -1,16 +1,27 @@
-"""Test setup: every test session gets its own cache root (never ~/.cache), GPU tests skip only without a GPU."""
+"""Test setup: every test session gets its own cache root (never ~/.cache), GPU tests skip only without a GPU, and
+a session leaves no temporary directory behind."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+# Every temporary file of the session lives under one directory, removed when the session ends: pytest's
+# tmp_path directories, the runtime's build directories, subprocesses' (through TMPDIR), and the cache root.
+# (pytest's own basetemp follows tempfile.gettempdir(); --basetemp DIR keeps a session's files.)
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="jitops-tests-"))
+os.environ["TMPDIR"] = str(_SESSION_TMP)
+tempfile.tempdir = str(_SESSION_TMP)
+atexit.register(shutil.rmtree, _SESSION_TMP, True)  # after jitops' own exit hook (stops compilers) has run
+
 # Before jitops is imported anywhere: CPU kernels (load_inline, ~30 s each on 2 cores) compile once per session
 # into this root.  JITOPS_TEST_CACHE keeps it across sessions when iterating locally.
-_SESSION_ROOT = Path(os.environ.get("JITOPS_TEST_CACHE") or tempfile.mkdtemp(prefix="jitops-test-cache-"))
+_SESSION_ROOT = Path(os.environ.get("JITOPS_TEST_CACHE") or _SESSION_TMP / "cache")
 os.environ["JITOPS_CACHE_DIR"] = str(_SESSION_ROOT)
 os.environ.pop("JITOPS_CACHE_PATH", None)
 if os.environ.get("JITOPS_TEST_CACHE_PATH"):  # read-only roots of prebuilt kernels (a GPU session carries them)

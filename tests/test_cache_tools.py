@@ -100,7 +100,8 @@ def test_prewarm_yaml_manifest(tmp_path, capsys):
     manifest.write_text("archs: [sm_80]\nops:\n  - op: gelu\n    dtypes: [fp16]\n    shapes: [[[64, 64]]]\n"
                         "    kwargs: {approximate: none}\n")
     code, report = cli_json(capsys, "prewarm", "--manifest", manifest, "--cache-dir", tmp_path / "c")
-    assert code == 0 and [r["label"] for r in report["results"]] == ["jitops::gelu_forward<__half, 8, 0, int>"]
+    assert code == 0 and [r["label"] for r in report["results"]] == ["jitops::gelu_forward<__half, 8, 0, int>",
+                                                                      "jitops::gelu_backward<__half, 8, 0, int>"]
 
 
 def test_yaml_manifest_without_pyyaml_says_what_to_install(tmp_path, capsys, monkeypatch):
@@ -116,13 +117,16 @@ def test_prewarm_all_builtin_builds_every_prewarm_item(tmp_path, capsys):
 
     target = Target.parse("sm_80")
     expected = set()
-    for item in PREWARM:
-        op = jitops.find(item["op"])
+    for item in PREWARM:  # public ops: each item builds its calls' kernels and their backward's
+        public = jitops.find_public(item["op"])
         for dtype in item["dtypes"]:
             for index, shapes in enumerate(item["shapes"]):
-                strides = item["strides"][index] if "strides" in item else None  # gemm's transposed operands
-                args = op.example_args(dtype, shapes, item.get("kwargs", {}), strides)
-                expected |= {r.label() for r in op.requests_for(args, target).values()}
+                strides = item["strides"][index] if "strides" in item else None
+                entry, shapes, kwargs = public.form(shapes, item.get("kwargs", {}))
+                args = entry.example_args(dtype, shapes, kwargs, strides)
+                for op, op_args in public.calls(entry, args):
+                    expected |= {r.label() for r in op.requests_for(op_args, target).values()}
+    assert any("backward" in label for label in expected)
     code, report = cli_json(capsys, "prewarm", "--all-builtin", "--arch", "sm_80", "--cache-dir", tmp_path / "c",
                             "--jobs", "2")
     assert code == 0
@@ -167,7 +171,7 @@ def test_prewarm_reports_kernels_that_cannot_be_built_here_by_name(tmp_path, cap
                               archs=["sm_90a"])
     code, out, err = cli(capsys, "prewarm", "--manifest", manifest, "--cache-dir", tmp_path / "c")
     assert code == 1
-    assert "cannot build here: tools_cuda_ext[] [sm_90] (op cuda_ext): load_inline CUDA kernels need a CUDA " \
+    assert "cannot build here: tools_cuda_ext[] [sm_90] (op cachetoolstest::cuda_ext): load_inline CUDA kernels need a CUDA " \
            "build of torch" in out
     assert "--skip-unbuildable" in err
     assert len(entry_dirs(tmp_path / "c")) == 1  # the rest was built
@@ -182,7 +186,7 @@ def test_prewarm_compile_failure_is_reported_with_the_log_and_exits_1(tmp_path, 
                               archs=["sm_80"])
     code, out, err = cli(capsys, "prewarm", "--manifest", manifest, "--cache-dir", tmp_path / "c")
     assert code == 1
-    assert "FAILED broken<float> [sm_80] (op broken" in out and "compiler log" in out
+    assert "FAILED broken<float> [sm_80] (op cachetoolstest::broken" in out and "compiler log" in out
     assert "1 failed" in err
     assert len(entry_dirs(tmp_path / "c")) == 1  # the good kernel still compiled
 
@@ -336,7 +340,7 @@ def test_verify_manifest_coverage(cache, tmp_path, capsys):
     code, out, err = cli(capsys, "verify", "--cache-dir", cache, "--manifest", wider)
     assert code == 1
     assert "1 of 2 kernels cached" in out and "MISSING jitops::gelu_forward<__half, 8, 1, int> [sm_80]" in out
-    assert f"jitops-cache prewarm --manifest {wider}" in out
+    assert f"jitops-cache prewarm --manifest {wider} --cache-dir {cache}" in out  # the flags in use
     code, report = cli_json(capsys, "verify", "--cache-dir", cache, "--manifest", covered, "--arch", "sm_90a")
     assert code == 1 and len(report["coverage"]["missing"]) == 3  # --arch overrides the manifest's archs
 
@@ -431,7 +435,7 @@ def test_explain_a_miss_shows_what_differs_from_the_nearest_entry(cache, capsys)
     assert kernel["nearest"]["toolchain_differences"] == []
     # A misaligned call: another vector width, so another shape class, and the reason shows
     code, out, err = cli(capsys, "explain", "--item", json.dumps(
-        {"op": "gelu", "dtypes": ["bf16"], "shapes": [[[1024, 64]]], "strides": [[[65, 1]]],
+        {"op": "gelu", "kernel_op": "gelu", "dtypes": ["bf16"], "shapes": [[[1024, 64]]], "strides": [[[65, 1]]],
          "kwargs": {"approximate": "tanh"}, "archs": ["sm_80"]}), "--cache-dir", cache)
     assert code == 0 and "MISS" not in out  # non-contiguous inputs are copied: same class, a hit
 

@@ -294,5 +294,5 @@ def test_export_to_a_directory_fails_cleanly_and_leaves_nothing_behind(source_ca
     occupied = tmp_path / "out.tar"
     occupied.mkdir()
     code, out, err = cli(capsys, "export", occupied, "--cache-dir", source_cache)
-    assert code == 1 and "jitops-cache export: error:" in err and "Traceback" not in err
+    assert code == 2 and "jitops-cache export: error:" in err and "is a directory" in err and "Traceback" not in err
     assert [p.name for p in tmp_path.iterdir()] == ["out.tar"] and list(occupied.iterdir()) == []

@@ -17,12 +17,11 @@ from cache_tools_helpers import entry_dirs, snapshot, write_manifest
 REPO = Path(__file__).resolve().parent.parent
 
 # What the image runs: the built-in ops on the CPU (the runtime stage of a GPU image would run them on the GPU).
+# Public ops: each item builds the forward and the backward (gelu's backward is gelu_backward's kernels).
 DEPLOY_ITEMS = [
     {"op": "gelu", "dtypes": ["fp32", "fp64"], "shapes": [[[1000, 257]]], "kwargs": {"approximate": a}}
     for a in ("none", "tanh")
 ] + [
-    {"op": "gelu_backward", "dtypes": ["fp32", "fp64"], "shapes": [[[1000, 257], [1000, 257]]],
-     "kwargs": {"approximate": "tanh"}},
     {"op": "add", "dtypes": ["fp32", "fp64"], "shapes": [[[1000, 257], [1000, 257]]]},
 ]
 
@@ -66,10 +65,10 @@ def test_prewarmed_directory_serves_an_offline_process_with_zero_compiles(sessio
     assert {r["outcome"] for r in report["results"]} <= {"compiled", "cached"}
     assert {r["arch"] for r in report["results"]} == {"sm_90", "cpu"}
     assert sum(r["backend"] == "load_inline" for r in report["results"]) == 4   # gelu_cpu and add_cpu, fp32/fp64
-    assert sum(r["backend"] == "nvrtc" for r in report["results"]) == 8  # gelu 4, gelu_backward 2, add 2
+    assert sum(r["backend"] == "nvrtc" for r in report["results"]) == 10  # gelu 4, gelu_backward 4, add 2
     checked = _run([sys.executable, "-m", "cache_tools", "verify", "--manifest", str(manifest), "--cache-dir",
                     str(image_cache)], build)
-    assert checked.returncode == 0 and "12 of 12 kernels cached" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 0 and "14 of 14 kernels cached" in checked.stdout, checked.stdout + checked.stderr
 
     # Runtime stage: the directory as a read-only root, offline, no writable root, and no compiler on PATH.
     before = snapshot(image_cache)
@@ -86,7 +85,7 @@ def test_prewarmed_directory_serves_an_offline_process_with_zero_compiles(sessio
     covered = _run([sys.executable, "-m", "cache_tools", "verify", "--manifest", str(manifest), "--arch", "sm_90a",
                     "--json"], runtime_env)
     assert covered.returncode == 0, covered.stderr
-    assert json.loads(covered.stdout)["coverage"] == {"covered": 8, "missing": []}
+    assert json.loads(covered.stdout)["coverage"] == {"covered": 10, "missing": []}
     assert snapshot(image_cache) == before  # a read-only root is never written: no stamps, no locks
     assert not (tmp_path / "home").exists()  # and nothing went to a default cache dir
 
@@ -138,8 +137,8 @@ def test_prewarm_and_normal_use_at_the_same_time_on_one_cache(tmp_path):
 @pytest.mark.timeout(900)
 def test_two_prewarms_of_one_manifest_at_once_compile_each_kernel_once(tmp_path):
     cache = tmp_path / "shared"
-    items = [{"op": "gelu", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096]]], "kwargs": {"approximate": a}}
-             for a in ("none", "tanh")]
+    items = [{"op": "gelu", "grad": False, "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096]]],
+              "kwargs": {"approximate": a}} for a in ("none", "tanh")]
     manifest = write_manifest(tmp_path / "m.json", *items, archs=["sm_80", "sm_90a"])
     env = _base_env(JITOPS_CACHE_DIR=str(cache))
     runs = [subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest), "--json",

@@ -648,12 +648,15 @@ def test_nvcc_builds_one_fprop_configuration_for_sm90a(fresh_cache):
     requests = {}
     fprop_items = [item for item in conv_module.PREWARM if item["op"] == "conv2d"]
     items = conv_module.PREWARM if os.environ.get("JITOPS_TEST_CONV_SWEEP") else fprop_items[2:3]  # 3x3, 64->64
+    sweep = bool(os.environ.get("JITOPS_TEST_CONV_SWEEP"))
     for item in items:
-        for dtype in (item["dtypes"] if os.environ.get("JITOPS_TEST_CONV_SWEEP") else ["fp16"]):
-            declared = jitops.find(item["op"])
-            args = declared.example_args(dtype, item["shapes"][0], item["kwargs"])
-            for request in declared.requests_for(args, target).values():
-                requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
+        for dtype in (item["dtypes"] if sweep else ["fp16"]):
+            public = jitops.find_public(item["op"])  # a public conv2d item: fprop, and with the sweep its backward
+            entry, shapes, kwargs = public.form(item["shapes"][0], item["kwargs"])
+            args = entry.example_args(dtype, shapes, kwargs)
+            for declared, call_args in (public.calls(entry, args) if sweep else [(entry, args)]):
+                for request in declared.requests_for(call_args, target).values():
+                    requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
     assert op.name == "conv2d" and requests
     for request in requests.values():
         started = time.perf_counter()

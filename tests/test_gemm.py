@@ -204,21 +204,31 @@ def test_sm80_launch_geometry():
 def test_backward_kernels_are_known_before_the_backward_runs():
     a = meta(1000, 256).requires_grad_()
     b = meta(256, 384).requires_grad_()
-    calls = G._backward_calls(a, b, None)
-    classes = [G.shape_class(*args) for args in calls]
+    calls = jitops.gemm.op.companion_calls((a, b, None, None, None))
+    classes = [op.shape_class(*args) for op, args in calls]
     # dA = dC . B^T reads B^T in place (K-major B); dB = A^T . dC reads A^T in place (M-major A).
     assert [(c.a_kmajor, c.b_kmajor) for c in classes] == [(True, True), (False, False)]
+    assert [op for op, _ in calls] == [jitops.gemm.op] * 2
+    # Only the gradients that are needed (frozen weights: no dB); gelu recomputes its pre-activation.
+    assert len(jitops.gemm.op.companion_calls((a, b, None, None, None), needs=(True, False, False))) == 1
+    gelu_calls = jitops.gemm.op.companion_calls((a, b, None, "gelu", None))
+    assert [op.name for op, _ in gelu_calls] == ["gemm", "gelu_backward", "gemm", "gemm"]
 
 
 def test_prewarm_items_resolve_without_a_gpu():
-    op = jitops.gemm.op
+    """Each public gemm item builds the forward and both of its backward's GEMMs."""
+    public = jitops.find_public("gemm")
     for item in G.PREWARM:
         for dtype in item["dtypes"]:
             for index, shapes in enumerate(item["shapes"]):
                 strides = item.get("strides", [None])[index] if "strides" in item else None
-                args = op.example_args(dtype, shapes, item["kwargs"], strides)
-                assert list(op.requests_for(args, SM90)) == ["sm90"]
-                assert list(op.requests_for(args, SM80)) == ["sm80"]
+                entry, shapes, kwargs = public.form(shapes, item["kwargs"])
+                args = entry.example_args(dtype, shapes, kwargs, strides)
+                calls = public.calls(entry, args)
+                assert len({op.shape_class(*a) for op, a in calls}) == 3
+                for op, op_args in calls:
+                    assert list(op.requests_for(op_args, SM90)) == ["sm90"]
+                    assert list(op.requests_for(op_args, SM80)) == ["sm80"]
 
 
 # ---- the sources build here ------------------------------------------------------------------------------------
@@ -272,15 +282,17 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
         if len(requested) == 2:
             done.set()
 
-    monkeypatch.setattr(G.runtime, "get_kernel", fake_get_kernel)
-    monkeypatch.setattr(G, "ensure_context", lambda index: None)  # no GPU here
+    op_module = importlib.import_module("jitops.op")  # (jitops.op is also the declaring function)
+
+    monkeypatch.setattr(op_module.runtime, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(op_module, "ensure_context", lambda index: None)  # no GPU here
     monkeypatch.setattr(G._op.op, "target", lambda device_type, index: SM90)
-    monkeypatch.setattr(G, "_background_started", set())
+    monkeypatch.setattr(op_module, "_PREFETCHED", set())
     a, b = meta(1000, 256).requires_grad_(), meta(256, 384).requires_grad_()
-    G.compile_backward_in_background(a, b, None, None, None)
+    G._op.op.prefetch(a, b, None, None, None)  # what jitops.gemm does on a GPU
     assert done.wait(10)
     assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
-    G.compile_backward_in_background(a, b, None, None, None)  # the second call starts nothing
+    assert not G._op.op.prefetch(a, b, None, None, None)  # the second call starts nothing
     assert len(requested) == 2
 
 

@@ -343,29 +343,33 @@ def test_no_kernel_for_empty_problems_or_non_hopper_targets():
 
 def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels():
     classes = set()
+    public = jitops.find_public("grouped_gemm")
     for item in gg.PREWARM:
-        op = jitops.find(item["op"])
         for call, shapes in enumerate(item["shapes"]):
             strides = item["strides"][call] if "strides" in item else None
-            args = op.example_args(item["dtypes"][0], shapes, item["kwargs"], strides)
-            classes.add(op.shape_class(*args).kernel)
+            entry, shapes, kwargs = public.form(shapes, item["kwargs"])
+            args = entry.example_args(item["dtypes"][0], shapes, kwargs, strides)
+            classes |= {op.shape_class(*a).kernel for op, a in public.calls(entry, args)}
     layouts = {(c.a_row, c.b_row, c.config) for c in classes}
     assert layouts == {(True, True, gg.DEFAULT), (True, False, gg.DEFAULT), (False, True, gg.DEFAULT)}
 
 
 def test_backward_kernels_are_requested_in_the_background(monkeypatch):
+    op_module = importlib.import_module("jitops.op")  # (jitops.op is also the declaring function)
+
     requested = []
-    monkeypatch.setattr(gg.runtime, "get_kernel", lambda request, *args: requested.append(request))
-    monkeypatch.setattr(gg, "_PREFETCHED", set())
+    monkeypatch.setattr(op_module.runtime, "get_kernel", lambda request, *args: requested.append(request))
+    monkeypatch.setattr(op_module, "ensure_context", lambda index: None)  # no GPU here
+    monkeypatch.setattr(op_module, "_PREFETCHED", set())
     monkeypatch.setitem(gg.grouped_gemm_ragged.op._targets, 0, SM90)
     x = meta((9216, 2048)).requires_grad_()
     w = meta((64, 2048, 1024)).requires_grad_()
-    threads = gg._prefetch_ragged_backward(x, w, meta((64,), dtype=torch.int32), 0)
+    threads = gg.grouped_gemm_ragged.op.prefetch(x, w, meta((64,), dtype=torch.int32))
     for thread in threads:
         thread.join()
     assert {(dict(r.defines)["JG_A_ROW"], dict(r.defines)["JG_B_ROW"]) for r in requested} == {("1", "0"),
                                                                                                ("0", "1")}
-    assert not gg._prefetch_ragged_backward(x, w, meta((64,), dtype=torch.int32), 0)  # once per kernel
+    assert not gg.grouped_gemm_ragged.op.prefetch(x, w, meta((64,), dtype=torch.int32))  # once per class
 
 
 # ---- nvcc builds an sm_90a kernel here (no GPU) ------------------------------------------------------------------

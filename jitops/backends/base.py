@@ -35,6 +35,11 @@ class Backend(abc.ABC):
         """Why `request` cannot be compiled here (prewarm reports it by name), or None."""
         return None if self.toolchain(request) is not None else f"no {self.name} compiler found"
 
+    def unsupported_arch(self, request: BuildRequest, arch: str) -> str | None:
+        """Why this machine's compiler cannot target `arch` (sm_999, or an arch newer than the compiler), or
+        None when it can or cannot say."""
+        return None
+
     @abc.abstractmethod
     def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
         """Compile into build_dir.  `tag` is unique per key (for module names).  Raises CompileError."""

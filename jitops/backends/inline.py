@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import sysconfig
 from pathlib import Path
 from typing import Any
 
-from ..config import config
 from ..errors import CompileError, ToolchainError
 from ..specs import BuildRequest, kernels_root
-from . import toolkit
+from . import processes, toolkit
 from .base import Backend, BuildOutput
+from .nvcc import gencode
 
 
 def _module_name(request: BuildRequest, tag: str) -> str:
@@ -58,6 +57,9 @@ class LoadInlineBackend(Backend):
             return "load_inline CUDA kernels need nvcc (set CUDA_HOME)"
         return None
 
+    def unsupported_arch(self, request: BuildRequest, arch: str) -> str | None:
+        return toolkit.unsupported_arch("nvcc", toolkit.nvcc_archs(), arch) if request.cuda else None
+
     def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
         from torch.utils import cpp_extension
 
@@ -73,17 +75,17 @@ class LoadInlineBackend(Backend):
         if request.source.includes_external(toolkit.CUTLASS_PREFIXES):
             include_paths += [str(d) for d in toolkit.cutlass_include_dirs()]
         cflags = ["-DNDEBUG", *defines, *request.options]
-        environ = {"MAX_JOBS": str(config.jobs)}
-        if request.cuda:
-            environ["TORCH_CUDA_ARCH_LIST"] = _torch_arch(arch)
-        saved = {k: os.environ.get(k) for k in environ}
-        os.environ.update(environ)
+        # ninja, c++ and cc1plus in a process group of their own, stopped as a whole on an interrupt.
+        processes.track_cpp_extension()
         try:
             if request.cuda:
-                # CUDA sources declare their own PYBIND11_MODULE(TORCH_EXTENSION_NAME, m).
+                # CUDA sources declare their own PYBIND11_MODULE(TORCH_EXTENSION_NAME, m).  The arch goes in as
+                # a flag: torch then ignores TORCH_CUDA_ARCH_LIST, and nothing in os.environ changes, so builds
+                # in several threads at once cannot compile for each other's arch.
                 loaded = cpp_extension.load_inline(
                     name=module, cpp_sources=[""], cuda_sources=[source], functions=None,
-                    extra_cflags=cflags, extra_cuda_cflags=["-O3", "-std=c++17", *defines, *request.options],
+                    extra_cflags=cflags,
+                    extra_cuda_cflags=["-O3", "-std=c++17", gencode(arch), *defines, *request.options],
                     extra_include_paths=include_paths, build_directory=str(build_dir), verbose=False,
                     with_cuda=True)
             else:
@@ -96,12 +98,6 @@ class LoadInlineBackend(Backend):
             compiled = main.read_text() if main.exists() else source
             raise CompileError(kernel=request.label(), backend=self.name, arch=arch, options=cflags, log=str(exc),
                                source=compiled, source_name=main.name) from None
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         library = Path(loaded.__file__)
         return BuildOutput([library.name], {"module": module})
 
@@ -118,11 +114,3 @@ class LoadInlineBackend(Backend):
         loader.exec_module(loaded)
         sys.modules[module] = loaded
         return loaded
-
-
-def _torch_arch(arch: str) -> str:
-    """sm_90a -> '9.0a' (TORCH_CUDA_ARCH_LIST syntax)."""
-    digits = arch.removeprefix("sm_")
-    suffix = "a" if digits.endswith("a") else ""
-    digits = digits.rstrip("a")
-    return f"{digits[:-1]}.{digits[-1]}{suffix}"

@@ -7,14 +7,13 @@ nvcc can prewarm these kernels for a deployment image.
 """
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..errors import CompileError, ToolchainError
 from ..launch import HostLibrary
 from ..specs import BuildRequest, kernels_root
-from . import toolkit
+from . import processes, toolkit
 from .base import Backend, BuildOutput
 
 LIBRARY = "kernel.so"
@@ -42,6 +41,9 @@ class NvccBackend(Backend):
             return "nvcc not found (install a CUDA toolkit and set CUDA_HOME, or pip install jitops[nvcc])"
         return None
 
+    def unsupported_arch(self, request: BuildRequest, arch: str) -> str | None:
+        return toolkit.unsupported_arch("nvcc", toolkit.nvcc_archs(), arch)
+
     def command(self, request: BuildRequest, arch: str, source: Path, output: Path) -> list[str]:
         nvcc = toolkit.nvcc_path()
         if nvcc is None:
@@ -67,7 +69,8 @@ class NvccBackend(Backend):
             source = build_dir / request.source.name
             source.write_text(request.source.read())
         cmd = self.command(request, arch, source, build_dir / LIBRARY)
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=build_dir)
+        # In a process group of its own: an interrupt stops nvcc and its cicc, ptxas and host compiler.
+        result = processes.run(cmd, capture_output=True, text=True, cwd=build_dir)
         log = (result.stdout + result.stderr).strip()
         if result.returncode != 0:
             raise CompileError(kernel=request.label(), backend=self.name, arch=arch, options=cmd[1:], log=log,

@@ -39,6 +39,9 @@ class NvrtcBackend(Backend):
             return str(exc)
         return None
 
+    def unsupported_arch(self, request: BuildRequest, arch: str) -> str | None:
+        return toolkit.unsupported_arch("NVRTC", toolkit.nvrtc_archs(), arch)
+
     def options(self, request: BuildRequest, arch: str) -> list[str]:
         uses_cutlass = request.source.includes_external(toolkit.CUTLASS_PREFIXES)
         include_dirs = [kernels_root()]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -206,6 +207,55 @@ def host_compiler_identity(compiler: str | None = None) -> str | None:
     """e.g. 'c++ (Debian 12.2.0-14+deb12u1) 12.2.0'."""
     path = shutil.which(compiler or os.environ.get("CXX") or "c++")
     return _version_line(path, last=False) if path else None
+
+
+# ---- which GPU archs the compilers can target -------------------------------------------------------------------
+def arch_number(arch: str) -> int:
+    """'sm_90a' -> 90, 'sm_120' -> 120."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc_archs(override: Path | None) -> tuple[int, ...] | None:
+    if _nvrtc_identity(override) is None:
+        return None
+    try:
+        return tuple(sorted(int(a) for a in nvrtc().getSupportedArchs()))
+    except Exception:  # noqa: BLE001 - an NVRTC that cannot say: nothing is rejected up front
+        return None
+
+
+def nvrtc_archs() -> tuple[int, ...] | None:
+    """The compute capabilities NVRTC can compile for (loads NVRTC: ~0.3 s), or None without NVRTC."""
+    return _nvrtc_archs(config.cuda_home)
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_archs(executable: str) -> tuple[int, ...] | None:
+    try:
+        out = subprocess.run([executable, "--list-gpu-arch"], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = sorted({int(n) for n in re.findall(r"compute_(\d+)", out)})
+    return tuple(found) or None
+
+
+def unsupported_arch(compiler: str, supported: tuple[int, ...] | None, arch: str) -> str | None:
+    """'nvcc supports sm_75 to sm_121, not sm_999' or None (supported, or the compiler cannot say)."""
+    if supported is None or arch == "cpu" or arch_number(arch) in supported:
+        return None
+    return f"{compiler} here compiles for {format_archs(supported)}, not {arch}"
+
+
+def format_archs(supported: tuple[int, ...]) -> str:
+    return ", ".join(f"sm_{n}" for n in supported)
+
+
+def nvcc_archs() -> tuple[int, ...] | None:
+    """The compute capabilities nvcc can compile for (`nvcc --list-gpu-arch`), or None without nvcc."""
+    path = nvcc_path()
+    return _nvcc_archs(str(path)) if path else None
 
 
 # ---- CUTLASS -------------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ import torch
 
 from .. import shapes
 from ..launch import current_stream, sm_count
-from ..op import Impl, op
+from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -1081,21 +1081,34 @@ RESNET50 = [
 
 
 def _prewarm_items(batch: int = 32) -> list[dict]:
+    """One public conv2d item per layer: it builds fprop, dgrad and wgrad (the op's companions)."""
     items = []
     for c, k, size, kernel, stride, padding in RESNET50:
-        out = output_size(size, kernel, stride, padding, 1)
         kwargs = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1]}
-        x, wt, y = [batch, c, size, size], [k, c, kernel, kernel], [batch, k, out, out]
+        x, wt = [batch, c, size, size], [k, c, kernel, kernel]
         items.append({"op": "conv2d", "dtypes": ["fp16", "bf16"], "shapes": [[x, wt, None]], "kwargs": kwargs})
-        items.append({"op": "conv2d_input_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, wt]],
-                      "kwargs": {"input_size": x, **kwargs}})
-        items.append({"op": "conv2d_weight_grad", "dtypes": ["fp16", "bf16"], "shapes": [[y, x]],
-                      "kwargs": {"weight_size": wt, **kwargs}})
     return items
 
 
-# Manifest items for `python -m jitops` / `cache_tools prewarm --all-builtin`: ResNet-50's conv layers.
+# Manifest items for `cache_tools prewarm --all-builtin`: ResNet-50's conv layers.
 PREWARM = _prewarm_items()
+
+
+def companions(x, weight, bias, stride, padding, dilation, *, needs):
+    """The backward's calls (see backward above), for manifests and prefetching: dy shaped like the output."""
+    if not (needs[0] or needs[1]):
+        return []
+    (n, _, h, w), (k, _, r, s) = x.shape, weight.shape
+    st, pad, dil = _geometry("conv2d", stride, padding, dilation)
+    grad = shapes.placeholder(x, (n, k, output_size(h, r, st[0], pad[0], dil[0]),
+                                  output_size(w, s, st[1], pad[1], dil[1])))
+    calls = []
+    if needs[0]:
+        calls.append((conv2d_input_grad, (grad, weight, list(x.shape), stride, padding, dilation)))
+    if needs[1]:
+        calls.append((conv2d_weight_grad, (grad, x, list(weight.shape), stride, padding, dilation)))
+    return calls
+
 
 conv2d = op(
     "jitops::conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
@@ -1106,6 +1119,8 @@ conv2d = op(
     fake=fake,
     setup_context=setup_context,
     backward=backward,
+    companions=companions,
     doc=__doc__,
     fallback=run_cpu,  # ATen (cuDNN on CUDA) while the kernels compile
 )
+public("conv2d", conv2d, entries=(conv2d,), parts=(conv2d_input_grad, conv2d_weight_grad))

@@ -17,7 +17,7 @@ import torch
 
 from .. import shapes
 from ..launch import sm_count
-from ..op import Impl, op
+from ..op import Impl, op, public
 from ..specs import CppExtension, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -199,11 +199,16 @@ def backward(ctx, grad: torch.Tensor):
     return (gelu_backward(grad, x, ctx.approximate),)
 
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
+def companions(x, approximate, *, needs):
+    """The backward's call, for manifests and prefetching: dy like y (contiguous)."""
+    return [(gelu_backward, (shapes.placeholder(x, x.shape), x, approximate))] if needs[0] else []
+
+
+# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items; each builds the forward and the
+# backward).
 PREWARM = [
-    {"op": name, "dtypes": ["fp32", "fp16", "bf16"], "shapes": [shapes_], "kwargs": {"approximate": approximate}}
+    {"op": "gelu", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 8192]]], "kwargs": {"approximate": approximate}}
     for approximate in ("none", "tanh")
-    for name, shapes_ in (("gelu", [[4096, 8192]]), ("gelu_backward", [[4096, 8192], [4096, 8192]]))
 ]
 
 gelu = op(
@@ -214,6 +219,8 @@ gelu = op(
     fake=lambda x, approximate: torch.empty_like(x, memory_format=torch.contiguous_format),
     setup_context=setup_context,
     backward=backward,
+    companions=companions,
     doc=__doc__,
     fallback=lambda k, x, approximate: torch.nn.functional.gelu(x.contiguous(), approximate=approximate),
 )
+public("gelu", gelu, entries=(gelu,), parts=(gelu_backward,))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -45,8 +44,7 @@ import torch.nn.functional as F
 
 from .. import shapes
 from ..launch import current_stream, ensure_context, sm_count
-from ..op import Impl, op
-from ..runtime import MissContext, runtime
+from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .gelu import gelu, gelu_backward
 
@@ -538,51 +536,23 @@ def backward(ctx, grad: torch.Tensor):
     return grad_a, grad_b, grad_bias
 
 
-# ---- compiling the backward's kernels while the forward runs --------------------------------------------------
-_background_started: set = set()
-_background_lock = threading.Lock()
-
-
-def _backward_calls(a, b, out_dtype):
-    """The (args) of the GEMMs a backward will run, assuming a contiguous (M, N) output gradient."""
-    m, n = a.shape[0], b.shape[1]
-    grad = torch.empty((m, n), dtype=a.dtype, device="meta")
+# ---- the backward's calls, for manifests and for compiling them while the forward runs ---------------------------
+def companions(a, b, bias, activation, out_dtype, *, needs):
+    """The GEMMs (and gelu's backward) that backward() above runs, assuming a contiguous (M, N) output gradient."""
+    need_a, need_b = needs[0], needs[1]
     calls = []
-    if a.requires_grad:
-        calls.append((grad, b.detach().t(), None, None, None))
-    if b.requires_grad:
-        calls.append((a.detach().t(), grad, None, None, None))
+    m, n = a.shape[0], b.shape[1]
+    if activation in GELU_APPROXIMATE and (need_a or need_b or needs[2]):  # the pre-activation, recomputed
+        calls.append((_op, (a, b, bias, None, out_dtype)))
+        if not a.is_cpu:
+            z = shapes.placeholder(a, (m, n), dtype=out_dtype or a.dtype)
+            calls.append((gelu_backward, (shapes.placeholder(z, (m, n)), z, GELU_APPROXIMATE[activation])))
+    grad = shapes.placeholder(a, (m, n))  # the gradient reaches the GEMMs in the inputs' dtype
+    if need_a:
+        calls.append((_op, (grad, b.detach().t(), None, None, None)))    # dA = dC . B^T
+    if need_b:
+        calls.append((_op, (a.detach().t(), grad, None, None, None)))    # dB = A^T . dC
     return calls
-
-
-def compile_backward_in_background(a, b, bias, activation, out_dtype) -> None:
-    """Start loading (compiling, on a cold cache) the kernels of this forward's backward in daemon threads, so
-    their nvcc runs overlap the forward's own compile.  Once per forward shape class; errors are left for the
-    backward itself to raise."""
-    declared = _op.op
-    index = a.get_device()
-    key = (index, a.requires_grad, b.requires_grad, declared.shape_class(a, b, bias, activation, out_dtype))
-    if key in _background_started:
-        return
-    with _background_lock:
-        if key in _background_started:
-            return
-        _background_started.add(key)
-    target = declared.target("cuda", index)
-    for args in _backward_calls(a, b, out_dtype):
-        cls = declared.shape_class(*args)
-        context = MissContext("gemm", cls, declared.manifest_item(args))
-        for request in cuda_kernels(cls, target).values():
-            threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
-                             name=f"jitops-gemm-backward-{request.kernel}").start()
-
-
-def _load_quietly(request, target, index, context) -> None:
-    try:
-        ensure_context(index)
-        runtime.get_kernel(request, target, index, context)
-    except Exception as exc:  # noqa: BLE001 - the backward reports it when it needs the kernel
-        log.debug("background compile of %s failed: %s", request.label(), exc)
 
 
 # ---- declaration ----------------------------------------------------------------------------------------------
@@ -595,6 +565,7 @@ _op = op(
     setup_context=setup_context,
     backward=backward,
     keyword_only=("bias", "activation", "out_dtype"),
+    companions=companions,
     doc=__doc__,
     fallback=torch_gemm,
 )
@@ -607,7 +578,7 @@ def gemm(a, b, *, bias=None, activation=None, out_dtype=None):
     except AttributeError:  # not tensors: the op names the argument
         needs_grad = False
     if needs_grad and not a.is_cpu and not torch.compiler.is_compiling():
-        compile_backward_in_background(a, b, bias, activation, out_dtype)
+        _op.op.prefetch(a, b, bias, activation, out_dtype)  # the backward's kernels build while the forward's do
     if needs_grad and activation in GELU_APPROXIMATE and not a.is_cpu:
         return gelu(_op(a, b, bias=bias, out_dtype=out_dtype), GELU_APPROXIMATE[activation])
     return _op(a, b, bias=bias, activation=activation, out_dtype=out_dtype)
@@ -616,14 +587,23 @@ def gemm(a, b, *, bias=None, activation=None, out_dtype=None):
 gemm.__doc__ = __doc__
 gemm.op = _op.op  # type: ignore[attr-defined]
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): a
-# large bf16 layer's forward (x @ w) and its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one nvcc build
-# on sm_90a (about a minute on 2 cores), so the list stays short; other classes compile on first use.
+
+def _public_calls(entry, args, grad):
+    """What gemm() above calls: with a gradient to record, "gelu" on a GPU runs the GEMM with the bias fused and
+    then jitops.gelu on its output."""
+    a, b, bias, activation, out_dtype = args
+    if grad and activation in GELU_APPROXIMATE and not a.is_cpu:
+        z = shapes.placeholder(a, (a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+        return [(_op, (a, b, bias, None, out_dtype)), (gelu, (z, GELU_APPROXIMATE[activation]))]
+    return [(_op, args)]
+
+
+public("gemm", gemm, entries=(_op,), calls=_public_calls)
+
+# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items): a large bf16 layer's forward
+# (x @ w), which also builds its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one nvcc build on sm_90a
+# (about a minute on 2 cores), so the list stays short; other classes compile on first use.
 PREWARM = [
     {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
      "kwargs": {"activation": None, "out_dtype": None}},
-    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
-     "strides": [[[4096, 1], [1, 4096], None]], "kwargs": {"activation": None, "out_dtype": None}},
-    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[4096, 8192], [8192, 4096], None]],
-     "strides": [[[1, 4096], [4096, 1], None]], "kwargs": {"activation": None, "out_dtype": None}},
 ]

@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
 from .. import shapes
 from ..launch import current_stream, sm_count
-from ..op import Impl, op
-from ..runtime import MissContext, runtime
+from ..op import Impl, op, public
 from ..specs import CudaLibrary, Source, Target
 
 log = logging.getLogger("jitops")
@@ -210,7 +208,6 @@ def _workspace(lib: Any, groups: int, device_index: int) -> tuple[torch.Tensor, 
 
 
 # ---- ragged form: jitops::grouped_gemm_ragged ----------------------------------------------------------------
-OP_RAGGED = "grouped_gemm_ragged"
 MODES = {"M": 0, "K": 1}  # ragged N runs as ragged M on the transposed problem
 
 
@@ -221,8 +218,10 @@ class RaggedClass(NamedTuple):
     copy_b: str | None
 
 
-def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> tuple[str, int, int, int, int, int]:
-    """(mode, G, T, M, N, K) with the argument checks; errors name the argument."""
+def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                 name: str = "offsets") -> tuple[str, int, int, int, int, int]:
+    """(mode, G, T, M, N, K) with the argument checks; errors name the argument (`name`: 'offsets', or 'sizes'
+    when the caller gave group sizes)."""
     if a.dim() == 2 and b.dim() == 3:
         mode, groups = "M", b.shape[0]
         (total, k), (_, k_b, n), m = a.shape, b.shape, 0
@@ -246,8 +245,9 @@ def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> tup
                          "ragged form takes a 2-D a with a 3-D b (ragged M), 2-D with 2-D (ragged K) or 3-D with "
                          "2-D (ragged N); for a list of matrices pass Python lists")
     if offsets.dim() != 1 or offsets.shape[0] != groups:
-        raise ValueError(f"jitops.grouped_gemm: argument 'offsets' has shape {tuple(offsets.shape)}; expected "
-                         f"({groups},): one cumulative end offset per group")
+        what = "group size" if name == "sizes" else "cumulative end offset"
+        raise ValueError(f"jitops.grouped_gemm: argument '{name}' has shape {tuple(offsets.shape)}; expected "
+                         f"({groups},): one {what} per group")
     return mode, groups, total, m, n, k
 
 
@@ -335,8 +335,9 @@ def _group_bounds(offsets: torch.Tensor, total: int, name: str = "offsets") -> l
         bounds.append((start, end))
         start = end
     if start != total:
+        must = "the sizes must add up to it" if name == "sizes" else "offsets[-1] must equal it"
         raise ValueError(f"jitops.grouped_gemm: argument '{name}' does not add up: the groups end at {start} "
-                         f"but the ragged dimension has {total} (offsets[-1] must equal it)")
+                         f"but the ragged dimension has {total} ({must})")
     return bounds
 
 
@@ -424,6 +425,24 @@ def ragged_backward(ctx, grad: torch.Tensor):
     return da, db, None
 
 
+def ragged_companions(a, b, offsets, *, needs):
+    """ragged_backward's calls: each gradient is another ragged case on transposed views."""
+    mode = _ragged_dims(a, b, offsets)[0]
+    rows, cols = {"M": (a.shape[0], b.shape[2]), "K": (a.shape[0], b.shape[1]), "N": (b.shape[1], a.shape[1])}[mode]
+    if mode == "K":
+        out = shapes.placeholder(a, (offsets.shape[0], rows, cols))
+    elif mode == "M":
+        out = shapes.placeholder(a, (rows, cols))
+    else:  # returned as a transposed view
+        out = shapes.placeholder(a, (a.shape[1], b.shape[1]), stride=(1, a.shape[1]))
+    calls = []
+    if needs[0]:
+        calls.append((grouped_gemm_ragged, (out, b.mT, offsets)))
+    if needs[1]:
+        calls.append((grouped_gemm_ragged, (a.mT, out, offsets)))
+    return calls
+
+
 grouped_gemm_ragged = op(
     "jitops::grouped_gemm_ragged(Tensor a, Tensor b, Tensor offsets) -> Tensor",
     shape_class=ragged_shape_class,
@@ -432,6 +451,7 @@ grouped_gemm_ragged = op(
     fake=ragged_fake,
     setup_context=ragged_setup_context,
     backward=ragged_backward,
+    companions=ragged_companions,
     doc="The ragged form of jitops.grouped_gemm with device offsets (see jitops.grouped_gemm).",
     fallback=run_ragged_cpu,  # the ATen loop while the kernels compile
 )
@@ -596,6 +616,17 @@ def list_backward(ctx, grads: Sequence[torch.Tensor | None]):
     return dAs, dBs
 
 
+def list_companions(As, Bs, *, needs):
+    """list_backward's calls: dA_i = dC_i . B_i^T and dB_i = A_i^T . dC_i, each list in one launch."""
+    outs = [shapes.placeholder(a, (a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
+    calls = []
+    if needs[0]:
+        calls.append((grouped_gemm_list, (outs, [b.mT for b in Bs])))
+    if needs[1]:
+        calls.append((grouped_gemm_list, ([a.mT for a in As], outs)))
+    return calls
+
+
 grouped_gemm_list = op(
     "jitops::grouped_gemm_list(Tensor[] As, Tensor[] Bs) -> Tensor[]",
     shape_class=list_shape_class,
@@ -604,73 +635,10 @@ grouped_gemm_list = op(
     fake=list_fake,
     setup_context=list_setup_context,
     backward=list_backward,
+    companions=list_companions,
     doc="The list form of jitops.grouped_gemm (see jitops.grouped_gemm).",
     fallback=run_list_cpu,  # the ATen loop while the kernels compile
 )
-
-
-# ---- compiling the backward kernels in the background ----------------------------------------------------------
-_PREFETCHED: set[tuple[Any, ...]] = set()
-_PREFETCH_GUARD = threading.Lock()
-
-
-def _meta_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _prefetch(op_fn: Any, calls: list[tuple[Any, ...]], device_index: int) -> list[threading.Thread]:
-    """Start compiling (or loading) the kernels that `calls` (meta-tensor arguments of op_fn) will need, each in
-    a daemon thread; the runtime's per-kernel locks make the later real call wait for a compile in flight."""
-    declared = op_fn.op
-    target = declared.target("cuda", device_index)
-    started = []
-    for args in calls:
-        try:
-            requests = declared.requests_for(args, target)
-        except Exception:  # noqa: BLE001 - the real call reports bad inputs
-            continue
-        for request in requests.values():
-            key = (request, device_index)
-            with _PREFETCH_GUARD:
-                if key in _PREFETCHED:
-                    continue
-                _PREFETCHED.add(key)
-            context = MissContext(declared.name, "backward, in the background")
-
-            def work(request=request, context=context) -> None:
-                try:
-                    runtime.get_kernel(request, target, device_index, context)
-                except Exception as exc:  # noqa: BLE001 - the backward itself raises it with full context
-                    log.debug("background compile of %s failed: %s", request.label(), exc)
-
-            thread = threading.Thread(target=work, name=f"jitops-prefetch-{request.kernel}", daemon=True)
-            thread.start()
-            started.append(thread)
-    return started
-
-
-def _prefetch_ragged_backward(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
-                              device_index: int) -> list[threading.Thread]:
-    mode = _ragged_dims(a, b, offsets)[0]
-    out = _meta_like(_ragged_out(_meta_like(a), _meta_like(b), _meta_like(offsets), mode))
-    ma, mb, mo = _meta_like(a), _meta_like(b), _meta_like(offsets)
-    calls = []
-    if a.requires_grad:
-        calls.append((out, mb.mT, mo))
-    if b.requires_grad:
-        calls.append((ma.mT, out, mo))
-    return _prefetch(grouped_gemm_ragged, calls, device_index)
-
-
-def _prefetch_list_backward(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
-                            device_index: int) -> list[threading.Thread]:
-    outs = [torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device="meta") for a, b in zip(As, Bs)]
-    calls = []
-    if any(a.requires_grad for a in As):
-        calls.append((outs, [_meta_like(b).mT for b in Bs]))
-    if any(b.requires_grad for b in Bs):
-        calls.append(([_meta_like(a).mT for a in As], outs))
-    return _prefetch(grouped_gemm_list, calls, device_index)
 
 
 # ---- the public function ---------------------------------------------------------------------------------------
@@ -701,7 +669,7 @@ def _offsets_for(a: torch.Tensor, b: torch.Tensor, offsets: Any, sizes: Any, che
             raise ValueError("jitops.grouped_gemm: argument 'sizes' has a negative group size")
         value = torch.cumsum(value, 0, dtype=torch.int32)
     if not compiling and (on_host or check_offsets) and not isinstance(value, torch._subclasses.FakeTensor):
-        mode, _, total, _, _, _ = _ragged_dims(a, b, value)
+        mode, _, total, _, _, _ = _ragged_dims(a, b, value, name)
         _group_bounds(value.cpu(), total, name)
     if value.device != a.device:
         if on_host and a.is_cuda and not compiling:
@@ -722,31 +690,54 @@ def grouped_gemm(a, b, offsets=None, *, sizes=None, check_offsets: bool = False)
         if not isinstance(b, (list, tuple)):
             raise TypeError(f"jitops.grouped_gemm: 'As' is a list, so 'Bs' must be one too, got {type(b).__name__}")
         As, Bs = list(a), list(b)
+        if not As and not Bs:
+            raise ValueError("jitops.grouped_gemm: arguments 'As' and 'Bs' are empty lists; give at least one pair "
+                             "of matrices (their device and dtype say where and how to run)")
         if (As and torch.is_grad_enabled() and not torch.compiler.is_compiling() and As[0].is_cuda
                 and any(t.requires_grad for t in (*As, *Bs))):
-            _prefetch_list_backward(As, Bs, As[0].get_device())
+            grouped_gemm_list.op.prefetch(As, Bs)
         return grouped_gemm_list(As, Bs)
     a = shapes.check_tensor("grouped_gemm", "a", a)
     b = shapes.check_tensor("grouped_gemm", "b", b)
     offsets = _offsets_for(a, b, offsets, sizes, check_offsets)
     if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and a.is_cuda
             and not torch.compiler.is_compiling()):
-        _prefetch_ragged_backward(a, b, offsets, a.get_device())
+        grouped_gemm_ragged.op.prefetch(a, b, offsets)
     return grouped_gemm_ragged(a, b, offsets)
 
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): the
-# mixture-of-experts forward and both gradients, the same three kernels (one tile configuration, three layouts)
-# that the list form's forward and gradients use.
+def _form(shapes_, kwargs):
+    """Which form a manifest call of jitops.grouped_gemm is: lists of shapes for As and Bs (the list form), or
+    a, b and offsets, where `sizes` (group sizes, as jitops.grouped_gemm takes them) stands for offsets."""
+    if shapes_ and isinstance(shapes_[0], list) and (not shapes_[0] or isinstance(shapes_[0][0], list)):
+        return grouped_gemm_list, shapes_, kwargs
+    kwargs = dict(kwargs)
+    kwargs.pop("check_offsets", None)
+    sizes = kwargs.pop("sizes", None)
+    if sizes is not None:
+        if not isinstance(sizes, list):
+            raise ValueError("jitops.grouped_gemm: argument 'sizes' must be a list of group sizes in a manifest")
+        shapes_ = [*shapes_[:2], [len(sizes)]]
+    return grouped_gemm_ragged, shapes_, kwargs
+
+
+def _bind(a, b, offsets=None, *, sizes=None, check_offsets=False):
+    """A call of grouped_gemm() above as a call of its list or ragged op (sizes become offsets of that shape)."""
+    if isinstance(a, (list, tuple)):
+        return grouped_gemm_list, (list(a), list(b))
+    if offsets is None and sizes is not None:
+        offsets = shapes.placeholder(a, (len(sizes),), dtype=torch.int64)
+    return grouped_gemm_ragged, (a, b, offsets)
+
+
+public("grouped_gemm", grouped_gemm, entries=(grouped_gemm_list, grouped_gemm_ragged), form=_form, bind=_bind)
+
+# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items): the mixture-of-experts forward,
+# which also builds both gradients (dx = dy @ w^T: NT, dw = x^T @ dy: TN), the same three kernels (one tile
+# configuration, three layouts) that the list form's forward and gradients use.
 PREWARM = [
-    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
+    {"op": "grouped_gemm", "dtypes": ["bf16"], "kwargs": {},
      "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # y = x @ w: NN
-    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[9216, 1024], [64, 1024, 2048], [64]]],
-     "strides": [[[1024, 1], [2097152, 1, 1024], [1]]]},                              # dx = dy @ wᵀ: NT
-    {"op": OP_RAGGED, "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[2048, 9216], [9216, 1024], [64]]],
-     "strides": [[[1, 2048], [1024, 1], [1]]]},                                       # dw = xᵀ @ dy: TN
-    {"op": "grouped_gemm_list", "dtypes": ["bf16"], "kwargs": {},
+    {"op": "grouped_gemm", "dtypes": ["bf16"], "kwargs": {},
      "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # list forward: NN
 ]

@@ -44,7 +44,7 @@ import torch
 
 from .. import shapes
 from ..launch import UNCAPPED_GRID, sm_count
-from ..op import Impl, op
+from ..op import Impl, op, public
 from ..specs import CppExtension, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -546,6 +546,18 @@ layer_norm_backward = op(
     fallback=torch_backward,
 )
 
+def companions(x, normalized_shape, weight, bias, eps, *, needs):
+    """The backward's call (see backward above), for manifests and prefetching: dy like y (contiguous), the
+    saved statistics."""
+    need_dx, need_dw, need_db = needs[0], needs[1] and weight is not None, needs[2] and bias is not None
+    if not (need_dx or need_dw or need_db):
+        return []
+    n = math.prod(normalized_shape)
+    stats = shapes.placeholder(x, (2, x.numel() // n if n else 0), dtype=STATS_DTYPE.get(x.dtype, torch.float32))
+    return [(layer_norm_backward, (shapes.placeholder(x, x.shape), x, stats, weight, list(normalized_shape),
+                                   need_dx, need_dw, need_db))]
+
+
 layer_norm_forward = op(
     "jitops::layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
     "float eps=1e-05) -> (Tensor, Tensor)",
@@ -555,6 +567,7 @@ layer_norm_forward = op(
     fake=fake,
     setup_context=setup_context,
     backward=backward,
+    companions=companions,
     doc="jitops.layer_norm's op: returns (y, stats) where stats is (2, rows): mean and rstd of every row.",
     fallback=torch_forward,
 )
@@ -598,15 +611,19 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
 layer_norm.__doc__ = __doc__
 layer_norm.op = layer_norm_forward.op  # type: ignore[attr-defined]
 
+# One public name for the three ops: what the function above calls with a gradient recorded and without one.
+def _bind(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    shape = [normalized_shape] if type(normalized_shape) is int else list(normalized_shape)
+    return layer_norm_forward, (x, shape, weight, bias, eps)
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
+
+public("layer_norm", layer_norm, entries=(layer_norm_forward, layer_norm_inference), parts=(layer_norm_backward,),
+       calls=lambda entry, args, grad: [(layer_norm_forward if grad else layer_norm_inference, args)], bind=_bind)
+
+# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items; each builds the forward, the
+# backward and the no-grad path).
 PREWARM = [
-    {"op": "layer_norm_forward", "dtypes": ["fp32", "fp16", "bf16"],
+    {"op": "layer_norm", "dtypes": ["fp32", "fp16", "bf16"],
      "shapes": [[[4096, n], [n], [n]]], "kwargs": {"normalized_shape": [n], "eps": 1e-5}}
-    for n in (768, 1024, 2048, 4096, 8192)
-] + [
-    {"op": "layer_norm_backward", "dtypes": ["fp32", "fp16", "bf16"],
-     "shapes": [[[4096, n], [4096, n], [2, 4096], [n]]],
-     "kwargs": {"normalized_shape": [n], "need_dx": True, "need_dweight": True, "need_dbias": True}}
     for n in (768, 1024, 2048, 4096, 8192)
 ]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import shapes
-from ..op import Impl, op
+from ..op import Impl, op, public
 from .gelu import gelu, gelu_backward
 from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass, class_from_layouts,
                    cuda_kernels, launch, layout_of, product_if_loaded)
@@ -268,6 +268,40 @@ def _backward_products(grad, x, weight, n: int, k: int, need_x: bool, need_w: bo
     return grad_x, grad_w
 
 
+# ---- the backward's calls, for manifests and for compiling them while the forward runs ---------------------------
+def companions(x, weight, bias, activation, *, needs):
+    """The calls backward() above makes, assuming a contiguous output gradient."""
+    need_x, need_w, need_b = needs
+    n, k = weight.shape
+    lead = tuple(x.shape[:-1])
+    calls = []
+    if activation in GELU_APPROXIMATE and (need_x or need_w or need_b):  # the pre-activation, recomputed
+        calls.append((_linear, (x, weight, bias, None)))
+        if not x.is_cpu:
+            z = shapes.placeholder(x, (*lead, n))
+            calls.append((gelu_backward, (shapes.placeholder(z, (*lead, n)), z, GELU_APPROXIMATE[activation])))
+    m = x.numel() // k if k else 0
+    if not (m and n and k):
+        return calls
+    if (n % 8 or k % 8) and not x.is_cpu:  # the padded problem's GEMMs
+        n8, k8 = _round8(n), _round8(k)
+        gp = shapes.placeholder(x, (m, n8))
+        xp = shapes.placeholder(x, (m, k8))
+        if need_x:
+            calls.append((_gemm, (gp, shapes.placeholder(x, (n8, k8)), None, None, None)))
+        if need_w:
+            calls.append((_gemm, (gp.t(), xp, None, None, None)))
+        return calls
+    g = shapes.placeholder(x, (m, n))
+    x2 = shapes.placeholder(x, (m, k))
+    if need_x:
+        calls.append((_gemm, (g, weight.detach(), None, None, None)))              # (M, N) . (N, K)
+    if need_w:
+        transposed = weight.stride(1) != 1 and weight.stride(0) == 1
+        calls.append((_gemm, (x2.t(), g, None, None, None) if transposed else (g.t(), x2, None, None, None)))
+    return calls
+
+
 # ---- declaration ----------------------------------------------------------------------------------------------
 _linear = op(
     "jitops::linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor",
@@ -280,11 +314,12 @@ _linear = op(
     keyword_only=("activation",),
     doc=__doc__,
     fallback=torch_linear,
+    companions=companions,
 )
 
 
 def linear(x, weight, bias=None, *, activation=None):
-    if activation is None:
+    if activation is None:  # the common call: straight to the op (the model's prefetch found its kernels)
         return _linear(x, weight, bias)
     if activation in GELU_APPROXIMATE and torch.is_grad_enabled() and not getattr(x, "is_cpu", True) and \
             (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False) or
@@ -297,3 +332,16 @@ def linear(x, weight, bias=None, *, activation=None):
 
 linear.__doc__ = __doc__
 linear.op = _linear.op  # type: ignore[attr-defined]
+
+
+def _public_calls(entry, args, grad):
+    """What linear() above calls: with a gradient to record, a GELU on a GPU runs the GEMM with the bias fused
+    and then jitops.gelu on its output."""
+    x, weight, bias, activation = args
+    if grad and activation in GELU_APPROXIMATE and not x.is_cpu:
+        z = shapes.placeholder(x, (*x.shape[:-1], weight.shape[0]))
+        return [(_linear, (x, weight, bias, None)), (gelu, (z, GELU_APPROXIMATE[activation]))]
+    return [(_linear, args)]
+
+
+public("linear", linear, entries=(_linear,), calls=_public_calls)

@@ -96,7 +96,8 @@ print(RECORD.read_text())
 # %%
 items = [json.loads(line) for line in RECORD.read_text().splitlines()]
 archs = sorted({arch for item in items for arch in item["archs"]})
-ops = [{key: item[key] for key in ("op", "dtypes", "shapes", "kwargs", "strides") if key in item} for item in items]
+ops = [{key: item[key] for key in ("op", "kernel_op", "dtypes", "shapes", "kwargs", "strides") if key in item}
+       for item in items]
 MANIFEST = WORK / "manifest.json"
 body = ",\n".join(f"  {json.dumps(op)}" for op in ops)
 MANIFEST.write_text(f'{{"archs": {json.dumps(archs)}, "ops": [\n{body}\n]}}\n')  # one item a line: clear diffs
