@@ -279,7 +279,8 @@ def main() -> None:
              "goals": goals, "cases": rows}
     # Latencies, not throughput against a baseline: the cases go in the notes (as jit_latency's do), so the
     # throughput charts of notebooks/04_performance leave them out.
-    path, record = save_record("remote_cache", notes, [])
+    path, record = save_record("remote_cache", baseline="a local disk hit (and no remote, for Redis down)",
+                               rows=notes.pop("cases"), summary=notes)
     print(f"\n## remote_cache - {record['device'].get('name')} - {record['date']}\n`{record['command']}`\n")
     print(f"kernel: {kernel}; medians of {args.reps} fresh processes (one for the compiles)\n")
     print("| case | first call (ms) | vs | remote tier (ms) | compiles | disk hits | remote hits | warnings/process |")

@@ -169,6 +169,12 @@ def record_path(benchmark: str, variant: str | None = None) -> Path:
     return out_dir / (f"{benchmark}-{variant}.json" if variant else f"{benchmark}.json")
 
 
+def cpu_description() -> dict[str, Any]:
+    """The device entry of a run on a machine without a GPU (the remote-cache benchmark, CPU kernels)."""
+    return {"name": f"cpu: {platform.machine()}, {os.cpu_count()} cores", "driver": "none (no GPU)",
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
 def save_record(benchmark: str, *, baseline: str, rows: list[dict[str, Any]], summary: dict[str, Any],
                 variant: str | None = None, started: _dt.datetime | None = None) -> tuple[Path, dict[str, Any]]:
     """Write one record (module docstring) and return its path and contents.  `benchmark` is the NAME of
@@ -177,7 +183,7 @@ def save_record(benchmark: str, *, baseline: str, rows: list[dict[str, Any]], su
     if not (BENCHMARKS / f"bench_{benchmark}.py").is_file():
         raise ValueError(f"save_record: no benchmarks/bench_{benchmark}.py; name the benchmark that ran")
     started = started or _dt.datetime.now(_dt.timezone.utc)
-    device = device_description() if torch.cuda.is_available() else {"name": "cpu"}
+    device = device_description() if torch.cuda.is_available() else cpu_description()
     record = {"benchmark": benchmark, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "baseline": baseline, "rows": rows,
               "summary": summary}

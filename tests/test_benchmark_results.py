@@ -24,6 +24,8 @@ ROW_FIELDS = {field.name for field in dataclasses.fields(harness.Row)}
 LATENCY_FIELDS = {"op", "method", "baseline", "cold_first_ms", "warm_first_ms", "hot_us", "baseline_hot_us"}
 # bench_models.py's rows: one per (model, mode)
 MODEL_FIELDS = {"model", "mode", "step_ms", "host_ms", "first_step_s", "first_step_compiles", "speedup_vs_eager"}
+# bench_remote_cache.py's rows: one per case (disk hit, remote hit, Redis down, the race)
+REMOTE_FIELDS = {"case", "first_call_ms", "processes", "compiles", "disk_hits", "remote_hits"}
 
 
 def test_results_hold_one_json_record_per_benchmark():
@@ -49,7 +51,8 @@ def test_result_record_schema(path):
     assert isinstance(data["summary"], dict)
     rows = data["rows"]
     assert isinstance(rows, list) and rows, f"{path.name}: a record of no measurements"
-    fields = {"jit_latency": LATENCY_FIELDS, "models": MODEL_FIELDS}.get(data["benchmark"], ROW_FIELDS)
+    fields = {"jit_latency": LATENCY_FIELDS, "models": MODEL_FIELDS, "remote_cache": REMOTE_FIELDS}.get(
+        data["benchmark"], ROW_FIELDS)
     for row in rows:
         assert set(row) >= fields, f"{path.name}: row {row.get('op')} lacks {sorted(fields - set(row))}"
         if fields is ROW_FIELDS:

@@ -21,7 +21,6 @@ from jitops.specs import CudaKernel, Source, Target
     (lambda: jitops.gelu(torch.randn(3), "fast"), ValueError, ["jitops.gelu", "'approximate'", "'fast'", "tanh"]),
     (lambda: jitops.add(torch.randn(3), torch.randn(3, device="meta")), ValueError,
      ["jitops.add", "'b'", "meta", "cpu"]),
-    (lambda: jitops.gelu(torch.randn(3, device="meta")), ValueError, ["jitops.gelu", "meta", "cuda and cpu"]),
     (lambda: jitops.gelu([1.0, 2.0]), TypeError, ["gelu", "x"]),
     (lambda: jitops.gelu(torch.randn(4, 4).to_sparse()), TypeError, ["jitops.gelu", "'x'", "sparse"]),
 ])

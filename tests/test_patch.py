@@ -267,8 +267,9 @@ def test_meta_model_records_its_kernel_calls():
     with jitops.record_calls() as calls:
         model(input_ids=ids, labels=ids).loss.backward()
     assert jitops.stats.compiles == before
-    ops = {item["op"] for item in calls.items}
+    ops = {item.get("kernel_op", item["op"]) for item in calls.items}  # the public name, and the exact op
     assert {"linear", "layer_norm_forward", "layer_norm_backward", "gemm", "gelu", "gelu_backward"} <= ops
+    assert {item["op"] for item in calls.items} <= set(jitops.public_names())
     manifest = calls.manifest(["sm_90a"])
     assert manifest["archs"] == ["sm_90a"] and manifest["ops"] == calls.items
 
@@ -332,3 +333,15 @@ def test_prefetch_survives_a_meta_pass_the_model_cannot_make():
     report = jitops.prefetch(model, x)
     assert report.skipped and report.submitted == 0
     model(x)
+
+
+def test_ops_on_meta_tensors_return_fake_outputs():
+    """Meta tensors stand for a GPU call: jitops.record_calls() and jitops.prefetch depend on it."""
+    y = jitops.gelu(torch.randn(3, 5, device="meta"), "tanh")
+    assert y.is_meta and y.shape == (3, 5)
+    out = jitops.linear(torch.empty(2, 7, 16, device="meta", dtype=torch.bfloat16),
+                        torch.empty(24, 16, device="meta", dtype=torch.bfloat16))
+    assert out.is_meta and out.shape == (2, 7, 24)
+    with pytest.raises(TypeError, match="jitops.linear.*'x'"):  # the checks still run
+        jitops.linear(torch.empty(2, 16, device="meta", dtype=torch.int32),
+                      torch.empty(24, 16, device="meta", dtype=torch.int32))
