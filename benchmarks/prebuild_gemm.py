@@ -3,8 +3,9 @@ on the lent GPU compiles nothing: ship the cache directory as a read-only root (
 
     JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune | --tune-only] [--jobs 2] [--list]
 
-Builds for the H100 (compute capability 9.0): sm_90a libraries through nvcc, and the CUTLASS 2 kernels that the
-tests run there (unaligned shapes, force_family("sm80")) as sm_90 cubins through NVRTC.
+Builds for the H100 (compute capability 9.0), all through NVRTC: the sm_90a CUTLASS 3 kernels, and the CUTLASS 2
+kernels that the tests run there (unaligned shapes, force_family("sm80")) as sm_90 cubins.  --probe-sm90 builds
+what probe_sm90_nvrtc.py compares instead: those NVRTC kernels and the same configurations through nvcc.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print what would be built, build nothing")
     parser.add_argument("--only", choices=["nvcc", "nvrtc"], help="build only this backend's kernels")
+    parser.add_argument("--probe-sm90", action="store_true",
+                        help="only what probe_sm90_nvrtc.py loads: the NVRTC kernels and their nvcc references")
     args = parser.parse_args()
 
     import bench_gemm
@@ -49,6 +52,10 @@ def main() -> None:
     elif args.tune or args.tune_only:
         tune = {r.label() + " " + str(r.params): r for r in bench_gemm.requests(target, tune=True).values()}
         wanted = {key: r for key, r in tune.items() if key not in wanted} if args.tune_only else {**wanted, **tune}
+    if args.probe_sm90:
+        import probe_sm90_nvrtc
+
+        wanted = {str(key): r for key, r in probe_sm90_nvrtc.requests(target).items()}
     unique = {}
     for r in wanted.values():
         unique.setdefault((r.backend, r.kernel, r.entry, r.params, r.dtype), r)

@@ -1,7 +1,7 @@
 """jitops.gemm without a GPU: the CPU path (ATen) against a float64 reference for every transpose combination,
 bias, activation and out_dtype, gradients of every input (gradcheck in float64), opcheck and
 torch.compile(fullgraph=True); input errors; the shape classes and kernel choices for each arch (on meta
-tensors); and builds of the CUDA sources here (NVRTC for sm_80, nvcc for one sm_90a configuration)."""
+tensors); and builds of the CUDA sources here (NVRTC for sm_80 and for one sm_90a configuration)."""
 from __future__ import annotations
 
 import importlib
@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,7 +135,8 @@ def test_transposed_views_are_read_in_place(a_t, b_t):
     cls = G.shape_class(a, b, None, None, None)
     assert (cls.a_kmajor, cls.b_kmajor) == (not a_t, b_t) and cls.align == 8
     request = G.cuda_kernels(cls, SM90)["sm90"]
-    assert request.backend == "nvcc" and request.arch(SM90) == "sm_90a"
+    assert request.backend == "nvrtc" and request.arch(SM90) == "sm_90a"
+    assert dict(request.defines)["GEMM_A_KMAJOR"] == str(int(not a_t))  # the configuration header's macros
     assert dict(request.params)["GEMM_A_KMAJOR"] == str(int(not a_t))
 
 
@@ -229,20 +231,29 @@ def test_sm80_kernel_builds_with_nvrtc(fresh_cache):
     assert jitops.runtime.prewarm(request, SM80) == "compiled"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"),
-                    reason="needs nvcc")
-def test_one_sm90a_configuration_builds_with_nvcc_and_uses_wgmma(fresh_cache):
-    """One representative sm_90a build (about a minute on 2 cores); JITOPS_TEST_GEMM_SWEEP=1 builds them all."""
+def test_one_sm90a_configuration_builds_with_nvrtc_and_uses_wgmma(fresh_cache):
+    """One representative sm_90a build through NVRTC (about a minute on 2 cores; JITOPS_TEST_GEMM_SWEEP=1
+    builds them all): no host compiler, wgmma not serialized, and the Params layout the kernel exports is the
+    one CUTLASS's host code used in the fixtures that tests/test_cutlass_host.py checks the Python host with."""
+    import json
+
+    from jitops.cutlass_host import GemmLayout
+
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     request = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    assert request.backend == "nvrtc"
     assert jitops.runtime.prewarm(request, SM90) == "compiled"
     key, _ = jitops.runtime.key_for(request, SM90)
     entry = jitops.runtime.find_entry(key, any_toolchain=False)
     log = (entry.path / "compile.log").read_text() if (entry.path / "compile.log").exists() else ""
     assert "C7510" not in log  # wgmma not serialized (-DNDEBUG)
+    cubin = (entry.path / "kernel.cubin").read_bytes()
+    fixtures = json.loads((Path(__file__).parent / "cutlass_host" / "sm90_gemm_fixtures.json").read_text())
+    [case] = [c for c in fixtures["cases"] if c["defines"] == dict(request.defines)]
+    assert tuple(GemmLayout.from_cubin(cubin)) == tuple(case["layout"])
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if os.path.exists(cuobjdump):
-        sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.so")], capture_output=True,
+        sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.cubin")], capture_output=True,
                               text=True, check=True).stdout
         assert "HGMMA" in sass
 
