@@ -269,6 +269,13 @@ class _TmaDriver:
                     cls._instance = _TmaDriver()
         return cls._instance
 
+    def set_shared_memory(self, function: CudaFunction, size: int) -> None:
+        """The kernel's dynamic shared-memory limit (CUTLASS 3 kernels take 100-227 KB)."""
+        ensure_context(function.device_index)
+        driver = _Driver.get()
+        driver.check("cuFuncSetAttribute", driver.lib.cuFuncSetAttribute(
+            function.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size))
+
     def encode_into(self, buffer: Any, offset: int, args: TmaArgs, address: int) -> None:
         rank = len(args.dims)
         status = self.encode(
@@ -387,41 +394,42 @@ def _thread_fields(config: GemmConfig, p: Problem, bias: int) -> list[tuple[int,
 class Sm90Gemm:
     """jitops.gemm's sm_90a kernel (an NVRTC cubin) with its host side: `run(...)` is one GEMM."""
 
-    def __init__(self, function: CudaFunction, config: GemmConfig) -> None:
+    def __init__(self, function: CudaFunction, config: GemmConfig, layout: GemmLayout | None = None,
+                 driver: "_TmaDriver | None" = None) -> None:
         self.function = function
         self.config = config
-        self.layout = GemmLayout.from_cubin(function._cubin)
-        self._driver = _TmaDriver.get()
+        self.layout = layout or GemmLayout.from_cubin(function._cubin)
+        self._driver = driver or _TmaDriver.get()
         self._lock = threading.Lock()
-        self._problems: dict[Problem, _Packed] = {}
+        self._problems: dict[tuple, _Packed] = {}
         self._attribute_set = False
         self._attribute = ctypes.c_int()
 
     def _pack(self, problem: Problem, addresses: tuple[int, int, int, int]) -> "_Packed":
         if not self._attribute_set:
-            ensure_context(self.function.device_index)
-            _Driver.get().check("cuFuncSetAttribute", _Driver.get().lib.cuFuncSetAttribute(
-                self.function.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.layout.smem))
+            self._driver.set_shared_memory(self.function, self.layout.smem)
             self._attribute_set = True
         params, grid = pack_params(self.layout, self.config, problem, addresses, self._driver.encode_into)
-        return _Packed(self, params, grid)
+        return _Packed(self, params, grid, addresses)
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
             activation: int, swizzle: int, raster: int, sm_count: int, stream: int) -> None:
-        problem = Problem(m, n, k, lda, ldb, ldd, activation, bias != 0, swizzle, raster, sm_count)
+        # A plain tuple as the key: building the Problem NamedTuple cost twice as much, on every call.
+        key = (m, n, k, lda, ldb, ldd, activation, bias != 0, swizzle, raster, sm_count)
         with self._lock:
-            packed = self._problems.get(problem)
+            packed = self._problems.get(key)
             if packed is None:
                 if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
                     self._problems.clear()
-                packed = self._problems[problem] = self._pack(problem, (a, b, d, bias))
+                packed = self._problems[key] = self._pack(Problem(*key), (a, b, d, bias))
             packed.launch(a, b, d, bias, stream)
 
 
 class _Packed:
     """One problem's Params and launch configuration; a call patches the four addresses and launches."""
 
-    def __init__(self, owner: Sm90Gemm, params: bytearray, grid: tuple[int, int, int]) -> None:
+    def __init__(self, owner: Sm90Gemm, params: bytearray, grid: tuple[int, int, int],
+                 addresses: tuple[int, int, int, int]) -> None:
         layout, driver = owner.layout, owner._driver
         self.params = (ctypes.c_char * len(params)).from_buffer(params)
         self._keep = params
@@ -442,7 +450,7 @@ class _Packed:
         self._at = (layout.tma_a + (field or 0), layout.tma_b + (field or 0), layout.tma_d + (field or 0))
         self._descriptors = (layout.tma_a, layout.tma_b, layout.tma_d)
         self._bias = layout.thread + FUSED_BIAS if owner.config.fused else None
-        self._addresses = (0, 0, 0, 0)
+        self._addresses = addresses  # what the descriptors were encoded with
         self.grid = grid
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
