@@ -21,14 +21,7 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
-// NVRTC has no C++ standard library: two names CUTLASS's sm_90 epilogue headers take from std:: come from
-// libcu++ (they are the same traits).
-#include <cuda/std/cstddef>
-#include <cuda/std/type_traits>
-namespace std {
-using cuda::std::is_pointer_v;
-using cuda::std::void_t;
-}  // namespace std
+#include "jitops/nvrtc_std.cuh"  // NVRTC has no C++ standard library: libcu++'s names where CUTLASS wants std's
 #else
 #include <cstddef>
 #endif
@@ -146,8 +139,8 @@ CUTLASS_HOST_DEVICE StrideD stride_d(long long ldd) {
 using Params = typename GemmKernel::Params;
 using MainloopParams = typename GemmKernel::MainloopParams;
 using EpilogueParams = typename GemmKernel::EpilogueParams;
-// (offsetof: libcu++'s under NVRTC, the null-pointer form that NVRTC 13.0 folds to a constant where it rejects
-// __builtin_offsetof; the host compiler's elsewhere.  Params is not standard-layout, CUTLASS's tuples inherit;
+// (offsetof: libcu++'s under NVRTC (nvrtc_std.cuh), the null-pointer form that NVRTC 13.0 folds to a constant
+// where it rejects __builtin_offsetof; the host compiler's elsewhere.  Params is not standard-layout, CUTLASS's tuples inherit;
 // the compilers still lay it out as one fixed struct, and warn, which the sources silence: NVRTC's 1427.)
 #define JITOPS_OFFSET(member) offsetof(Params, member)
 #define JITOPS_GEMM_LAYOUT                                                                                 \
