@@ -12,6 +12,7 @@
 #   export    what this call compiled, as $OUT/built.tar.gz (carry it as build/built.tar.gz next time)
 #   tests     tests/test_gemm_gpu.py
 #   options   probe_nvrtc_options.py: where the compile time goes, and which options shorten it
+#   options-bg   the same in the background (CPU only: beside the GPU tests, not beside timings); wait: for it
 #   families  bench_jit_latency.py --cold-compile: one kernel per CUTLASS family, one at a time
 #   bench     bench_gemm.py (the six shapes against torch.matmul)
 set -uo pipefail
@@ -50,6 +51,9 @@ for step in "${steps[@]}"; do
     tests) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gemm_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -15
            [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     options) python3 benchmarks/probe_nvrtc_options.py 2>&1 | tee "$OUT/options.log" | tail -12 ;;
+    options-bg) python3 benchmarks/probe_nvrtc_options.py > "$OUT/options.log" 2>&1 &
+                options_pid=$! ;;
+    wait) [ -n "${options_pid:-}" ] && wait "$options_pid"; tail -12 "$OUT/options.log" ;;
     families) python3 benchmarks/bench_jit_latency.py --cold-compile gemm_sm90,gemm_sm80 2>&1 | tail -6 ;;
     bench) python3 benchmarks/bench_gemm.py 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
     *) echo "unknown step $step"; status=2 ;;
