@@ -284,10 +284,10 @@ def overhead(bench, target: Target, calls: int = 2000) -> None:
     paths = {"torch.matmul": lambda: torch.matmul(a, b), "jitops.gemm": lambda: jitops.gemm(a, b)}
     if G.uses_sm90(cls, target):
         config = G.SM90_CONFIGS[cls.bucket]
-        lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+        kernel = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        paths["run_sm90 (ctypes + CUTLASS host code)"] = lambda: G.run_sm90(
-            lib, cls, config, a, b, out, None, m, n, k, k, n, 0)
+        paths["run_sm90 (NVRTC kernel, Python host side)"] = lambda: G.run_sm90(
+            kernel, cls, config, a, b, out, None, m, n, k, k, n, 0)
     from harness import host_us
 
     times = host_us(*paths.values(), calls=calls, rounds=3, warmup=50)

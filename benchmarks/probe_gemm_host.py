@@ -1,7 +1,7 @@
-"""Where jitops.gemm's host time goes on the sm_90 path (a call costs about 25 us against torch.matmul's 12): the
-whole op, the run function, the library call through its ctypes wrapper, the same call with its arguments
-already converted, and the library's workspace query (which builds CUTLASS's arguments but encodes no TMA
-descriptor and launches nothing).
+"""Where jitops.gemm's host time goes on the sm_90 path: the whole op, the run function (the NVRTC kernel through
+jitops/cutlass_host.py), and for comparison the nvcc-built reference library (CUTLASS's host code): its call
+through the ctypes wrapper, the same call with its arguments already converted, and its workspace query (which
+builds CUTLASS's arguments but encodes no TMA descriptor and launches nothing).
 
     python benchmarks/probe_gemm_host.py [--compare-library PATH]     # on the GPU
 
@@ -39,7 +39,8 @@ def main() -> None:
     target = Target("cuda", torch.cuda.get_device_capability(0))
     cls = G.shape_class(a, b, None, None, None)
     config = G.SM90_CONFIGS[cls.bucket]
-    lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+    kernel = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
+    lib = jitops.runtime.get_kernel(G.sm90_reference_request(cls, config), target, 0)
     run, workspace = lib.jitops_gemm_run, lib.jitops_gemm_workspace
     raw_run, raw_workspace = run._fn, workspace._fn
     sms, stream = sm_count(0), current_stream(0)
@@ -48,7 +49,8 @@ def main() -> None:
     paths = {
         "torch.matmul": lambda: torch.matmul(a, b),
         "jitops.gemm": lambda: jitops.gemm(a, b),
-        "run_sm90": lambda: G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0),
+        "run_sm90 (NVRTC kernel, Python host side)": lambda: G.run_sm90(kernel, cls, config, a, b, out, None, m, n,
+                                                                         k, k, n, 0),
         "library call (ctypes wrapper)": lambda: run(a, b, out, None, m, n, k, k, n, n, 0, swizzle, 0, 0, 1, sms,
                                                      None, stream),
         "library call (converted arguments)": lambda: raw_run(*pointers, m, n, k, k, n, n, 0, swizzle, 0, 0, 1, sms,
@@ -68,7 +70,7 @@ def main() -> None:
 
 def compare(path: Path, pointers, m, n, k, swizzle, sms, stream):
     from jitops.launch import HostLibrary
-    signatures = [(name, kinds, ret) for name, (kinds, ret) in G.SM90_GEMM.functions.items()]
+    signatures = [(name, kinds, ret) for name, (kinds, ret) in G.SM90_GEMM_REFERENCE.functions.items()]
     raw_run = HostLibrary(str(path), signatures).jitops_gemm_run._fn
     return lambda: raw_run(*pointers, m, n, k, k, n, n, 0, swizzle, 0, 0, 1, sms, None, stream)
 

@@ -280,27 +280,42 @@ def test_every_sm90a_configuration_builds(fresh_cache):
 
 
 def test_first_training_call_starts_the_backward_kernels_in_background(monkeypatch):
-    """A forward that needs gradients loads (compiles, when cold) dA's and dB's kernels in daemon threads, once
-    per forward shape class, so their builds overlap the forward's own."""
-    import threading
-
-    requested, done = [], threading.Event()
-
-    def fake_get_kernel(request, target, index, context):
-        requested.append((dict(request.params)["GEMM_A_KMAJOR"], dict(request.params)["GEMM_B_KMAJOR"]))
-        if len(requested) == 2:
-            done.set()
-
-    monkeypatch.setattr(G.runtime, "get_kernel", fake_get_kernel)
-    monkeypatch.setattr(G, "ensure_context", lambda index: None)  # no GPU here
+    """A forward that needs gradients starts compiling dA's and dB's kernels beside its own, once per forward
+    shape class, so their builds overlap the forward's."""
+    requested = []
+    monkeypatch.setattr(G, "_compile_elsewhere", lambda request, target, index, context: requested.append(
+        (dict(request.params)["GEMM_A_KMAJOR"], dict(request.params)["GEMM_B_KMAJOR"])))
     monkeypatch.setattr(G._op.op, "target", lambda device_type, index: SM90)
     monkeypatch.setattr(G, "_background_started", set())
     a, b = meta(1000, 256).requires_grad_(), meta(256, 384).requires_grad_()
     G.compile_backward_in_background(a, b, None, None, None)
-    assert done.wait(10)
     assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
     G.compile_backward_in_background(a, b, None, None, None)  # the second call starts nothing
     assert len(requested) == 2
+
+
+def test_background_nvrtc_compiles_run_in_another_process(tmp_path):
+    """NVRTC runs one compile at a time per process, so a background NVRTC build is a spawned process that
+    publishes into this process's cache root; a kernel already there starts nothing."""
+    import multiprocessing
+    import time
+
+    from jitops.config import config
+
+    gelu_op = jitops.find("gelu")
+    args = gelu_op.example_args("bf16", [[4096]], {"approximate": "tanh"})
+    request = next(iter(gelu_op.requests_for(args, SM80).values()))
+    with config.scope(cache_dir=tmp_path, cache_path=()):
+        key, _ = jitops.runtime.key_for(request, SM80)
+        G._compile_elsewhere(request, SM80, 0, None)
+        deadline = time.monotonic() + 240
+        while jitops.runtime.find_entry(key, any_toolchain=True) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jitops.runtime.find_entry(key, any_toolchain=True) is not None
+        for child in multiprocessing.active_children():
+            child.join(10)
+        G._compile_elsewhere(request, SM80, 0, None)  # on disk now: nothing started
+        assert not [p for p in multiprocessing.active_children() if p.name.startswith("jitops-gemm")]
 
 
 def test_swizzle_follows_the_tile_rows_and_columns():

@@ -9,9 +9,11 @@ Layouts come from the strides: each operand may be row- or column-major (a trans
 costs no copy), with any leading dimension.  Only a view with no unit stride (e.g. `x[::2, ::2]`) is copied.
 
 Kernels (sources in kernels/gemm/):
-- sm_90: CUTLASS 3 warp-specialized TMA + wgmma kernels, built by nvcc for sm_90a with -DNDEBUG into a small C
-  library (CudaLibrary): the CUTLASS 3 host API builds the TMA descriptors.  One configuration per translation
-  unit.  TMA needs 16-byte aligned rows and addresses; other shapes take the sm_80 kernels below.
+- sm_90: CUTLASS 3 warp-specialized TMA + wgmma kernels, the kernel alone compiled by NVRTC for sm_90a with
+  -DNDEBUG; its host side (TMA descriptors through cuTensorMapEncodeTiled, the tile scheduler's parameters, the
+  cluster launch) is Python's, jitops/cutlass_host.py, checked byte for byte against CUTLASS's host code.  One
+  configuration per translation unit.  TMA needs 16-byte aligned rows and addresses; other shapes take the
+  sm_80 kernels below.
 - sm_80, sm_86, sm_89 (and unaligned shapes on sm_90): CUTLASS 2 tensor-op kernels compiled by NVRTC in seconds;
   a __global__ wrapper builds CUTLASS 2's Params on the device, so there is no host code to compile.  An
   alignment class (8, 4, 2 or 1 elements) serves K or N that are not multiples of 8.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -43,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import shapes
+from ..config import config as jitops_config
 from ..cutlass_host import GemmConfig, Sm90Gemm, epilogue_tile
 from ..launch import CudaFunction, current_stream, ensure_context, sm_count
 from ..op import Impl, op
@@ -287,7 +291,8 @@ SM80_CONFIGS = {bucket: SM80_LARGE if bucket.startswith("large") else SM80_SMALL
 SM80_ALIGN1 = Sm80Config((128, 128, 32), (64, 32, 32), 2)
 
 # The sm_90a kernel, compiled by NVRTC (kernels/gemm/sm90_gemm_kernel.cu); its host side is Python's
-# (jitops/cutlass_host.py): nvcc's host compile of CUTLASS's host code was most of a 52-80 s build.
+# (jitops/cutlass_host.py): nvcc's host half (cudafe++ and gcc over CUTLASS's host code) was about a third of a
+# 70 s build on 2 cores (docs/benchmarks.md, "CUTLASS 3 through NVRTC").
 SM90_GEMM = CudaKernel(
     "gemm_sm90", Source.file("gemm/sm90_gemm_kernel.cu"), "cutlass::device_kernel<jitops_gemm::GemmKernel>", (),
     arch_specific=True, defines=True)
@@ -556,9 +561,8 @@ def _backward_calls(a, b, out_dtype):
 
 
 def compile_backward_in_background(a, b, bias, activation, out_dtype) -> None:
-    """Start loading (compiling, on a cold cache) the kernels of this forward's backward in daemon threads, so
-    their nvcc runs overlap the forward's own compile.  Once per forward shape class; errors are left for the
-    backward itself to raise."""
+    """Start compiling (on a cold cache) the kernels of this forward's backward beside the forward's own compile
+    (_compile_elsewhere).  Once per forward shape class; errors are left for the backward itself to raise."""
     declared = _op.op
     index = a.get_device()
     key = (index, a.requires_grad, b.requires_grad, declared.shape_class(a, b, bias, activation, out_dtype))
@@ -573,8 +577,33 @@ def compile_backward_in_background(a, b, bias, activation, out_dtype) -> None:
         cls = declared.shape_class(*args)
         context = MissContext("gemm", cls, declared.manifest_item(args))
         for request in cuda_kernels(cls, target).values():
-            threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
-                             name=f"jitops-gemm-backward-{request.kernel}").start()
+            _compile_elsewhere(request, target, index, context)
+
+
+def _compile_elsewhere(request, target, index, context) -> None:
+    """An NVRTC build goes to a spawned process, which publishes it in the disk cache where the backward finds
+    it: NVRTC runs one compile at a time per process (on the lent H100, 16 threads' CUTLASS 3 compiles finished
+    about 25 s apart), so a thread would only queue behind the forward's compile.  Other backends (nvcc runs as
+    a subprocess) load in a daemon thread.  A kernel already on disk starts nothing."""
+    if request.backend != "nvrtc":
+        threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
+                         name=f"jitops-gemm-backward-{request.kernel}").start()
+        return
+    key, _ = runtime.key_for(request, target)
+    if runtime.find_entry(key, any_toolchain=True) is not None:
+        return
+    settings = {"cache_dir": jitops_config.cache_dir, "cache_path": jitops_config.cache_path}
+    multiprocessing.get_context("spawn").Process(target=_prewarm_quietly, args=(request, target, settings),
+                                                 daemon=True, name=f"jitops-gemm-{request.kernel}").start()
+
+
+def _prewarm_quietly(request, target, settings) -> None:
+    """In a spawned process: compile one kernel into the parent's cache roots."""
+    try:
+        with jitops_config.scope(**settings):
+            runtime.prewarm(request, target)
+    except Exception as exc:  # noqa: BLE001 - the backward reports it when it needs the kernel
+        log.debug("background compile of %s failed: %s", request.label(), exc)
 
 
 def _load_quietly(request, target, index, context) -> None:
@@ -616,8 +645,8 @@ gemm.__doc__ = __doc__
 gemm.op = _op.op  # type: ignore[attr-defined]
 
 # Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items): a
-# large bf16 layer's forward (x @ w) and its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one nvcc build
-# on sm_90a (about a minute on 2 cores), so the list stays short; other classes compile on first use.
+# large bf16 layer's forward (x @ w) and its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one NVRTC build
+# on sm_90a (about 50 s on 2 cores), so the list stays short; other classes compile on first use.
 PREWARM = [
     {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
      "kwargs": {"activation": None, "out_dtype": None}},
