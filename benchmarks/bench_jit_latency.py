@@ -5,6 +5,11 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
 
     python benchmarks/bench_jit_latency.py
     python benchmarks/bench_jit_latency.py --methods jitops,layer_norm     # without the other tools' cold runs
+    python benchmarks/bench_jit_latency.py --cold-compile [FAMILY,...]     # no GPU needed
+
+--cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM) into an
+empty cache, each in a fresh process, timed from the request to the published entry; the machine's cores are
+printed with it (compiles use one core each).  Families: COMPILE_FAMILIES below.
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
@@ -176,6 +181,67 @@ def child(method: str, cache: str) -> dict:
     return result
 
 
+# One representative kernel per family: the first prewarm manifest item of its op (a large bf16 layer).
+# gemm_sm90 is the NVRTC build jitops.gemm runs; gemm_sm90_nvcc the same kernel with CUTLASS's host code, built
+# by nvcc (the reference of the bit-for-bit test, and what jitops.gemm compiled before).
+COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d")
+
+
+def family_request(family: str):
+    import importlib
+
+    import jitops
+    from jitops.ops import PREWARM
+    from jitops.specs import Target
+
+    gemm = importlib.import_module("jitops.ops.gemm")
+    op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm",
+               "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
+    item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
+    target = Target.parse("sm_80" if family == "gemm_sm80" else "sm_90a")
+    op = jitops.find(item["op"])
+    args = op.example_args(item["dtypes"][0], item["shapes"][0], item.get("kwargs", {}),
+                           (item.get("strides") or [None])[0])
+    requests = op.requests_for(args, target)
+    if family == "gemm_sm90_nvcc":
+        cls = op.shape_class(*args)
+        return gemm.sm90_reference_request(cls, gemm.SM90_CONFIGS[cls.bucket]), target
+    return next(iter(requests.values())), target
+
+
+def compile_child(family: str, cache: str) -> dict:
+    """One fresh process: build one family's kernel into an empty cache (no GPU needed)."""
+    os.environ["JITOPS_CACHE_DIR"] = cache
+    import jitops
+
+    request, target = family_request(family)
+    started = time.perf_counter()
+    outcome = jitops.runtime.prewarm(request, target)
+    return {"seconds": time.perf_counter() - started, "outcome": outcome, "backend": request.backend,
+            "kernel": request.label()[:120], "arch": request.arch(target)}
+
+
+def cold_compile(families: list[str]) -> None:
+    """Cold compile seconds per CUTLASS family, one fresh process and one empty cache each."""
+    cores = os.cpu_count()
+    rows = {}
+    for family in families:
+        with tempfile.TemporaryDirectory(prefix=f"cold-{family}-") as cache:
+            out = subprocess.run([sys.executable, __file__, "--compile-child", family, cache], capture_output=True,
+                                 text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        if out.returncode != 0:
+            raise SystemExit(f"{family} compile failed:\n{out.stderr[-4000:]}")
+        rows[family] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(family, json.dumps(rows[family]), flush=True)
+    print(f"\n| family | backend | arch | cold compile (s), {cores} cores |")
+    print("| --- | --- | --- | --- |")
+    for family, r in rows.items():
+        print(f"| {family} | {r['backend']} | {r['arch']} | {r['seconds']:.1f} |")
+    out_dir = os.environ.get("JITOPS_BENCH_OUT")
+    if out_dir:
+        Path(out_dir, "cold_compile.json").write_text(json.dumps({"cores": cores, "families": rows}, indent=1))
+
+
 def hot_pair(fn, baseline) -> tuple[float, float]:
     from harness import host_us
 
@@ -275,5 +341,9 @@ def report_jitops(rows: dict) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(child(sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--compile-child":
+        print(json.dumps(compile_child(sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--cold-compile":
+        cold_compile(sys.argv[2].split(",") if len(sys.argv) > 2 else list(COMPILE_FAMILIES))
     else:
         main()

@@ -246,13 +246,14 @@ class CudaKernel:
     signature: str | tuple[str, ...]
     options: tuple[str, ...] = ()
     arch_specific: bool = False
+    defines: bool = False  # the params also reach the source as -D macros (a configuration header's choices)
 
     def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
+        items = tuple((k, str(v)) for k, v in sorted(params.items()))
         return BuildRequest(
-            backend="nvrtc", kernel=self.name, source=self.source, dtype=dtype,
-            params=tuple((k, str(v)) for k, v in sorted(params.items())),
+            backend="nvrtc", kernel=self.name, source=self.source, dtype=dtype, params=items,
             entry=_format_params(self.entry, params), signature=_parse_signature(self.signature),
-            options=tuple(self.options), arch_specific=self.arch_specific)
+            defines=items if self.defines else (), options=tuple(self.options), arch_specific=self.arch_specific)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """jitops.gemm without a GPU: the CPU path (ATen) against a float64 reference for every transpose combination,
 bias, activation and out_dtype, gradients of every input (gradcheck in float64), opcheck and
 torch.compile(fullgraph=True); input errors; the shape classes and kernel choices for each arch (on meta
-tensors); and builds of the CUDA sources here (NVRTC for sm_80, nvcc for one sm_90a configuration)."""
+tensors); and builds of the CUDA sources here (NVRTC for sm_80 and for one sm_90a configuration)."""
 from __future__ import annotations
 
 import importlib
@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,7 +135,8 @@ def test_transposed_views_are_read_in_place(a_t, b_t):
     cls = G.shape_class(a, b, None, None, None)
     assert (cls.a_kmajor, cls.b_kmajor) == (not a_t, b_t) and cls.align == 8
     request = G.cuda_kernels(cls, SM90)["sm90"]
-    assert request.backend == "nvcc" and request.arch(SM90) == "sm_90a"
+    assert request.backend == "nvrtc" and request.arch(SM90) == "sm_90a"
+    assert dict(request.defines)["GEMM_A_KMAJOR"] == str(int(not a_t))  # the configuration header's macros
     assert dict(request.params)["GEMM_A_KMAJOR"] == str(int(not a_t))
 
 
@@ -239,20 +241,37 @@ def test_sm80_kernel_builds_with_nvrtc(fresh_cache):
     assert jitops.runtime.prewarm(request, SM80) == "compiled"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"),
-                    reason="needs nvcc")
-def test_one_sm90a_configuration_builds_with_nvcc_and_uses_wgmma(fresh_cache):
-    """One representative sm_90a build (about a minute on 2 cores); JITOPS_TEST_GEMM_SWEEP=1 builds them all."""
+def test_one_sm90a_configuration_builds_with_nvrtc_and_uses_wgmma(fresh_cache):
+    """One representative sm_90a build through NVRTC (about a minute on 2 cores; JITOPS_TEST_GEMM_SWEEP=1
+    builds them all): no host compiler, wgmma not serialized, and the Params layout the kernel exports is the
+    one CUTLASS's host code used in the fixtures that tests/test_cutlass_host.py checks the Python host with."""
+    import json
+
+    from jitops.cutlass_host import GemmLayout
+
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     request = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    assert request.backend == "nvrtc"
     assert jitops.runtime.prewarm(request, SM90) == "compiled"
     key, _ = jitops.runtime.key_for(request, SM90)
     entry = jitops.runtime.find_entry(key, any_toolchain=False)
     log = (entry.path / "compile.log").read_text() if (entry.path / "compile.log").exists() else ""
     assert "C7510" not in log  # wgmma not serialized (-DNDEBUG)
+    cubin = (entry.path / "kernel.cubin").read_bytes()
+    fixtures = json.loads((Path(__file__).parent / "cutlass_host" / "sm90_gemm_fixtures.json").read_text())
+    [case] = [c for c in fixtures["cases"] if c["defines"] == dict(request.defines)]
+    ours, host = GemmLayout.from_cubin(cubin), GemmLayout(*case["layout"])
+    # Under NVRTC CUTLASS's TmaDescriptor is a 64-byte-aligned 128-byte struct where the host compiler sees
+    # cuda.h's CUtensorMap, aligned to 128: the offsets after the first descriptor move (1280 bytes of Params
+    # against 1792), which is why the Python side reads the layout from the cubin it launches.
+    assert (ours.align, host.align) == (64, 128) and ours.size <= 4096  # kernel parameters: 4 KB at most
+    assert all(offset % 64 == 0 for offset in (ours.tma_a, ours.tma_b, ours.tma_d))
+    same = ("mode", "problem_shape", "bytes_mk", "bytes_nk", "thread_size", "epilogue_bytes_value", "smem", "threads")
+    assert [getattr(ours, f) for f in same] == [getattr(host, f) for f in same]
+    assert ours.scheduler - ours.hw_info == host.scheduler - host.hw_info
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if os.path.exists(cuobjdump):
-        sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.so")], capture_output=True,
+        sass = subprocess.run([cuobjdump, "-sass", str(entry.path / "kernel.cubin")], capture_output=True,
                               text=True, check=True).stdout
         assert "HGMMA" in sass
 
@@ -294,6 +313,30 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
     assert sorted(requested) == [("0", "0"), ("1", "1")]  # dB = A^T . dC (M-major A'), dA = dC . B^T (K-major B')
     assert not G._op.op.prefetch(a, b, None, None, None)  # the second call starts nothing
     assert len(requested) == 2
+
+
+def test_background_nvrtc_compiles_run_in_another_process(tmp_path):
+    """NVRTC runs one compile at a time per process, so a background NVRTC build is a spawned process that
+    publishes into this process's cache root; a kernel already there starts nothing."""
+    import multiprocessing
+    import time
+
+    from jitops.config import config
+
+    gelu_op = jitops.find("gelu")
+    args = gelu_op.example_args("bf16", [[4096]], {"approximate": "tanh"})
+    request = next(iter(gelu_op.requests_for(args, SM80).values()))
+    with config.scope(cache_dir=tmp_path, cache_path=()):
+        key, _ = jitops.runtime.key_for(request, SM80)
+        G._compile_elsewhere(request, SM80, 0, None)
+        deadline = time.monotonic() + 240
+        while jitops.runtime.find_entry(key, any_toolchain=True) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jitops.runtime.find_entry(key, any_toolchain=True) is not None
+        for child in multiprocessing.active_children():
+            child.join(10)
+        G._compile_elsewhere(request, SM80, 0, None)  # on disk now: nothing started
+        assert not [p for p in multiprocessing.active_children() if p.name.startswith("jitops-gemm")]
 
 
 def test_swizzle_follows_the_tile_rows_and_columns():

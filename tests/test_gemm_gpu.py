@@ -148,6 +148,58 @@ def test_repeated_calls_read_new_data_and_new_shapes():
     torch.testing.assert_close(jitops.gemm(a, b).float(), a.float() @ b.float(), rtol=1.6e-2, atol=1.6e-2)
 
 
+def test_repeated_calls_on_new_buffers_and_bias_patch_the_cached_params():
+    """The Python host side keeps a problem's packed Params and patches only the operands' addresses: other
+    buffers of the same sizes, a bias appearing, and another activation each compute afresh."""
+    a, b = (torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(256, 640, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(640, device="cuda", dtype=torch.bfloat16)
+    first, second = jitops.gemm(a, w), jitops.gemm(b, w)
+    torch.testing.assert_close(second.float(), b.float() @ w.float(), rtol=1.6e-2, atol=1.6e-2)
+    assert not torch.equal(first, second)
+    fused = jitops.gemm(a, w, bias=bias, activation="relu")
+    torch.testing.assert_close(fused.float(), torch.relu(a.float() @ w.float() + bias.float()), rtol=1.6e-2,
+                               atol=1.6e-2)
+    other = jitops.gemm(a, w, bias=bias * 2, activation="gelu")
+    torch.testing.assert_close(other.float(), F.gelu(a.float() @ w.float() + 2 * bias.float()), rtol=1.6e-2,
+                               atol=1.6e-2)
+
+
+BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
+                (8192, 8192, 1024)]  # benchmarks/bench_gemm.py's SHAPES
+
+
+@pytest.mark.parametrize("shape,dtype,fused", [(s, d, False) for s in BENCH_SHAPES
+                                               for d in (torch.bfloat16, torch.float16)] +
+                         [(s, torch.bfloat16, True) for s in BENCH_SHAPES[:3] + BENCH_SHAPES[5:]],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_nvrtc_build_matches_nvcc_build_bit_for_bit(shape, dtype, fused):
+    """jitops.gemm's sm_90a kernel built by NVRTC with its host side in Python (jitops/cutlass_host.py) gives
+    the same bits as the same kernel built by nvcc with CUTLASS's host code, on bench_gemm.py's shapes."""
+    import importlib
+
+    from jitops.specs import Target
+
+    G = importlib.import_module("jitops.ops.gemm")
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    bias = torch.randn(n, device="cuda", dtype=dtype) if fused else None
+    activation = "gelu" if fused else None
+    cls = G.shape_class(a, b, bias, activation, None)
+    config = G.SM90_CONFIGS[cls.bucket]
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    reference = jitops.runtime.get_kernel(G.sm90_reference_request(cls, config), target, 0)
+    ours = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    theirs = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    G.run_sm90(jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0), cls, config, a, b, ours, bias,
+               m, n, k, k, n, G.ACTIVATIONS[activation])
+    G.run_sm90_reference(reference, cls, config, a, b, theirs, bias, m, n, k, k, n, G.ACTIVATIONS[activation])
+    torch.cuda.synchronize()
+    assert not ours.isnan().any()
+    assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
+
+
 def test_cases_are_unique():
     assert len({c.id for c in ALL}) == len(ALL)
 

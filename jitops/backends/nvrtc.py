@@ -5,6 +5,7 @@ device, and its bundled CCCL include paths clash with CUDA 13's when compiling C
 """
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,20 @@ from . import toolkit
 from .base import Backend, BuildOutput
 
 CUBIN = "kernel.cubin"
+
+
+def complete_elf(image: bytes) -> bytes:
+    """CuPy's getCUBIN returns the cubin one byte short: it takes nvrtcGetCUBINSize for a string's length with its
+    terminating NUL (NVRTC 13.0 and 13.5, CuPy 14), and the byte it drops is the last of the program header table,
+    a zero.  The driver loads such an image (it reads that byte from the terminator Python keeps after a bytes
+    object) but cuobjdump and nvdisasm reject it as invalid ELF.  Restore the zero when the ELF64 headers say the
+    image is one byte longer."""
+    if image[:4] != b"\x7fELF" or len(image) < 64:
+        return image
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    return image + b"\0" if end == len(image) + 1 else image
 
 
 class NvrtcBackend(Backend):
@@ -73,7 +88,7 @@ class NvrtcBackend(Backend):
                                    source_name=request.source.name) from None
             log = binding.getProgramLog(program)
             lowered = binding.getLoweredName(program, request.entry)
-            cubin = binding.getCUBIN(program)
+            cubin = complete_elf(binding.getCUBIN(program))
         finally:
             binding.destroyProgram(program)
         (build_dir / CUBIN).write_bytes(cubin)

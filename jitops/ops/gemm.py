@@ -10,9 +10,11 @@ Layouts come from the strides: each operand may be row- or column-major (a trans
 costs no copy), with any leading dimension.  Only a view with no unit stride (e.g. `x[::2, ::2]`) is copied.
 
 Kernels (sources in kernels/gemm/):
-- sm_90: CUTLASS 3 warp-specialized TMA + wgmma kernels, built by nvcc for sm_90a with -DNDEBUG into a small C
-  library (CudaLibrary): the CUTLASS 3 host API builds the TMA descriptors.  One configuration per translation
-  unit.  TMA needs 16-byte aligned rows and addresses; other shapes take the sm_80 kernels below.
+- sm_90: CUTLASS 3 warp-specialized TMA + wgmma kernels, the kernel alone compiled by NVRTC for sm_90a with
+  -DNDEBUG; its host side (TMA descriptors through cuTensorMapEncodeTiled, the tile scheduler's parameters, the
+  cluster launch) is Python's, jitops/cutlass_host.py, checked byte for byte against CUTLASS's host code.  One
+  configuration per translation unit.  TMA needs 16-byte aligned rows and addresses; other shapes take the
+  sm_80 kernels below.
 - sm_80, sm_86, sm_89 (and unaligned shapes on sm_90): CUTLASS 2 tensor-op kernels compiled by NVRTC in seconds;
   a __global__ wrapper builds CUTLASS 2's Params on the device, so there is no host code to compile.  An
   alignment class (8, 4, 2 or 1 elements) serves K or N that are not multiples of 8.
@@ -43,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import shapes
-from ..launch import current_stream, ensure_context, sm_count
+from ..cutlass_host import GemmConfig, Sm90Gemm, epilogue_tile
+from ..launch import CudaFunction, current_stream, ensure_context, sm_count
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .gelu import gelu, gelu_backward
@@ -301,8 +304,17 @@ SM80_CONFIGS = {bucket: SM80_LARGE if bucket.startswith("large") else SM80_SMALL
 # mainloop, with smaller warp tiles (64x64 spilled at 255 registers).
 SM80_ALIGN1 = Sm80Config((128, 128, 32), (64, 32, 32), 2)
 
-SM90_GEMM = CudaLibrary(
-    "gemm_sm90", Source.file("gemm/sm90_gemm.cu"),
+# The sm_90a kernel, compiled by NVRTC (kernels/gemm/sm90_gemm_kernel.cu); its host side is Python's
+# (jitops/cutlass_host.py): nvcc's host half (cudafe++ and gcc over CUTLASS's host code) was about a third of a
+# 70 s build on 2 cores (docs/benchmarks.md, "CUTLASS 3 through NVRTC").
+SM90_GEMM = CudaKernel(
+    "gemm_sm90", Source.file("gemm/sm90_gemm_kernel.cu"), "cutlass::device_kernel<jitops_gemm::GemmKernel>", (),
+    arch_specific=True, defines=True)
+# The same kernel with CUTLASS's own host code, built by nvcc into a C library: the reference of the GPU test
+# that compares the two bit for bit, and the stream-K scheduler of bench_gemm's sweeps (whose host logic the
+# Python side does not mirror).
+SM90_GEMM_REFERENCE = CudaLibrary(
+    "gemm_sm90_reference", Source.file("gemm/sm90_gemm.cu"),
     functions={
         "jitops_gemm_run": (("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i64", "i64", "i64", "i32", "i32",
                              "i32", "i32", "i32", "i32", "ptr", "ptr"), "i32"),
@@ -316,13 +328,26 @@ SM80_GEMM = CudaKernel(
     "ptr ptr ptr ptr i32 i32 i32 i64 i64 i64 i32")
 
 
-def sm90_request(cls: GemmClass, config: Sm90Config):
+def _sm90_params(cls: GemmClass, config: Sm90Config) -> dict:
     (tm, tn, tk), (cm, cn) = config.tile, config.cluster
-    return SM90_GEMM.bind(
-        shapes.dtype_name(cls.dtype), GEMM_T=CUTLASS_TYPES[cls.dtype], GEMM_OUT=CUTLASS_TYPES[cls.out_dtype],
+    return dict(
+        GEMM_T=CUTLASS_TYPES[cls.dtype], GEMM_OUT=CUTLASS_TYPES[cls.out_dtype],
         GEMM_A_KMAJOR=int(cls.a_kmajor), GEMM_B_KMAJOR=int(cls.b_kmajor), GEMM_TILE_M=tm, GEMM_TILE_N=tn,
         GEMM_TILE_K=tk, GEMM_CLUSTER_M=cm, GEMM_CLUSTER_N=cn, GEMM_PINGPONG=int(config.pingpong),
         GEMM_STREAMK=int(config.streamk), GEMM_FUSED=int(cls.fused))
+
+
+def sm90_request(cls: GemmClass, config: Sm90Config):
+    """The NVRTC build; a stream-K configuration (bench_gemm's sweeps) gets the nvcc library, whose host code
+    has CUTLASS's stream-K logic."""
+    if config.streamk:
+        return sm90_reference_request(cls, config)
+    return SM90_GEMM.bind(shapes.dtype_name(cls.dtype), **_sm90_params(cls, config))
+
+
+def sm90_reference_request(cls: GemmClass, config: Sm90Config):
+    """The nvcc-built library of the same kernel with CUTLASS's host code (bit-for-bit reference)."""
+    return SM90_GEMM_REFERENCE.bind(shapes.dtype_name(cls.dtype), **_sm90_params(cls, config))
 
 
 def sm80_config(cls: GemmClass) -> Sm80Config:
@@ -376,9 +401,39 @@ def _swizzle(config: Sm90Config, m: int, n: int) -> int:
     return swizzle
 
 
-def run_sm90(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
+def sm90_host(kernel: CudaFunction, cls: GemmClass, config: Sm90Config) -> Sm90Gemm:
+    """The Python host side of an NVRTC-built sm_90a kernel (jitops/cutlass_host.py), made once per loaded
+    kernel and kept on it."""
+    host = kernel.__dict__.get("sm90_host")
+    if host is None:
+        facts = GemmConfig(cls.dtype.itemsize, cls.out_dtype, cls.a_kmajor, cls.b_kmajor, config.tile,
+                           config.cluster, cls.fused, epilogue_tile(config.tile, config.pingpong, cls.out_dtype))
+        host = kernel.__dict__.setdefault("sm90_host", Sm90Gemm(kernel, facts))
+    return host
+
+
+def run_sm90(kernel, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb, activation: int,
              swizzle: int | None = None, raster: int | None = None, decomposition: int | None = None,
              splits: int | None = None) -> None:
+    """One sm_90a GEMM: the NVRTC kernel through its Python host side, or (stream-K sweeps, the bit-for-bit
+    reference) the nvcc library through CUTLASS's host code."""
+    device = out.get_device()
+    swizzle = swizzle or _swizzle(config, m, n)
+    raster = config.raster if raster is None else raster
+    if type(kernel) is CudaFunction:
+        host = kernel.__dict__.get("sm90_host") or sm90_host(kernel, cls, config)
+        host.run(a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k,
+                 lda, ldb, n, activation, swizzle, raster, sm_count(device),
+                 current_stream(device))
+        return
+    run_sm90_reference(kernel, cls, config, a, b, out, bias, m, n, k, lda, ldb, activation, swizzle, raster,
+                       decomposition, splits)
+
+
+def run_sm90_reference(lib, cls: GemmClass, config: Sm90Config, a, b, out, bias, m, n, k, lda, ldb,
+                       activation: int, swizzle: int | None = None, raster: int | None = None,
+                       decomposition: int | None = None, splits: int | None = None) -> None:
+    """The nvcc-built library (SM90_GEMM_REFERENCE): CUTLASS's host code makes Params and launches."""
     device = out.get_device()
     ensure_context(device)  # autograd's backward thread may have none; CUTLASS's host code needs one
     swizzle = swizzle or _swizzle(config, m, n)
@@ -601,8 +656,8 @@ def _public_calls(entry, args, grad):
 public("gemm", gemm, entries=(_op,), calls=_public_calls)
 
 # Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items): a large bf16 layer's forward
-# (x @ w), which also builds its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one nvcc build on sm_90a
-# (about a minute on 2 cores), so the list stays short; other classes compile on first use.
+# (x @ w), which also builds its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one NVRTC build on
+# sm_90a (about 50 s on 2 cores), so the list stays short; other classes compile on first use.
 PREWARM = [
     {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
      "kwargs": {"activation": None, "out_dtype": None}},
