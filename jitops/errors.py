@@ -56,6 +56,11 @@ class CompileError(JitopsError):
         self.build_dir = build_dir
         super().__init__(self._message())
 
+    def fields(self) -> dict:
+        """The constructor's arguments: how a compile in a child process sends its error back."""
+        return {"kernel": self.kernel, "backend": self.backend, "arch": self.arch, "options": self.options,
+                "log": self.log, "source": self.source, "source_name": self.source_name, "build_dir": self.build_dir}
+
     def excerpt(self, context: int = 3) -> str:
         """Numbered source lines around the first error the log points into this source."""
         if not self.source:

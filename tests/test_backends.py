@@ -178,3 +178,41 @@ def test_nvrtc_cubins_are_whole_elf_images():
     assert len(image) == max(phoff + phentsize * phnum, shoff + shentsize * shnum)
     assert image[:len(raw)] == raw and complete_elf(image) == image  # idempotent
     assert complete_elf(b"not an ELF image") == b"not an ELF image"
+
+
+def test_cutlass_compiles_off_the_main_thread_run_in_a_child_and_keep_their_errors(tmp_path):
+    """NVRTC compiles one program at a time per process: a CUTLASS compile from a worker thread runs in a child
+    process (jitops.backends.nvrtc_child), and a compile error comes back whole, log and excerpt included."""
+    import threading
+
+    from jitops.backends import processes
+    from jitops.backends.nvrtc import NvrtcBackend
+    from jitops.errors import CompileError
+    from jitops.specs import BuildRequest, Source
+
+    source = '#include "cutlass/numeric_types.h"\n__global__ void broken() { this is not C++; }\n'
+    request = BuildRequest(backend="nvrtc", kernel="child_broken", source=Source.inline("child_broken", source),
+                           entry="broken", signature=(), dtype="fp32", params=())
+    started, caught = [], []
+    real_run = processes.run
+
+    def run(args, **kwargs):
+        started.append(args)
+        return real_run(args, **kwargs)
+
+    processes.run = run
+    try:
+        def work():
+            try:
+                NvrtcBackend().compile(request, "sm_80", tmp_path, "tag")
+            except CompileError as error:
+                caught.append(error)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    finally:
+        processes.run = real_run
+    assert started and started[0][1:] == ["-m", "jitops.backends.nvrtc_child"]
+    assert caught and caught[0].kernel == request.label() and "error" in caught[0].log
+    assert "this is not C++" in caught[0].excerpt()

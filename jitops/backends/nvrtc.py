@@ -5,7 +5,10 @@ device, and its bundled CCCL include paths clash with CUDA 13's when compiling C
 """
 from __future__ import annotations
 
+import pickle
 import struct
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,30 @@ class NvrtcBackend(Backend):
         return options + list(request.options)
 
     def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
+        # NVRTC runs one compile at a time per process (16 threads' CUTLASS 3 compiles finished about 25 s apart
+        # on the lent H100), so a CUTLASS compile off the main thread (the background pool, prefetches) runs in
+        # a child process of its own: they then build side by side.  The child's start (importing jitops, about
+        # 2 s) is small against such a compile (40-50 s) and large against a plain kernel's (0.2 s), which
+        # compiles here.
+        if threading.current_thread() is not threading.main_thread() and \
+                request.source.includes_external(toolkit.CUTLASS_PREFIXES):
+            return self._compile_in_child(request, arch, build_dir, tag)
+        return self.compile_here(request, arch, build_dir, tag)
+
+    def _compile_in_child(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
+        from . import processes
+
+        done = processes.run([sys.executable, "-m", "jitops.backends.nvrtc_child"],
+                             input=pickle.dumps((request, arch, str(build_dir), tag)), capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"jitops: the NVRTC compile of {request.label()} for {arch} in a child process "
+                               f"exited with {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
+        kind, payload = pickle.loads(done.stdout)  # from our own child, over a pipe: trusted
+        if kind == "error":
+            raise CompileError(**payload)
+        return payload
+
+    def compile_here(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
         binding = toolkit.nvrtc()
         source = request.source.read()
         options = self.options(request, arch)
