@@ -71,7 +71,9 @@ while [ $i -lt ${#steps[@]} ]; do
         python3 -m cache_tools prewarm --manifest /tmp/linear-manifest.json --jobs "$(nproc)" \
         > "$OUT/tests-prewarm.log" 2>&1 || status=1
       tail -2 "$OUT/tests-prewarm.log"
-      python3 -m cache_tools --cache-dir "$JITOPS_CACHE_DIR" export "$OUT/models-kernels.tar.gz" || status=1 ;;
+      python3 -m cache_tools --cache-dir "$JITOPS_CACHE_DIR" export "$OUT/models-kernels.tar.gz" || status=1
+      # the tests read them as a read-only root (tests/conftest.py gives each session its own writable one)
+      export JITOPS_TEST_CACHE_PATH=${JITOPS_TEST_CACHE_PATH:+$JITOPS_TEST_CACHE_PATH:}$JITOPS_CACHE_DIR ;;
     smoke)
       for op in fprop dgrad wgrad; do
         timeout 60 python3 benchmarks/conv2d_smoke.py "$op" 2>&1 | tee -a "$OUT/smoke.log"
