@@ -345,3 +345,24 @@ def test_ops_on_meta_tensors_return_fake_outputs():
     with pytest.raises(TypeError, match="jitops.linear.*'x'"):  # the checks still run
         jitops.linear(torch.empty(2, 16, device="meta", dtype=torch.int32),
                       torch.empty(24, 16, device="meta", dtype=torch.int32))
+
+
+@pytest.mark.parametrize("lead", [(8, 16), (128,)])
+@pytest.mark.parametrize("n, k, transposed", [(100, 64, False), (100, 64, True), (64, 61, False), (77, 61, True)])
+def test_unaligned_linear_backward_on_meta_records_its_padded_gemms(lead, n, k, transposed):
+    """Features that are not multiples of 8 take the padded path on a GPU; its backward runs on meta tensors
+    too (the meta pass of jitops.prefetch), with 2-D operands for every GEMM.  An N-D input with an aligned K and
+    an unaligned N (GPT-2's LM head) once passed the 3-D input itself to jitops.gemm."""
+    x = torch.empty(*lead, k, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.empty(k, n, device="meta", dtype=torch.bfloat16).t() if transposed else \
+        torch.empty(n, k, device="meta", dtype=torch.bfloat16)
+    w.requires_grad_()
+    with jitops.record_calls() as calls:
+        y = jitops.linear(x, w)
+        y.backward(torch.ones_like(y))
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    gemms = [item for item in calls.items if item.get("kernel_op", item["op"]) == "gemm"]
+    assert len(gemms) == 2 and all(len(shape) == 2 for item in gemms for shape in item["shapes"][0][:2])
+    # the backward's calls are the ones the op declares (prewarm builds exactly these)
+    declared = jitops.linear.op.companion_calls((x, w, None, None))
+    assert len(declared) == 2

@@ -153,12 +153,12 @@ def _padded_operands(x, weight, n: int, k: int):
     """(x as (M, K8) rows, weight as a zero-padded (N8, K8) matrix): the padding adds zeros to every dot
     product and extra output columns that are dropped."""
     n8, k8 = _round8(n), _round8(k)
-    a, la = _rows_view(x, k)
+    a = x.reshape(-1, k)  # a view for a contiguous x: the backward's GEMMs take 2-D operands
     if k8 != k:
-        a = F.pad(a.reshape(-1, k), (0, k8 - k))
-    elif la is None:
+        a = F.pad(a, (0, k8 - k))
+    elif a.stride(1) != 1 or a.stride(0) < k:
         a = a.contiguous()
-    return a, (la[1] if k8 == k and la is not None else k8), F.pad(weight, (0, k8 - k, 0, n8 - n))
+    return a, (a.stride(0) if k8 == k else k8), F.pad(weight, (0, k8 - k, 0, n8 - n))
 
 
 def _run_padded(kernels, x, weight, bias, activation, out, m: int, n: int, k: int) -> torch.Tensor:
@@ -238,7 +238,12 @@ def _padded_backward(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool
     gp = F.pad(g, (0, n8 - n))
     a, _, wp = _padded_operands(x, weight, n, k)
     grad_x = _gemm(gp, wp)[:, :k].reshape(x.shape) if need_x else None     # (M, N8) . (N8, K8)
-    grad_w = _gemm(gp.t(), a)[:n, :k] if need_w else None                   # (N8, M) . (M, K8)
+    grad_w = None
+    if need_w:
+        if weight.stride(1) != 1 and weight.stride(0) == 1:  # a (K, N) parameter's view: its layout
+            grad_w = _gemm(a.t(), gp)[:k, :n].contiguous().t()              # (K8, M) . (M, N8)
+        else:
+            grad_w = _gemm(gp.t(), a)[:n, :k].contiguous()                  # (N8, M) . (M, K8)
     grad_b = g.sum(0) if need_b else None
     return grad_x, grad_w, grad_b
 
@@ -290,7 +295,8 @@ def companions(x, weight, bias, activation, *, needs):
         if need_x:
             calls.append((_gemm, (gp, shapes.placeholder(x, (n8, k8)), None, None, None)))
         if need_w:
-            calls.append((_gemm, (gp.t(), xp, None, None, None)))
+            transposed = weight.stride(1) != 1 and weight.stride(0) == 1
+            calls.append((_gemm, (xp.t(), gp, None, None, None) if transposed else (gp.t(), xp, None, None, None)))
         return calls
     g = shapes.placeholder(x, (m, n))
     x2 = shapes.placeholder(x, (m, k))
