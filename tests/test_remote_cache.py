@@ -501,7 +501,8 @@ def test_a_lock_holder_killed_with_sigkill_stalls_the_fleet_no_longer_than_the_l
 
 
 # ---- cache_tools ------------------------------------------------------------------------------------------------
-GELU = {"op": "gelu", "dtypes": ["bf16"], "shapes": [[[1024, 64]]], "kwargs": {"approximate": "tanh"}}
+# The no-grad path only ("grad": false): one kernel, so the counts below are of one entry.
+GELU = {"op": "gelu", "dtypes": ["bf16"], "shapes": [[[1024, 64]]], "kwargs": {"approximate": "tanh"}, "grad": False}
 
 
 def test_push_pull_manifest_pull_all_and_info(server, tmp_path, capsys):
