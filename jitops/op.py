@@ -309,8 +309,12 @@ class Op:
                          f"            return __grad_call({everything})\n"
                          f"        __slot.kernels = __k\n"
                          f"        return __capply({everything})\n")
+            # Other calls with a gradient (CPU tensors, a first call): the C apply too, the forward finding the
+            # kernels itself (the slot is empty).
+            slow_grad = f"(__grad_call({everything}) if __functorch() else __capply({everything}))"
         else:
             with_grad = f"        return __grad_call({everything})\n"
+            slow_grad = f"__grad_call({everything})"
         return (
             f"    if __is_compiling() or __function_mode() or __dispatch_stack() or __profiling():\n"
             f"        return __overload({everything})\n"
@@ -319,10 +323,10 @@ class Op:
             f"    __grad = __grad_enabled() and ({' or '.join(grads)})\n"
             f"    __i = {first}.get_device()\n"
             f"    if __i < 0 or {' or '.join(elsewhere)} or (__several and __i != __current_device()):\n"
-            f"        return __grad_call({everything}) if __grad else __run_device(({everything},))\n"
+            f"        return {slow_grad} if __grad else __run_device(({everything},))\n"
             f"    __k = __memo.get((__i, __shape_class({everything})))\n"
             f"    if __k is None:\n"
-            f"        return __grad_call({everything}) if __grad else __run_device(({everything},))\n"
+            f"        return {slow_grad} if __grad else __run_device(({everything},))\n"
             f"    if __grad:\n"
             f"{with_grad}"
             f"    __stats.memory_hits += 1\n"

@@ -315,30 +315,6 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
     assert len(requested) == 2
 
 
-def test_background_nvrtc_compiles_run_in_another_process(tmp_path):
-    """NVRTC runs one compile at a time per process, so a background NVRTC build is a spawned process that
-    publishes into this process's cache root; a kernel already there starts nothing."""
-    import multiprocessing
-    import time
-
-    from jitops.config import config
-
-    gelu_op = jitops.find("gelu")
-    args = gelu_op.example_args("bf16", [[4096]], {"approximate": "tanh"})
-    request = next(iter(gelu_op.requests_for(args, SM80).values()))
-    with config.scope(cache_dir=tmp_path, cache_path=()):
-        key, _ = jitops.runtime.key_for(request, SM80)
-        G._compile_elsewhere(request, SM80, 0, None)
-        deadline = time.monotonic() + 240
-        while jitops.runtime.find_entry(key, any_toolchain=True) is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert jitops.runtime.find_entry(key, any_toolchain=True) is not None
-        for child in multiprocessing.active_children():
-            child.join(10)
-        G._compile_elsewhere(request, SM80, 0, None)  # on disk now: nothing started
-        assert not [p for p in multiprocessing.active_children() if p.name.startswith("jitops-gemm")]
-
-
 def test_swizzle_follows_the_tile_rows_and_columns():
     large = G.SM90_CONFIGS["large"]
     assert G._swizzle(large, 4096, 4096) == large.swizzle == 8  # 32 x 16 tiles of 128x256
