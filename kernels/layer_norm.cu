@@ -70,6 +70,13 @@ template <typename A, typename T, int VEC> __device__ __forceinline__ A element(
 __device__ __forceinline__ float rsqrt_of(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_of(double v) { return rsqrt(v); }
 
+// g = dy * w, rounded as its own operation (mul.rn, which the compiler never fuses into an FMA).  The backward
+// forms g twice, once into mean(g) and once into g - mean(g); with a plain multiply the second became
+// fma(dy, w, -mean(g)), whose unrounded product left g - mean(g) at the product's rounding error instead of 0.
+// For n == 1 (xhat == 0) that was all of dx: -6.7e-05 where the exact gradient is 0 (fp32, issue 19).
+__device__ __forceinline__ float product(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double product(double a, double b) { return __dmul_rn(a, b); }
+
 template <int TPR> struct Shape {
   static constexpr int THREADS = TPR > 128 ? TPR : 128;
   static constexpr int RPB = THREADS / TPR;  // rows per block
@@ -289,7 +296,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupanc
           for (int k = 0; k < VEC; ++k) {
             const A xhat = (ln::element<A>(vx[it], k) - mean) * rstd;
             const A d = ln::element<A>(vg[it], k);
-            const A g = w ? d * ln::element<A>(wt, k) : d;
+            const A g = w ? ln::product(d, ln::element<A>(wt, k)) : d;
             s.a += g;
             s.b += g * xhat;
             if constexpr (PARAMS == 1) {
@@ -335,7 +342,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupanc
           for (int k = 0; k < VEC; ++k) {
             const A xhat = (ln::element<A>(vx[it], k) - mean) * rstd;
             const A d = ln::element<A>(vg[it], k);
-            const A g = w ? d * ln::element<A>(wt, k) : d;
+            const A g = w ? ln::product(d, ln::element<A>(wt, k)) : d;
             o.v[k] = store_as<T>((g - mean_g - xhat * mean_gx) * rstd);
           }
           dr[c] = o;

@@ -94,6 +94,24 @@ def test_layer_norm_zero_rows_gives_zero_parameter_gradients():
     assert x.grad.shape == (0, 5)
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (257, 1), (3, 5, 1)])
+def test_layer_norm_over_one_element_has_exactly_zero_input_gradient(shape, dtype):
+    """n == 1: x is its row's mean, so dx = rstd * (g - mean(g) - 0) is exactly 0 whatever dy and the weight
+    (issue 19: the CUDA backward gave -6.7e-05, g - mean(g) having become a fused multiply-add)."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype).requires_grad_()
+    w = torch.randn(1, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    b = torch.randn(1, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    jitops.layer_norm(x, [1], w, b).backward(dy)
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    F.layer_norm(xr, [1], wr, br).backward(dy.double())
+    torch.testing.assert_close(w.grad.double(), wr.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.grad.double(), br.grad, atol=1e-5, rtol=1e-5)
+
 # ---- bad inputs: each error names the argument -----------------------------------------------------------------
 def test_layer_norm_normalized_shape_must_match():
     x = torch.randn(4, 10)

@@ -173,3 +173,23 @@ def test_short_path_shape_class_matches_the_checked_one(dtype):
         torch.testing.assert_close(jitops.layer_norm(x, ns, w, b).float(),
                                    F.layer_norm(x.float(), ns, *(t.float() if t is not None else None for t in (w, b))),
                                    rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (2, 1), (64, 1), (300, 1), (4, 3, 1)])
+def test_layer_norm_over_one_element_has_exactly_zero_input_gradient(shape, dtype):
+    """n == 1: x is its row's mean, so dx is exactly 0 whatever dy and the weight.  Issue 19: -6.7e-05 in fp32,
+    where the backward's g - mean(g) became fma(dy, w, -mean(g)) and kept the product's rounding error.
+    Shapes cover one row, the few-rows path and the many-rows path."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to("cuda", dtype).requires_grad_()
+    w = torch.randn(1, generator=g, dtype=torch.float64).to("cuda", dtype).requires_grad_()
+    b = torch.randn(1, generator=g, dtype=torch.float64).to("cuda", dtype).requires_grad_()
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to("cuda", dtype)
+    jitops.layer_norm(x, [1], w, b).backward(dy)
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    F.layer_norm(xr, [1], wr, br).backward(dy.double())
+    tolerance = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    torch.testing.assert_close(w.grad.double(), wr.grad, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(b.grad.double(), br.grad, atol=tolerance, rtol=tolerance)

@@ -285,8 +285,11 @@ LN_REDUCE = CudaKernel("layer_norm_reduce_partials", Source.file("layer_norm.cu"
                        "jitops::layer_norm_reduce_partials<{T}>", "ptr ptr ptr i64 i64")
 LN_PARAM_GRADS = CudaKernel("layer_norm_param_grads", Source.file("layer_norm.cu"),
                             "jitops::layer_norm_param_grads<{T}>", "ptr ptr ptr ptr ptr i64 i64")
+# -ffp-contract=off: dx subtracts mean(g) from g = dy * w, and a fused multiply-add there leaves the product's
+# rounding error where the difference is exactly 0 (all of dx when n == 1).  x86-64's baseline has no FMA, but
+# where it is (aarch64, -march=native) GCC fuses by default.
 LN_CPU = CppExtension("layer_norm_cpu", Source.file("cpu/layer_norm.cpp"),
-                      functions=("layer_norm_forward", "layer_norm_backward"))
+                      functions=("layer_norm_forward", "layer_norm_backward"), options=("-O3", "-ffp-contract=off"))
 
 
 def cuda_kernels(cls: ForwardClass, target: Target):
