@@ -137,7 +137,7 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="argument 'weight' must be 4-D"):
         jitops.conv2d(x, torch.randn(6, 4, 3))
     with pytest.raises(ValueError, match="argument 'x' must be 4-D"):
-        jitops.conv2d(torch.randn(4, 8, 8), w)
+        jitops.conv2d(torch.randn(1, 2, 4, 8, 8), w)
     with pytest.raises(ValueError, match="argument 'padding' is \\(-1, -1\\)"):
         jitops.conv2d(x, w, None, 1, -1)
     with pytest.raises(ValueError, match="argument 'stride'"):
@@ -157,6 +157,82 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(TypeError, match="argument 'x' has dtype int64"):
         jitops.conv2d(x.long(), w.long())
 
+
+
+# ---- torch's argument forms: padding="same"/"valid", unbatched input, groups ------------------------------------
+def _grads(fn, x, w, b, grad_seed=5):
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    b = b.detach().requires_grad_() if b is not None else None
+    y = fn(x, w, b)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=y.dtype)
+    y.backward(grad)
+    return y, x.grad, w.grad, b.grad if b is not None else None
+
+
+# (x shape, weight shape, dilation): odd and even dilated kernel extents d * (k - 1), per axis.  The first is the
+# OpInfo sample issue 19 met ("invalid literal for int() with base 10: 's'"): extents 3 and 6.
+SAME_CASES = [((1, 4, 5, 5), (1, 4, 2, 3), 3), ((2, 4, 7, 6), (6, 4, 3, 3), 1), ((2, 3, 6, 7), (5, 3, 2, 2), 1),
+              ((1, 2, 9, 8), (3, 2, 3, 2), (1, 2)), ((2, 4, 6, 6), (4, 4, 4, 1), (2, 1))]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, dilation", SAME_CASES)
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+def test_padding_same_equals_torch_exactly_in_fp64(x_shape, w_shape, dilation, unbatched):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64)
+    w = torch.randn(w_shape, generator=g, dtype=torch.float64)
+    b = torch.randn(w_shape[0], generator=g, dtype=torch.float64)
+    if unbatched:
+        x = x[0]
+    ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
+    theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
+    assert ours[0].shape == theirs[0].shape == x.shape[:-3] + (w_shape[0],) + x.shape[-2:]
+    for got, want in zip(ours, theirs):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+def test_padding_valid_and_unbatched_input_equal_torch_exactly_in_fp64(unbatched):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 9, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(6, 4, 3, 2, generator=g, dtype=torch.float64)
+    b = torch.randn(6, generator=g, dtype=torch.float64)
+    if unbatched:
+        x = x[1]
+    for kwargs in ({"padding": "valid", "stride": 2}, {"padding": (1, 2), "stride": (2, 1), "dilation": 2}):
+        ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, **kwargs), x, w, b)
+        theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, **kwargs), x, w, b)
+        assert ours[0].dim() == x.dim()
+        for got, want in zip(ours, theirs):
+            assert torch.equal(got, want)
+    assert torch.equal(jitops.conv2d(x, w, None, padding="valid"), F.conv2d(x, w, None))
+
+
+def test_padding_same_through_torch_compile():
+    x, w = torch.randn(1, 4, 5, 5), torch.randn(2, 4, 2, 3)
+    compiled = torch.compile(lambda x, w: jitops.conv2d(x, w, padding="same", dilation=3), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(x, w), F.conv2d(x, w, padding="same", dilation=3))
+
+
+def test_bad_padding_strings_groups_and_types_name_the_argument():
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(2, 4, 3, 3)
+    with pytest.raises(ValueError, match="jitops.conv2d: argument 'padding' is 'same' but 'stride' is 2"):
+        jitops.conv2d(x, w, padding="same", stride=2)
+    with pytest.raises(ValueError, match="jitops.conv2d: argument 'padding' is 'full'; use an int, a pair of ints, "
+                                         "'same' or 'valid'"):
+        jitops.conv2d(x, w, padding="full")
+    with pytest.raises(TypeError, match="jitops.conv2d: argument 'padding' must be an int or a pair of ints"):
+        jitops.conv2d(x, w, padding=1.5)
+    with pytest.raises(TypeError, match="jitops.conv2d: argument 'stride' must be an int or a pair of ints"):
+        jitops.conv2d(x, w, stride=(1, "s"))
+    with pytest.raises(ValueError, match="jitops.conv2d: argument 'groups' is 2; grouped and depthwise"):
+        jitops.conv2d(x, torch.randn(2, 2, 3, 3), groups=2)
+    with pytest.raises(ValueError, match="jitops.conv2d: argument 'weight' must be 4-D"):
+        jitops.conv2d(x, torch.randn(2, 4, 3), padding="same")
+    # the gradient ops take ints only; a string reaching them says so instead of failing in int()
+    with pytest.raises(ValueError, match="jitops.conv2d_input_grad: argument 'padding' is 'same'; use an int"):
+        conv_module._geometry("conv2d_input_grad", 1, "same", 1)
 
 def test_cuda_dtypes_are_fp16_and_bf16():
     x = torch.empty(2, 8, 8, 8, device="meta")

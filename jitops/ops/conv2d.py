@@ -1,5 +1,11 @@
-"""jitops.conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1): 2-D convolution (cross-correlation,
-groups=1), forward and backward, with a channels_last output.
+"""jitops.conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): 2-D convolution
+(cross-correlation), forward and backward, with a channels_last output.
+
+Arguments as torch.nn.functional.conv2d takes them: x [N, C, H, W] or unbatched [C, H, W] (the output then has
+no batch dimension either); stride, padding and dilation an int or a pair; padding also "valid" (0) or "same"
+(stride 1; where the dilated kernel's extent is even, the extra row or column goes at the bottom or right, as
+torch puts it, by padding x with F.pad: one copy of x, as torch's own _convolution_same makes).  groups must be 1:
+grouped and depthwise convolutions are not implemented yet.
 
 Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-contiguous), so:
 - `x` may be channels_last or contiguous NCHW (any strides, in fact).  A channels_last x is used in place; any
@@ -51,6 +57,7 @@ import contextlib
 import ctypes
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -165,17 +172,19 @@ class ConvClass(NamedTuple):
 # ---- arguments ---------------------------------------------------------------------------------------------
 def _pair(op_name: str, name: str, value) -> tuple[int, int]:
     if type(value) is int:
-        pair = (value, value)
-    else:
-        try:
-            pair = tuple(int(v) for v in value)
-        except TypeError:
-            raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
-                            f"got {value!r}") from None
-        if len(pair) == 1:
-            pair = (pair[0], pair[0])
-        elif len(pair) != 2:
-            raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
+        return (value, value)
+    if isinstance(value, str):
+        hint = "an int, a pair of ints, 'same' or 'valid'" if name == "padding" else "an int or a pair of ints"
+        raise ValueError(f"jitops.{op_name}: argument '{name}' is {value!r}; use {hint}")
+    try:
+        pair = tuple(v if type(v) is int else operator.index(v) for v in value)
+    except TypeError:  # not a sequence, or an element that is no integer (1.5, "s")
+        raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
+                        f"got {value!r}") from None
+    if len(pair) == 1:
+        pair = (pair[0], pair[0])
+    elif len(pair) != 2:
+        raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
     return pair  # type: ignore[return-value]
 
 
@@ -944,7 +953,7 @@ def shape_class(x, weight, bias, stride, padding, dilation) -> ConvClass:
 
 def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClass:
     if x.dim() != 4:
-        _check_rank("conv2d", "x", x, "[N, C, H, W] (add a batch dimension to a single image)")
+        _check_rank("conv2d", "x", x, "[N, C, H, W] (or, through jitops.conv2d, an unbatched [C, H, W])")
     if weight.dim() != 4:
         _check_rank("conv2d", "weight", weight, "[K, C, R, S]")
     _check_dtype("conv2d", [("x", x), ("weight", weight), ("bias", bias)])
@@ -1110,7 +1119,7 @@ def companions(x, weight, bias, stride, padding, dilation, *, needs):
     return calls
 
 
-conv2d = op(
+_conv2d = op(
     "jitops::conv2d(Tensor x, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, "
     "int[2] dilation=1) -> Tensor",
     shape_class=shape_class,
@@ -1123,4 +1132,56 @@ conv2d = op(
     doc=__doc__,
     fallback=run_cpu,  # ATen (cuDNN on CUDA) while the kernels compile
 )
-public("conv2d", conv2d, entries=(conv2d,), parts=(conv2d_input_grad, conv2d_weight_grad))
+
+
+# ---- the public function: torch's argument forms, reduced to what the op takes --------------------------------
+def _same_padding(weight, stride, dilation) -> tuple[tuple[int, int], list[int]]:
+    """padding="same": (symmetric padding, F.pad's [left, right, top, bottom] for the odd extra row/column).
+    The dilated kernel's extent minus one, d * (k - 1), is split in two; an odd remainder goes at the end
+    (bottom, right), as torch's _convolution_same puts it."""
+    if _pair("conv2d", "stride", stride) != (1, 1):
+        raise ValueError(f"jitops.conv2d: argument 'padding' is 'same' but 'stride' is {stride!r}; torch and jitops "
+                         "take padding='same' for stride 1 only: give the padding as ints")
+    if not isinstance(weight, torch.Tensor):
+        shapes.check_tensor("conv2d", "weight", weight)
+    if weight.dim() != 4:
+        _check_rank("conv2d", "weight", weight, "[K, C, R, S]")
+    dilation = _geometry("conv2d", 1, 0, dilation)[2]
+    total = [dilation[i] * (weight.shape[2 + i] - 1) for i in range(2)]
+    extra = [0, total[1] % 2, 0, total[0] % 2]
+    return (total[0] // 2, total[1] // 2), extra if any(extra) else []
+
+
+def _op_call(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """(jitops::conv2d's arguments, whether x is unbatched) for a call of jitops.conv2d."""
+    if groups != 1:
+        raise ValueError(f"jitops.conv2d: argument 'groups' is {groups!r}; grouped and depthwise convolutions are "
+                         "not implemented yet (docs/semantics.md): use torch.nn.functional.conv2d for them")
+    if type(padding) is str:
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            padding, extra = _same_padding(weight, stride, dilation)
+            if extra and isinstance(x, torch.Tensor):
+                x = torch.nn.functional.pad(x, extra)
+        else:
+            raise ValueError(f"jitops.conv2d: argument 'padding' is {padding!r}; use an int, a pair of ints, "
+                             "'same' or 'valid'")
+    unbatched = isinstance(x, torch.Tensor) and x.dim() == 3
+    if unbatched:  # [C, H, W]: a batch of one
+        x = x.unsqueeze(0)
+    return (x, weight, bias, stride, padding, dilation), unbatched
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if groups == 1 and type(padding) is not str and (not isinstance(x, torch.Tensor) or x.dim() != 3):
+        return _conv2d(x, weight, bias, stride, padding, dilation)  # the op's own arguments
+    args, unbatched = _op_call(x, weight, bias, stride, padding, dilation, groups)
+    y = _conv2d(*args)
+    return y.squeeze(0) if unbatched else y
+
+
+conv2d.__doc__ = __doc__
+conv2d.op = _conv2d.op  # type: ignore[attr-defined]
+public("conv2d", conv2d, entries=(_conv2d,), parts=(conv2d_input_grad, conv2d_weight_grad),
+       bind=lambda *args, **kwargs: (_conv2d, _op_call(*args, **kwargs)[0]))
