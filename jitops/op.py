@@ -126,7 +126,8 @@ class Op:
                  setup_context: Callable[..., None] | None = None, backward: Callable[..., Any] | None = None,
                  keyword_only: Sequence[str] = (), doc: str | None = None,
                  fallback: Callable[..., Any] | None = None,
-                 companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None) -> None:
+                 companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None,
+                 coerce: Callable[..., tuple] | None = None) -> None:
         qualname, _, signature = schema.partition("(")
         namespace, _, name = qualname.rpartition("::")
         self.namespace = namespace or "jitops"
@@ -151,6 +152,10 @@ class Op:
         # (only k.shape_class): what a call runs while its kernels compile in the background
         # (JITOPS_COMPILE=background).  Ops without one always wait for their kernels.
         self.fallback = fallback
+        # coerce(*args) -> args: what an op takes in a tensor's place besides a tensor (jitops.add: Python
+        # numbers, as torch.add), turned into tensors.  Called first on calls whose tensor arguments are not all
+        # plain tensors, and on the dispatcher route; never on the common call.
+        self.coerce = coerce
         self._pending: dict[tuple[int, Any], list[Any]] = {}  # (device, class) -> background compiles
         self.companions = companions
         # The public op this one belongs to (jitops.public() sets it for internal ops), and whether its
@@ -268,7 +273,8 @@ class Op:
             "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device, "__several": True,
             "__grad_call": self._autograd.apply if self._autograd is not None else self.overload,
             "__functorch": torch._C._are_functorch_transforms_active, "__slot": _kernels_slot,
-            "__capply": _C_APPLY.__get__(None, self._autograd) if self._autograd is not None else None}
+            "__capply": _C_APPLY.__get__(None, self._autograd) if self._autograd is not None else None,
+            "__coerce": self.coerce}
         exec(compile(source, f"<jitops op {self.qualname}>", "exec"), namespace)  # noqa: S102 - generated
         self._hot_globals = namespace
         function = namespace[self.name]
@@ -315,9 +321,10 @@ class Op:
         else:
             with_grad = f"        return __grad_call({everything})\n"
             slow_grad = f"__grad_call({everything})"
+        to_dispatcher = f"__overload(*__coerce({everything}))" if self.coerce else f"__overload({everything})"
         return (
             f"    if __is_compiling() or __function_mode() or __dispatch_stack() or __profiling():\n"
-            f"        return __overload({everything})\n"
+            f"        return {to_dispatcher}\n"
             f"    if {' or '.join(not_plain)}:\n"
             f"        return __call({everything})\n"
             f"    __grad = __grad_enabled() and ({' or '.join(grads)})\n"
@@ -333,6 +340,8 @@ class Op:
             f"    return __run(__k, {everything})\n")
 
     def _call(self, *args: Any) -> Any:
+        if self.coerce is not None:
+            args = self.coerce(*args)
         route = self._route(args)
         if route == _DIRECT:
             return self._run_device(args)
@@ -746,7 +755,8 @@ def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any]
        cpu: Impl | None = None, setup_context: Callable[..., None] | None = None,
        backward: Callable[..., Any] | None = None, keyword_only: Sequence[str] = (),
        doc: str | None = None, fallback: Callable[..., Any] | None = None,
-       companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None) -> Callable[..., Any]:
+       companions: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None,
+       coerce: Callable[..., tuple] | None = None) -> Callable[..., Any]:
     """Declare an op and return its public function (its `.op` attribute is the Op).  See module docstring.
 
     fallback(k, *args) -> outputs through torch's own ops, called like run (k holds only k.shape_class): what
@@ -755,10 +765,12 @@ def op(schema: str, *, shape_class: Callable[..., Any], fake: Callable[..., Any]
     for the tensor arguments whose `needs` flag is set (one per Tensor/Tensor?/Tensor[] argument, like
     ctx.needs_input_grad).  New tensors in them come from shapes.placeholder(), so it runs on meta and fake
     tensors: prewarm builds a public op's backward from a manifest item, and Op.prefetch() starts compiling
-    the backward while the forward compiles."""
+    the backward while the forward compiles.
+    coerce(*args) -> args: non-tensor values the op takes where its schema has a Tensor, made tensors (see
+    Op.coerce)."""
     return Op(schema, shape_class=shape_class, fake=fake, cuda=cuda, cpu=cpu, setup_context=setup_context,
               backward=backward, keyword_only=keyword_only, doc=doc, fallback=fallback,
-              companions=companions).function
+              companions=companions, coerce=coerce).function
 
 
 class CallRecorder:
