@@ -23,6 +23,11 @@ CUDA_TYPES: dict[torch.dtype, str] = {
     torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16", torch.float64: "double",
 }
 CPU_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double"}
+# The dtype the load_inline CPU kernels (add, gelu, layer_norm) compute each dtype in: fp16 and bf16 go through
+# the fp32 kernel on fp32 copies with one rounding at the end, which is how torch's CPU kernels compute them
+# (arithmetic in float), at no kernel build of their own.
+CPU_COMPUTE: dict[torch.dtype, torch.dtype] = {torch.float32: torch.float32, torch.float64: torch.float64,
+                                               torch.float16: torch.float32, torch.bfloat16: torch.float32}
 # Bytes per element of the dtypes CUDA kernels take; a lookup doubles as the dtype check on hot paths.
 CUDA_ITEMSIZE: dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in CUDA_TYPES}
 

@@ -147,19 +147,20 @@ def test_all_builtin_follows_jitops_ops_prewarm(tmp_path, capsys, monkeypatch):
 def test_all_builtin_on_cpu_skips_what_the_cpu_path_does_not_build(capsys, monkeypatch, tmp_path):
     import jitops.ops
 
-    monkeypatch.setattr(jitops.ops, "PREWARM", [dict(GELU_ITEM, dtypes=["fp16", "bf16"])])
+    monkeypatch.setattr(jitops.ops, "PREWARM", [dict(GELU_ITEM, dtypes=["i32", "i64"])])
     code, report = cli_json(capsys, "prewarm", "--all-builtin", "--arch", "cpu", "--cache-dir", tmp_path / "c")
     assert code == 0 and report["results"] == []
     assert len(report["skipped"]) == 2
-    assert all("supported there: float32, float64" in s["reason"] for s in report["skipped"])
+    assert all("on cpu; supported there: float32, float64, float16, bfloat16" in s["reason"]
+               for s in report["skipped"])
 
 
 def test_manifest_call_the_op_rejects_on_cpu_is_bad_input(tmp_path, capsys):
     """example_args(device='cpu') lets the shape class apply its CPU rules, so the op's own message shows."""
-    manifest = write_manifest(tmp_path / "m.json", dict(GELU_ITEM, dtypes=["fp16"]), archs=["cpu"])
+    manifest = write_manifest(tmp_path / "m.json", dict(GELU_ITEM, dtypes=["i32"]), archs=["cpu"])
     code, out, err = cli(capsys, "prewarm", "--manifest", manifest, "--cache-dir", tmp_path / "c")
     assert code == 2
-    assert "has dtype float16 on cpu; supported there: float32, float64" in err and "ops[0]" in err
+    assert "has dtype int32 on cpu; supported there: float32, float64, float16, bfloat16" in err and "ops[0]" in err
     assert not (tmp_path / "c").exists()
 
 

@@ -95,7 +95,7 @@ def test_layer_norm_zero_rows_gives_zero_parameter_gradients():
 
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1,), (257, 1), (3, 5, 1)])
 def test_layer_norm_over_one_element_has_exactly_zero_input_gradient(shape, dtype):
     """n == 1: x is its row's mean, so dx = rstd * (g - mean(g) - 0) is exactly 0 whatever dy and the weight
@@ -109,8 +109,9 @@ def test_layer_norm_over_one_element_has_exactly_zero_input_gradient(shape, dtyp
     assert torch.equal(x.grad, torch.zeros_like(x))
     xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
     F.layer_norm(xr, [1], wr, br).backward(dy.double())
-    torch.testing.assert_close(w.grad.double(), wr.grad, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(b.grad.double(), br.grad, atol=1e-5, rtol=1e-5)
+    tolerance = 1e-5 if dtype in DTYPES else 2e-2  # fp16/bf16: sums over 257 rows rounded once
+    torch.testing.assert_close(w.grad.double(), wr.grad, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(b.grad.double(), br.grad, atol=tolerance, rtol=tolerance)
 
 # ---- bad inputs: each error names the argument -----------------------------------------------------------------
 def test_layer_norm_normalized_shape_must_match():
@@ -136,8 +137,27 @@ def test_layer_norm_integer_dtype():
         jitops.layer_norm(torch.arange(20).reshape(2, 10), [10])
     with pytest.raises(TypeError, match="argument 'weight' has dtype int32"):
         jitops.layer_norm(torch.randn(2, 10), [10], torch.ones(10, dtype=torch.int32))
-    with pytest.raises(TypeError, match="argument 'x' has dtype float16 on cpu"):
-        jitops.layer_norm(torch.randn(2, 10, dtype=torch.float16), [10])
+    with pytest.raises(TypeError, match="argument 'x' has dtype complex64 on cpu; supported there: float32"):
+        jitops.layer_norm(torch.randn(2, 10, dtype=torch.complex64), [10])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_layer_norm_cpu_half_precision_through_the_fp32_kernel(dtype):
+    """fp16 and bf16 on the CPU: the fp32 kernel on fp32 copies, one rounding at the end (torch computes them in
+    float too), forward and every gradient in the input's dtype."""
+    g = torch.Generator().manual_seed(6)
+    x, w, b = (torch.randn(shape, generator=g).to(dtype).requires_grad_() for shape in ((5, 33), (33,), (33,)))
+    y = jitops.layer_norm(x, [33], w, b)
+    dy = torch.randn(5, 33, generator=g).to(dtype)
+    y.backward(dy)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    want = F.layer_norm(refs[0], [33], refs[1], refs[2])
+    want.backward(dy.double())
+    assert y.dtype == dtype and all(t.grad.dtype == dtype for t in (x, w, b))
+    tolerance = 1e-2 if dtype == torch.float16 else 5e-2
+    torch.testing.assert_close(y.double(), want, atol=tolerance, rtol=tolerance)
+    for ours, ref in zip((x, w, b), refs):
+        torch.testing.assert_close(ours.grad.double(), ref.grad, atol=tolerance, rtol=tolerance)
 
 
 def test_layer_norm_wrong_device():

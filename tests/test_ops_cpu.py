@@ -37,6 +37,12 @@ def test_gelu_cpu(approximate):
              dtypes=DTYPES, device="cpu", compile=True)
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_cpu_half_precision_through_the_fp32_kernel(approximate):
+    check_op(jitops.gelu, lambda x, a: F.gelu(x, approximate=a), samples=unary_samples(approximate),
+             dtypes=[torch.float16, torch.bfloat16], device="cpu", gradcheck=False)
+
+
 def test_gelu_backward_op_cpu():
     check_op(jitops.gelu_backward,
              lambda g, x, a: torch.autograd.grad(F.gelu(x.requires_grad_(), approximate=a), x, g)[0],

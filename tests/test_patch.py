@@ -208,15 +208,15 @@ def test_ops_choose_what_is_swapped():
 
 
 def test_unsupported_inputs_run_the_torch_forward(caplog):
-    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.LayerNorm(8))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
     reference = copy.deepcopy(model)
     jitops.patch(model)
-    x = torch.randn(3, 8, dtype=torch.float16)  # jitops' CPU kernels take fp16 linear but not fp16 layer_norm
-    model.half()
-    reference.half()
+    x = torch.randn(3, 8, dtype=torch.complex64)  # jitops computes real floating-point dtypes only
+    model.to(torch.complex64)
+    reference.to(torch.complex64)
     with caplog.at_level(logging.INFO, logger="jitops"):
         out = model(x)
-    torch.testing.assert_close(out, reference(x), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(out, reference(x))
     assert any("torch forward" in r.getMessage() for r in caplog.records)
 
 

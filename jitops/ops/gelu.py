@@ -7,7 +7,8 @@ Memory-bound: one read and one write per element forward, two reads and one writ
 is (dtype, vector width from the alignment, approximation, index width).  Each thread issues 2 to 4 16-byte
 loads before it computes (kernels/gelu.cu): at 2^28 elements both directions run at the device's copy
 bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32,
-fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: fp32, fp64 (load_inline).
+fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: the same dtypes through load_inline, fp16 and
+bf16 by the fp32 kernel on fp32 copies (one rounding at the end, as torch's CPU gelu computes them).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ..op import Impl, op, public
 from ..specs import CppExtension, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-CPU_DTYPES = (torch.float32, torch.float64)
+CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+CPU_COMPUTE = shapes.CPU_COMPUTE
 APPROXIMATIONS = {"none": 0, "tanh": 1}
 BLOCK = 256
 # 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
@@ -97,7 +99,8 @@ def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
 
 
 def _cpu_kernels(cls: GeluClass, target: Target):
-    return {"cpu": GELU_CPU.bind(shapes.dtype_name(cls.dtype), SCALAR_T=shapes.CPU_TYPES[cls.dtype])}
+    compute = CPU_COMPUTE[cls.dtype]
+    return {"cpu": GELU_CPU.bind(shapes.dtype_name(compute), SCALAR_T=shapes.CPU_TYPES[compute])}
 
 
 def _grid(cls: GeluClass, n: int, unroll: int, x: torch.Tensor) -> int:
@@ -124,10 +127,11 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) 
 
 
 def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    grad, x = grad.contiguous(), x.contiguous()
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    grad, x = grad.contiguous().to(compute), x.contiguous().to(compute)
     dx = torch.empty_like(x)
     k.cpu.gelu_backward(grad, x, dx, APPROXIMATIONS[approximate])
-    return dx
+    return dx.to(dtype)
 
 
 gelu_backward = op(
@@ -182,10 +186,11 @@ def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 def run_cpu(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    x = x.contiguous()
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    x = x.contiguous().to(compute)
     y = torch.empty_like(x)
     k.cpu.gelu_forward(x, y, APPROXIMATIONS[approximate])
-    return y
+    return y.to(dtype)
 
 
 def setup_context(ctx, inputs, output) -> None:

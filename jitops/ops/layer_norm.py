@@ -15,8 +15,8 @@ come back as empty tensors.  dweight and dbias are deterministic: per-block part
 a second kernel adds them in a fixed order (no floating-point atomics), so the same inputs on the same device
 give the same bits.  Double backward is not supported.
 
-Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU fp32 and fp64
-(load_inline; sums in double).  weight and bias must have x's dtype.  n may be anything from 1 up (1, 7,
+Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU the same through
+load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).  weight and bias must have x's dtype.  n may be anything from 1 up (1, 7,
 4097, 65536...), rows anything from 0 up.
 
 Non-contiguous inputs: x, weight, bias (and the gradient in the backward) that are not contiguous are copied
@@ -48,7 +48,8 @@ from ..op import Impl, op, public
 from ..specs import CppExtension, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-CPU_DTYPES = (torch.float32, torch.float64)
+CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+CPU_COMPUTE = shapes.CPU_COMPUTE
 STATS_DTYPE = {torch.float32: torch.float32, torch.float16: torch.float32, torch.bfloat16: torch.float32,
                torch.float64: torch.float64}
 INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid offsets never pass 2^31)
@@ -298,7 +299,12 @@ def cuda_kernels(cls: ForwardClass, target: Target):
 
 
 def cpu_kernels(cls, target: Target):
-    return {"cpu": LN_CPU.bind(shapes.dtype_name(cls.dtype), SCALAR_T=shapes.CPU_TYPES[cls.dtype])}
+    compute = CPU_COMPUTE[cls.dtype]
+    return {"cpu": LN_CPU.bind(shapes.dtype_name(compute), SCALAR_T=shapes.CPU_TYPES[compute])}
+
+
+def _cpu_operand(t, compute: torch.dtype):
+    return t.contiguous().to(compute) if t is not None else None
 
 
 def _rows(x: torch.Tensor, n: int, k: int) -> int:
@@ -341,16 +347,15 @@ def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
 
 
 def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    x = x.contiguous()
-    weight = weight.contiguous() if weight is not None else None
-    bias = bias.contiguous() if bias is not None else None
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    x, weight, bias = (_cpu_operand(t, compute) for t in (x, weight, bias))
     n = _row_length_unchecked(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
     y = torch.empty_like(x)
-    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[x.dtype])
+    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[dtype])
     if rows and n:
         k.cpu.layer_norm_forward(x, weight, bias, y, stats, rows, n, eps)
-    return y, stats
+    return y.to(dtype), stats
 
 
 def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
@@ -494,8 +499,9 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
 
 def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
                      need_dx: bool, need_dweight: bool, need_dbias: bool):
-    grad, x, stats = grad.contiguous(), x.contiguous(), stats.contiguous()
-    weight = weight.contiguous() if weight is not None else None
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    grad, x, weight = (_cpu_operand(t, compute) for t in (grad, x, weight))
+    stats = stats.contiguous()
     n = _row_length_unchecked(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
     dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
@@ -507,7 +513,7 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor
     elif need_dweight or need_dbias:
         dw.zero_()
         db.zero_()
-    return dx, dw, db
+    return dx.to(dtype), dw.to(dtype), db.to(dtype)
 
 
 def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
