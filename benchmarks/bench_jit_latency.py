@@ -10,6 +10,7 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
 --cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM) into an
 empty cache, each in a fresh process, timed from the request to the published entry; the machine's cores are
 printed with it (compiles use one core each).  Families: COMPILE_FAMILIES below.
+    python benchmarks/bench_jit_latency.py --cpu-add    # jitops.add's hot calls on the CPU, no GPU needed
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
@@ -242,6 +243,35 @@ def cold_compile(families: list[str]) -> None:
         Path(out_dir, "cold_compile.json").write_text(json.dumps({"cores": cores, "families": rows}, indent=1))
 
 
+def cpu_add() -> None:
+    """jitops.add's hot calls on CPU tensors against torch.add on the same inputs (the host's per-call cost of
+    jitops' Python and the load_inline kernel, which the CPU path shares with the GPU's up to the launch): the
+    common call (one shape, one dtype), with requires_grad, and the general path's calls (broadcast, alpha, a
+    Python number).  Variant record in benchmarks/out/ (the full record is the GPU run's)."""
+    import torch
+
+    import jitops
+    from harness import host_us, save_record
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    a, b = torch.randn(1), torch.randn(1)
+    ag = a.clone().requires_grad_()
+    row, col = torch.randn(8, 8), torch.randn(8)
+    calls = {"same shape": ((a, b), {}), "same shape, requires_grad": ((ag, b), {}),
+             "(8, 8) + (8,) broadcast": ((row, col), {}), "alpha=2": ((a, b), {"alpha": 2}),
+             "tensor + 2.0": ((a, 2.0), {})}
+    rows = []
+    print("| jitops.add call (CPU) | jitops (us) | torch.add (us) | ratio |\n| --- | --- | --- | --- |")
+    for name, (args, kwargs) in calls.items():
+        ours, theirs = host_us(lambda: jitops.add(*args, **kwargs), lambda: torch.add(*args, **kwargs))
+        rows.append({"op": "add", "call": name, "ours_us": round(ours, 3), "baseline_us": round(theirs, 3),
+                     "ratio": round(ours / theirs, 3)})
+        print(f"| {name} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} |")
+    path, _ = save_record("jit_latency", baseline="torch.add on the same CPU tensors", rows=rows,
+                          summary={"same-shape ratio": rows[0]["ratio"]}, variant="cpu-add", started=started)
+    print(f"\nJSON: {path}")
+
+
 def hot_pair(fn, baseline) -> tuple[float, float]:
     from harness import host_us
 
@@ -345,5 +375,7 @@ if __name__ == "__main__":
         print(json.dumps(compile_child(sys.argv[2], sys.argv[3])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--cold-compile":
         cold_compile(sys.argv[2].split(",") if len(sys.argv) > 2 else list(COMPILE_FAMILIES))
+    elif sys.argv[1:] == ["--cpu-add"]:
+        cpu_add()
     else:
         main()

@@ -113,17 +113,18 @@ def host_us(*fns: Callable[[], Any], calls: int = 20000, rounds: int = 7, warmup
     up): best of `rounds`, the fns' rounds interleaved (A B A B ...) so that clock or neighbour drift hits all
     alike.  Every benchmark's host-overhead figures come from here: a separate, shorter, sequential loop in the
     layer_norm benchmark once read x1.51 where this read x1.12-1.22 for the same call (lent H100, 2026-11-22)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # CPU calls: nothing queued
     for fn in fns:
         for _ in range(warmup):
             fn()
-    torch.cuda.synchronize()
+    sync()
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for slot, fn in enumerate(fns):
             started = time.perf_counter()
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
+            sync()
             best[slot] = min(best[slot], (time.perf_counter() - started) / calls * 1e6)
     return best
 

@@ -12,11 +12,15 @@ from jitops.specs import CudaKernel, Source, Target
 
 
 @pytest.mark.parametrize("call, error, words", [
-    (lambda: jitops.add(torch.randn(3), torch.randn(4)), ValueError, ["jitops.add", "'b'", "(4,)", "(3,)"]),
-    (lambda: jitops.add(torch.randn(3), torch.randn(3, dtype=torch.float64)), TypeError,
-     ["jitops.add", "'b'", "float64", "float32"]),
+    (lambda: jitops.add(torch.randn(3), torch.randn(4)), ValueError, ["jitops.add", "'b'", "(4,)", "(3,)",
+                                                                      "broadcast"]),
+    (lambda: jitops.add(torch.randn(3), torch.ones(3, dtype=torch.int64)), TypeError,
+     ["jitops.add", "'b'", "int64", "floating-point"]),
     (lambda: jitops.add(torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32)), TypeError,
-     ["jitops.add", "'a'", "int32", "float32, float64"]),
+     ["jitops.add", "'a'", "int32", "float32, float16, bfloat16, float64"]),
+    (lambda: jitops.add(torch.randn(3), 2j), TypeError, ["jitops.add", "'b'", "complex"]),
+    (lambda: jitops.add(torch.randn(3), torch.randn(3), alpha="2"), TypeError, ["jitops.add", "'alpha'", "str"]),
+    (lambda: jitops.add(torch.randn(3), [1.0]), TypeError, ["jitops.add", "'b'", "list"]),
     (lambda: jitops.gelu(torch.ones(3, dtype=torch.int32)), TypeError, ["jitops.gelu", "'x'", "int32", "cpu"]),
     (lambda: jitops.gelu(torch.randn(3), "fast"), ValueError, ["jitops.gelu", "'approximate'", "'fast'", "tanh"]),
     (lambda: jitops.add(torch.randn(3), torch.randn(3, device="meta")), ValueError,

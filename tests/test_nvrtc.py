@@ -19,6 +19,8 @@ def cubin_sm(cubin: bytes) -> int:
 
 CALLS = [
     ("add", dtype, [[4097], [4097]], {}) for dtype in ("fp32", "fp16", "bf16", "fp64")
+] + [  # jitops.add's general kernel: broadcasting with alpha
+    ("add", dtype, [[64, 1, 5], [8, 5]], {"alpha": 2}) for dtype in ("fp32", "fp16", "bf16", "fp64")
 ] + [
     (op, dtype, shapes, {"approximate": approx})
     for dtype in ("fp32", "fp16", "bf16")
@@ -51,3 +53,22 @@ def test_arch_specific_request_targets_sm_90a(fresh_cache):
     runtime.prewarm(request, Target.parse("sm_90"))
     [cubin] = fresh_cache.glob("v1/sm_90a/bf16/*/kernel.cubin")
     assert cubin_sm(cubin.read_bytes()) == 90
+
+
+def test_add_broadcast_compiles_every_dtype_combination_and_rank(fresh_cache):
+    """kernels/add_broadcast.cu for each (a, b, result) dtype triple torch's promotion can give it (a narrower
+    input widened in the kernel), and for every rank and index type in one of them, for sm_90a."""
+    from jitops.ops.add import ADD_BROADCAST_CUDA, MAX_DIMS, WIDENS_EXACTLY
+
+    from jitops.shapes import CUDA_TYPES, dtype_name
+
+    target = Target.parse("sm_90a")
+    reads = {result: [d for d in CUDA_TYPES if d is result or (d, result) in WIDENS_EXACTLY] for result in CUDA_TYPES}
+    binds = [(a, b, result, 2, "unsigned") for result, inputs in reads.items() for a in inputs for b in inputs]
+    binds += [(torch.float32, torch.float32, torch.float32, dims, index) for dims in range(1, MAX_DIMS + 1)
+              for index in ("unsigned", "long long") if (dims, index) != (2, "unsigned")]
+    for a, b, result, dims, index in binds:
+        request = ADD_BROADCAST_CUDA.bind(dtype_name(result), TA=CUDA_TYPES[a], TB=CUDA_TYPES[b],
+                                          T=CUDA_TYPES[result], NDIM=dims, I=index)
+        assert runtime.prewarm(request, target) == "compiled", request.label()
+    assert len(binds) == 1 + 1 + 9 + 16 + 2 * MAX_DIMS - 1

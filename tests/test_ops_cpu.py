@@ -31,6 +31,87 @@ def test_add_cpu():
     assert len(report.checked) > 20
 
 
+def add_positional(a, b, alpha):
+    return jitops.add(a, b, alpha=alpha)
+
+
+add_positional.op = jitops.add.op  # check_op runs opcheck on the op behind the function
+
+# Broadcast pairs: a column against a row, both sides broadcast, 0-d operands, empty dimensions, and a pattern
+# whose broadcast dimensions alternate (seven groups that do not merge).
+BROADCAST = [((5, 1), (5,)), ((10, 1, 5), (1, 10, 5)), ((3,), ()), ((), ()), ((0, 1, 3), (0, 10, 3)),
+             ((4, 1, 1), (7, 1)), ((2, 3, 1, 4, 1, 5, 1), (3, 7, 1, 6, 5, 2)), ((1, 4097), (3, 1))]
+
+
+def broadcast_samples(dtype, device):
+    generator = torch.Generator().manual_seed(2)
+    return [(torch.randn(a, generator=generator, dtype=dtype).to(device),
+             torch.randn(b, generator=generator, dtype=dtype).to(device), alpha)
+            for (a, b), alpha in zip(BROADCAST, [1, 2, -3.125, 1, 0.5, 1, 2, -1])]
+
+
+def test_add_broadcasting_and_alpha_cpu():
+    """Forward and gradients (each summed over its broadcast dimensions, b's times alpha) against torch.add in
+    float64, on contiguous and strided inputs, every CPU dtype; gradcheck, opcheck, torch.compile."""
+    report = check_op(add_positional, lambda a, b, alpha: torch.add(a, b, alpha=alpha), samples=broadcast_samples,
+                      dtypes=[torch.float32, torch.float64, torch.float16, torch.bfloat16], device="cpu",
+                      compile=True)
+    assert len(report.checked) > 100
+
+
+def _tensor(shape, dtype, seed):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3).to(dtype)
+
+
+f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+# (a, b): type promotion as torch.result_type, Python numbers and 0-d tensors in either place.
+PROMOTION = [
+    (lambda: _tensor((3, 4), f16, 0), lambda: _tensor((4,), f32, 1)),        # fp16 + fp32 -> fp32
+    (lambda: _tensor((5,), bf16, 0), lambda: _tensor((5,), f16, 1)),         # bf16 + fp16 -> fp32
+    (lambda: _tensor((2, 3), f32, 0), lambda: _tensor((), f64, 1)),          # an fp64 0-d tensor -> fp32
+    (lambda: _tensor((), f32, 0), lambda: _tensor((3,), f16, 1)),            # an fp32 0-d tensor -> fp16
+    (lambda: _tensor((4, 1), f32, 0), lambda: _tensor((1, 3), f64, 1)),      # fp32 + fp64 -> fp64
+    (lambda: _tensor((7,), f16, 0), lambda: 0.1),                            # a Python float rounds to fp16
+    (lambda: 2.5, lambda: _tensor((4,), bf16, 1)),                           # a number as a
+    (lambda: _tensor((3,), f64, 0), lambda: 3),                              # an int
+    (lambda: _tensor((3,), f32, 0), lambda: True),                           # a bool
+    (lambda: -8.5, lambda: 1.75),                                            # two numbers: a 0-d CPU tensor
+]
+
+
+@pytest.mark.parametrize("case", range(len(PROMOTION)))
+@pytest.mark.parametrize("alpha", [1, -3.125])
+def test_add_type_promotion_and_numbers_match_torch(case, alpha):
+    a, b = (make() for make in PROMOTION[case])
+    want = torch.add(a, b, alpha=alpha)
+    got = jitops.add(a, b, alpha=alpha)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if alpha == 1:  # the same conversions and one rounding: bit for bit
+        assert torch.equal(got, want)
+    else:  # a + alpha * b: torch rounds it with an FMA in some of its loops and not in others
+        low = got.dtype in (f16, bf16)  # one rounding of a product of ~3 near a cancelling sum: an absolute error
+        torch.testing.assert_close(got, want, rtol=1e-2 if low else 1e-6, atol=1e-2 if low else 1e-5)
+    tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    ref_leaves = [t.detach().requires_grad_() for t in tensors]
+    args = lambda leaves: [leaves.pop(0) if isinstance(t, torch.Tensor) else t for t in (a, b)]  # noqa: E731
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(9)).to(want.dtype)
+    jitops.add(*args(list(leaves)), alpha=alpha).backward(grad)
+    torch.add(*args(list(ref_leaves)), alpha=alpha).backward(grad)
+    for ours, theirs in zip(leaves, ref_leaves):
+        assert ours.grad.dtype == ours.dtype and ours.grad.shape == ours.shape
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+def test_add_numbers_through_torch_compile():
+    x = torch.randn(6, 1, dtype=torch.float64)
+    compiled = torch.compile(lambda x: jitops.add(x, 0.5, alpha=2) + jitops.add(1.5, x.t()), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(x), torch.add(x, 0.5, alpha=2) + torch.add(1.5, x.t()))
+
+
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 def test_gelu_cpu(approximate):
     check_op(jitops.gelu, lambda x, a: F.gelu(x, approximate=a), samples=unary_samples(approximate),

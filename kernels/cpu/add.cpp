@@ -1,12 +1,64 @@
-// jitops.add on the CPU: out = a + b over contiguous buffers.  SCALAR_T comes from the shape class (-D).
+// jitops.add on the CPU.  SCALAR_T comes from the shape class (-D): float or double (fp16 and bf16 are computed
+// in float: jitops/ops/add.py converts them).
+//   add_forward: out = a + b over contiguous buffers of one shape.
+//   add_strided: out = a + alpha * b, out contiguous; a and b read through the (size, stride) dimensions that
+//                add.py's _plan leaves, outermost first, a broadcast dimension having stride 0 (nothing is
+//                expanded in memory).
 #include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// 32768 elements a task: below that, threading costs more than it saves.
+constexpr int64_t kGrain = 32768;
 
 void add_forward(at::Tensor a, at::Tensor b, at::Tensor out) {
   const SCALAR_T* pa = a.data_ptr<SCALAR_T>();
   const SCALAR_T* pb = b.data_ptr<SCALAR_T>();
   SCALAR_T* po = out.data_ptr<SCALAR_T>();
-  // 32768 elements a task: below that, threading costs more than it saves.
-  at::parallel_for(0, a.numel(), 32768, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) po[i] = pa[i] + pb[i];
+  });
+}
+
+void add_strided(at::Tensor a, at::Tensor b, at::Tensor out, double alpha, std::vector<int64_t> sizes,
+                 std::vector<int64_t> a_strides, std::vector<int64_t> b_strides) {
+  const SCALAR_T* pa = a.data_ptr<SCALAR_T>();
+  const SCALAR_T* pb = b.data_ptr<SCALAR_T>();
+  SCALAR_T* po = out.data_ptr<SCALAR_T>();
+  const SCALAR_T scale = static_cast<SCALAR_T>(alpha);
+  const int dims = static_cast<int>(sizes.size());
+  const int64_t inner = sizes[dims - 1], step_a = a_strides[dims - 1], step_b = b_strides[dims - 1];
+  at::parallel_for(0, out.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    // The task's first element as an index per dimension, then runs along the innermost one with a carry.
+    std::vector<int64_t> index(dims);
+    int64_t rest = begin, offset_a = 0, offset_b = 0;
+    for (int d = dims - 1; d >= 0; --d) {
+      index[d] = rest % sizes[d];
+      rest /= sizes[d];
+      offset_a += index[d] * a_strides[d];
+      offset_b += index[d] * b_strides[d];
+    }
+    for (int64_t i = begin; i < end;) {
+      const int64_t run = std::min(end - i, inner - index[dims - 1]);
+      if (scale == SCALAR_T(1)) {
+        for (int64_t k = 0; k < run; ++k) po[i + k] = pa[offset_a + k * step_a] + pb[offset_b + k * step_b];
+      } else {  // one rounding, as torch's vectorized CPU add (fmadd) and the CUDA kernels compute a + alpha * b
+        for (int64_t k = 0; k < run; ++k) {
+          po[i + k] = std::fma(scale, pb[offset_b + k * step_b], pa[offset_a + k * step_a]);
+        }
+      }
+      i += run;
+      offset_a += run * step_a;
+      offset_b += run * step_b;
+      index[dims - 1] += run;
+      for (int d = dims - 1; d > 0 && index[d] == sizes[d]; --d) {
+        offset_a += a_strides[d - 1] - sizes[d] * a_strides[d];
+        offset_b += b_strides[d - 1] - sizes[d] * b_strides[d];
+        index[d] = 0;
+        ++index[d - 1];
+      }
+    }
   });
 }
