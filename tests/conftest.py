@@ -62,3 +62,16 @@ def fresh_cache(tmp_path):
     with jitops.config.scope(cache_dir=root, cache_path=(), offline=False, record=None):
         yield root
     forget()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """tests/test_opinfo.py's counts (match / rejected / xfail / wrong / unclear per op and dtype), when it ran;
+    also written as JSON to $JITOPS_OPINFO_SUMMARY when that names a file."""
+    opinfo = sys.modules.get("test_opinfo")
+    if opinfo is None or not opinfo.OUTCOMES:
+        return
+    terminalreporter.section("OpInfo samples through jitops")
+    for line in opinfo.summary_lines():
+        terminalreporter.write_line(line)
+    if os.environ.get("JITOPS_OPINFO_SUMMARY"):
+        opinfo.write_summary(os.environ["JITOPS_OPINFO_SUMMARY"])
