@@ -181,17 +181,9 @@ def _plan(out_shape: tuple[int, ...], a_shape: tuple[int, ...], a_strides: tuple
     return sizes, strides_a, strides_b
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def _cuda_plan(a: torch.Tensor, b: torch.Tensor, out_shape, copy: bool):
-    a_strides = _contiguous_strides(a.shape) if copy else a.stride()
-    b_strides = _contiguous_strides(b.shape) if copy else b.stride()
+    a_strides = shapes.contiguous_strides(a.shape) if copy else a.stride()
+    b_strides = shapes.contiguous_strides(b.shape) if copy else b.stride()
     return _plan(tuple(out_shape), tuple(a.shape), tuple(a_strides), tuple(b.shape), tuple(b_strides), MAX_DIMS)
 
 
