@@ -277,6 +277,14 @@ def test_rejections_are_recognised_and_anything_else_is_unclear():
     assert _rejection("gemm", RuntimeError("jitops.gemm: argument 'a' must be a 2-D (M, K) matrix")) is None
 
 
+def test_every_rejection_reason_is_documented():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "semantics.md").read_text()
+    for _, _, reason in REJECTIONS:
+        assert f"`{reason}`" in text, f"docs/semantics.md does not explain the rejection {reason!r}"
+
+
 def test_comparison_allows_torchs_own_error_and_no_more():
     reference = torch.tensor([9.077, 1.0], dtype=torch.float64)
     theirs = torch.tensor([9.0625, 1.0], dtype=torch.bfloat16)
