@@ -6,11 +6,11 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
     python benchmarks/bench_jit_latency.py
     python benchmarks/bench_jit_latency.py --methods jitops,layer_norm     # without the other tools' cold runs
     python benchmarks/bench_jit_latency.py --cold-compile [FAMILY,...]     # no GPU needed
+    python benchmarks/bench_jit_latency.py --cpu-add    # jitops.add's hot calls on the CPU, no GPU needed
 
 --cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM) into an
 empty cache, each in a fresh process, timed from the request to the published entry; the machine's cores are
 printed with it (compiles use one core each).  Families: COMPILE_FAMILIES below.
-    python benchmarks/bench_jit_latency.py --cpu-add    # jitops.add's hot calls on the CPU, no GPU needed
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
