@@ -376,15 +376,18 @@ PREWARM = [{"op": "add", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 
 
 # ---- autograd ---------------------------------------------------------------------------------------------------
 def setup_context(ctx, inputs, output) -> None:
-    ctx.alpha = inputs[2]
+    # Only when it is not 1: the first attribute stored on a fresh ctx allocates its __dict__, 0.3-0.6 us of a
+    # 12 us call with a gradient on the dev box (tests of the common call measured it).
+    if inputs[2] != 1:
+        ctx.alpha = inputs[2]
 
 
 def backward(ctx, grad: torch.Tensor):
     """a's gradient is grad, b's is grad * alpha (scaled first, summed after, in that order as in torch).  The
     autograd engine sums each to its input's shape and casts it to its input's dtype (validate_outputs: torch's
-    own AddBackward0 relies on the same), so the forward saves no shapes or dtypes: that costs 0.5 us a call on
-    the dev box, where storing alpha costs 0.04."""
-    alpha = ctx.alpha
+    own AddBackward0 relies on the same), so the forward saves no shapes or dtypes (storing them cost 0.5 us a
+    call on the dev box)."""
+    alpha = getattr(ctx, "alpha", 1)
     return grad, (grad if alpha == 1 or not ctx.needs_input_grad[1] else grad * alpha)
 
 
