@@ -200,7 +200,7 @@ def _conv2d_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
         x, weight = x.to(cast), weight.to(cast)
         bias = bias.to(cast) if bias is not None else None
     dtype = x.dtype
-    if weight.dtype is dtype and (bias is None or bias.dtype is dtype) and x.dim() == 4 and \
+    if weight.dtype is dtype and (bias is None or bias.dtype is dtype) and x.dim() in (3, 4) and \
             dtype in _CONV_DTYPES.get(_device_kind(x), ()):
         return _conv2d(x, weight, bias, self.stride, self.__dict__["_jitops_padding"], self.dilation)
     _fall_back(self, f"input of {x.dtype}, {x.dim()}-D, on {x.device.type}", x, weight)
@@ -278,14 +278,8 @@ def _conv2d_problem(module: nn.Conv2d) -> tuple[str | None, Any]:
     if module.padding_mode != "zeros":
         return f"padding_mode={module.padding_mode!r}: jitops.conv2d pads with zeros only", None
     padding = module.padding
-    if isinstance(padding, str):
-        if padding == "valid":
-            return None, (0, 0)
-        # "same": symmetric padding where dilation * (kernel - 1) is even on both axes (stride is 1 for "same")
-        pads = [module.dilation[i] * (module.kernel_size[i] - 1) for i in range(2)]
-        if any(p % 2 for p in pads):
-            return "padding='same' with an even effective kernel needs asymmetric padding", None
-        return None, (pads[0] // 2, pads[1] // 2)
+    if isinstance(padding, str):  # "same" (asymmetric where it must be) and "valid": jitops.conv2d takes them
+        return None, padding
     return None, tuple(padding)
 
 
