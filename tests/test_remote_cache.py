@@ -19,7 +19,7 @@ import pytest
 import jitops
 from jitops import config
 from jitops.cache import remote
-from jitops.errors import ConfigError
+from jitops.errors import CompileError, ConfigError
 from jitops.runtime import runtime, stats
 from jitops.specs import Target
 
@@ -132,6 +132,21 @@ def test_locate_finds_the_verified_binary_as_a_call_would_without_loading_it(ech
         assert runtime.locate(fakes.request("never built"), SM90) is None
     assert (stats.remote_rejected, stats.remote_misses, echo.compiles) == (1, 2, 1)
     assert entry_dirs(tmp_path / "c") == []
+
+
+def test_a_failed_compile_publishes_nothing_and_frees_the_fleet_lock(echo, server, tmp_path):
+    """Only a compile that succeeds is shared; a failing one leaves no entry and no lock for the fleet to wait on."""
+    client = server.client()
+    with node(tmp_path / "a", server.url), pytest.raises(CompileError):
+        runtime.get_kernel(fakes.request("#error broken"), SM90, 0)
+    assert (stats.failed_compiles, stats.remote_publishes, stats.remote_publish_failures) == (1, 0, 0)
+    assert client.keys("jitops:v1:entry:*") == [] and client.keys("jitops:v1:lock:*") == []
+    with node(tmp_path / "b", server.url):  # the next node is not kept waiting: it compiles (and fails) at once
+        started = time.perf_counter()
+        with pytest.raises(CompileError):
+            runtime.get_kernel(fakes.request("#error broken"), SM90, 0)
+        assert time.perf_counter() - started < 1.0
+    assert stats.failed_compiles == 2 and stats.remote_hits == 0
 
 
 def test_a_torn_copy_of_a_remote_entry_is_quarantined_and_fetched_again(echo, server, tmp_path, capsys):
