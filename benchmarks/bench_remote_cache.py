@@ -21,13 +21,14 @@ initialised on a GPU and the input made, before the clock starts), the median of
                    it, so these rows are not the GPU first-call figure
 then 8 processes on 2 simulated nodes (two disk caches, one Redis) racing on the cold key, after a barrier.
 
-The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (a CUTLASS 3 kernel built by nvcc); without one,
-jitops.gelu's CPU kernel (load_inline).  The CUTLASS entry: --cutlass-cache DIR, a cache root that holds it
-(`python -m cache_tools prewarm` of CUTLASS_ITEM below with --arch sm_90a: no GPU needed), else built into the
-work directory first (one NVRTC compile: 50-90 s on a 2-core box; the nvidia-cutlass wheel must be installed, or
-the CUTLASS rows are skipped with the reason in the summary).  The server: --redis-server PATH,
-$JITOPS_REDIS_SERVER, or redis-server on PATH; with $JITOPS_REDIS_LIBS it runs with that LD_LIBRARY_PATH (a
-Debian package unpacked by hand).
+The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (the same CUTLASS 3 kernel, whole first calls, the
+driver load included: the GPU first-call figure); without one, jitops.gelu's CPU kernel (load_inline).
+
+The CUTLASS entry: --cutlass-cache DIR, a cache root that holds it (`python -m cache_tools prewarm` of
+CUTLASS_ITEM below with --arch sm_90a: no GPU needed), else built into the work directory first (one NVRTC
+compile: 50-90 s on a 2-core box; the nvidia-cutlass wheel must be installed, or the CUTLASS rows are skipped
+with the reason in the summary).  The server: --redis-server PATH, $JITOPS_REDIS_SERVER, or redis-server on
+PATH; with $JITOPS_REDIS_LIBS it runs with that LD_LIBRARY_PATH (a Debian package unpacked by hand).
 
     python benchmarks/bench_remote_cache.py [--reps 7] [--redis-server /opt/redis/usr/bin/redis-server]
                                             [--cutlass-cache DIR]
