@@ -12,13 +12,26 @@ initialised on a GPU and the input made, before the clock starts), the median of
                    is the lookup path a compile waits for, with no remote, with Redis down (a closed port) and with
                    a Redis that never answers (every request times out)
   compile, no remote / down         a whole cold first call, compile included (one process each)
+  CUTLASS disk / remote / next process (disk) / remote, client imported
+                   the same tiers for a real CUTLASS 3 sm_90a entry, jitops.gemm bf16 2048^3 (NVRTC; one 2.7 MB
+                   cubin), on any machine: the clock runs around jitops.runtime.locate(), get_kernel()'s own
+                   lookups (key, disk roots, then Redis: fetch, verify, store on the local disk) up to the point
+                   where the verified cubin bytes are in hand.  The driver's module load that follows needs a GPU
+                   and is the same for both tiers: it is not measured here, and neither is the op's Python around
+                   it, so these rows are not the GPU first-call figure
 then 8 processes on 2 simulated nodes (two disk caches, one Redis) racing on the cold key, after a barrier.
 
-The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (a CUTLASS 3 kernel built by nvcc); without one,
-jitops.gelu's CPU kernel (load_inline).  The server: --redis-server PATH, $JITOPS_REDIS_SERVER, or redis-server
-on PATH; with $JITOPS_REDIS_LIBS it runs with that LD_LIBRARY_PATH (a Debian package unpacked by hand).
+The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (the same CUTLASS 3 kernel, whole first calls, the
+driver load included: the GPU first-call figure); without one, jitops.gelu's CPU kernel (load_inline).
+
+The CUTLASS entry: --cutlass-cache DIR, a cache root that holds it (`python -m cache_tools prewarm` of
+CUTLASS_ITEM below with --arch sm_90a: no GPU needed), else built into the work directory first (one NVRTC
+compile: 50-90 s on a 2-core box; the nvidia-cutlass wheel must be installed, or the CUTLASS rows are skipped
+with the reason in the summary).  The server: --redis-server PATH, $JITOPS_REDIS_SERVER, or redis-server on
+PATH; with $JITOPS_REDIS_LIBS it runs with that LD_LIBRARY_PATH (a Debian package unpacked by hand).
 
     python benchmarks/bench_remote_cache.py [--reps 7] [--redis-server /opt/redis/usr/bin/redis-server]
+                                            [--cutlass-cache DIR]
 
 Writes benchmarks/results/remote_cache.json.
 """
@@ -95,6 +108,45 @@ result.update(jitops.stats.as_dict(), warnings=len(warnings), warning_text=warni
 print(json.dumps(result))
 """
 
+# jitops.gemm's no-grad call: one kernel, the CUTLASS 3 warp-specialized GEMM (128x256x64 tile, 2x1 cluster).
+CUTLASS_ITEM = {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[2048, 2048], [2048, 2048], None]], "grad": False}
+CUTLASS_ARCH = "sm_90a"
+
+CUTLASS_CHILD = r"""
+import json, logging, os, threading, time
+import torch
+import jitops
+from jitops.runtime import runtime
+from cache_tools.manifest import parse_item, plan
+
+warnings = []
+class Count(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("jitops").addHandler(Count())
+
+# The request a call of jitops.gemm would make (the op's shape class on meta tensors), before the clock.
+[job] = plan(parse_item(json.loads(os.environ["BENCH_ITEM"]), [os.environ["BENCH_ARCH"]], "bench")).jobs
+if os.environ.get("BENCH_CLIENT_IMPORTED"):
+    for thread in threading.enumerate():
+        if thread.name == "jitops-redis-import":
+            thread.join()
+importing = any(t.name == "jitops-redis-import" and t.is_alive() for t in threading.enumerate())
+started = time.perf_counter()
+found = runtime.locate(job.request, job.target)
+first_ms = (time.perf_counter() - started) * 1e3
+result = dict(jitops.stats.as_dict(), first_ms=first_ms, ok=found is not None, client_importing=importing,
+              warnings=len(warnings), warning_text=warnings[:3])
+if found is not None:
+    # locate() loads nothing, so it counts no hit: the rows count the tier that served the binary.
+    result.update(tier=found.tier, disk_hits=int(found.tier == "disk"), remote_hits=int(found.tier == "remote"),
+                  cubin_bytes=len(found.blobs["kernel.cubin"]), entry_bytes=sum(map(len, found.blobs.values())),
+                  label=found.meta.get("label"), arch=found.meta["request"]["arch"],
+                  compile_seconds=found.meta.get("compile_seconds"))
+print(json.dumps(result))
+"""
+
 IMPORT_REDIS = r"""
 import json, time, torch, jitops
 started = time.perf_counter()
@@ -121,10 +173,37 @@ def run_child(env: dict[str, str], code: str = CHILD, timeout: float = 900) -> d
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def cutlass_root(work: Path, given: str | None) -> tuple[Path | None, str]:
+    """A cache root holding CUTLASS_ITEM's kernel for CUTLASS_ARCH: a copy of --cutlass-cache, else one built
+    here by `cache_tools prewarm` (NVRTC, no GPU).  (None, why) when it cannot be had."""
+    root = work / "cutlass-build"
+    if given:
+        shutil.copytree(given, root)
+        return root, f"--cutlass-cache {given}"
+    manifest = work / "cutlass.json"
+    manifest.write_text(json.dumps({"archs": [CUTLASS_ARCH], "ops": [CUTLASS_ITEM]}))
+    print(f"building the CUTLASS entry ({CUTLASS_ARCH}, NVRTC; 50-90 s on a 2-core box) ...", flush=True)
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest), "--arch",
+                          CUTLASS_ARCH, "--cache-dir", str(root), "--jobs", "1", "--no-progress"],
+                         capture_output=True, text=True, env=child_env(root, None), timeout=1800)
+    if out.returncode != 0:
+        return None, f"cache_tools prewarm failed: {(out.stdout + out.stderr).strip().splitlines()[-1:]}"
+    return root, f"built here by cache_tools prewarm in {time.perf_counter() - started:.0f} s"
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]  # nothing listens once it is closed: connections are refused
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: a shared box's timings need them beside."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def main() -> None:
@@ -133,6 +212,9 @@ def main() -> None:
     parser.add_argument("--redis-server", default=None,
                         help="the redis-server binary (default: $JITOPS_REDIS_SERVER or redis-server on PATH)")
     parser.add_argument("--work-dir", default=None, help="where the caches and the server live (default: a temp dir)")
+    parser.add_argument("--cutlass-cache", metavar="DIR", default=None,
+                        help="a cache root holding CUTLASS_ITEM's sm_90a kernel (cache_tools prewarm); default: "
+                             "build it first (NVRTC, 50-90 s)")
     parser.add_argument("--prebuilt", metavar="DIR", default=None,
                         help="a cache root that holds the kernel already (cache_tools prewarm on a GPU-less machine): "
                              "the two compile cases are skipped, and the race is the run's only compile")
@@ -163,7 +245,7 @@ def main() -> None:
         """One row; `expect` names counters each process must show (a case that measured something else fails
         the run: a --prebuilt entry of another toolchain would make 'disk' a compile)."""
         for run in runs:
-            wrong = {k: run[k] for k, v in expect.items() if run[k] != v}
+            wrong = {k: run.get(k) for k, v in expect.items() if run.get(k) != v}
             if wrong or not run["ok"]:
                 raise SystemExit(f"case {name!r}: expected {expect} and a correct result, a process had {wrong}, "
                                  f"ok={run['ok']}; warnings: {run['warning_text']}")
@@ -173,7 +255,8 @@ def main() -> None:
                "warnings_per_process": max(r["warnings"] for r in runs),
                "remote_ms": statistics.median(r["remote_seconds"] * 1e3 for r in runs),
                "compiles": sum(r["compiles"] for r in runs), "disk_hits": sum(r["disk_hits"] for r in runs),
-               "remote_hits": sum(r["remote_hits"] for r in runs), "note": note}
+               "remote_hits": sum(r["remote_hits"] for r in runs), "note": note,
+               "load_1min": load_average()[0] if load_average() else None}  # the box is shared: say how busy
         rows.append(row)
         print(f"  {name:24s} {row['first_call_ms']:10.1f} ms  (min {row['min_ms']:.1f}, max {row['max_ms']:.1f}; "
               f"remote {row['remote_ms']:.1f} ms; compiles {row['compiles']}, disk hits {row['disk_hits']}, "
@@ -208,6 +291,38 @@ def main() -> None:
         imported_runs = [run_child(child_env(fresh(), server.url, BENCH_CLIENT_IMPORTED="1"))
                          for _ in range(args.reps)]
         imported = case("remote, client imported", imported_runs, remote_hits=1, compiles=0, disk_hits=0)
+
+        # A real CUTLASS 3 sm_90a entry, disk against remote, up to the verified cubin in hand (no GPU needed).
+        cutlass_built, cutlass_source = cutlass_root(work, args.cutlass_cache)
+        cutlass: dict[str, dict] = {}
+        if cutlass_built is not None:
+            push = subprocess.run([sys.executable, "-m", "cache_tools", "push", "--cache-dir", str(cutlass_built),
+                                   "--remote", server.url], capture_output=True, text=True,
+                                  env=child_env(cutlass_built, None))
+            assert push.returncode == 0, push.stderr
+
+            def locate(cache: Path, remote_url: str | None, **extra: str) -> dict:
+                return run_child(child_env(cache, remote_url, BENCH_ITEM=json.dumps(CUTLASS_ITEM),
+                                           BENCH_ARCH=CUTLASS_ARCH, **extra), CUTLASS_CHILD)
+
+            # Interleaved, one process of each case per round: on a shared box the load drifts within minutes.
+            disk_runs, remote_runs, next_runs, imported_runs = [], [], [], []
+            for _ in range(args.reps):
+                disk_runs.append(locate(cutlass_built, None))
+                node = fresh()
+                remote_runs.append(locate(node, server.url))
+                next_runs.append(locate(node, server.url))
+                imported_runs.append(locate(fresh(), server.url, BENCH_CLIENT_IMPORTED="1"))
+            cutlass["disk"] = case("CUTLASS disk", disk_runs, tier="disk")
+            cutlass["remote"] = case("CUTLASS remote", remote_runs, tier="remote", remote_errors=0,
+                                     remote_rejected=0)
+            cutlass["next"] = case("CUTLASS next process (disk)", next_runs, tier="disk", remote_seconds=0)
+            cutlass["imported"] = case("CUTLASS remote, client imported", imported_runs, tier="remote")
+            cutlass["entry"] = remote_runs[0]
+            cutlass["importing"] = sum(r["client_importing"] for r in remote_runs)
+        else:
+            print(f"  CUTLASS rows skipped: {cutlass_source}", flush=True)
+
         imports = [run_child(child_env(fresh(), None), IMPORT_REDIS)["import_ms"] for _ in range(args.reps)]
         import_ms = statistics.median(imports)
         print(f"  import redis after torch+jitops: {import_ms:.1f} ms (started in a thread when jitops is imported "
@@ -261,6 +376,12 @@ def main() -> None:
         "remote hit within 20 ms of a disk hit":
             f"{remote_vs_disk:+.1f} ms right after import ({verdict(remote_vs_disk <= 20)}), "
             f"{imported_vs_disk:+.1f} ms with the client imported ({verdict(imported_vs_disk <= 20)})",
+        "remote hit within 20 ms of a disk hit, CUTLASS sm_90a entry (up to the driver load, not run here)":
+            (f"{cutlass['remote']['first_call_ms'] - cutlass['disk']['first_call_ms']:+.1f} ms right after import "
+             f"({verdict(cutlass['remote']['first_call_ms'] - cutlass['disk']['first_call_ms'] <= 20)}), "
+             f"{cutlass['imported']['first_call_ms'] - cutlass['disk']['first_call_ms']:+.1f} ms with the client "
+             f"imported ({verdict(cutlass['imported']['first_call_ms'] - cutlass['disk']['first_call_ms'] <= 20)})"
+             if cutlass else f"not measured: {cutlass_source}"),
         "8 racers on 2 nodes: exactly 1 compile, all correct":
             f"{race_row['compiles']} compile(s), all correct: {race_row['ok']}: "
             f"{verdict(race_row['compiles'] == 1 and race_row['ok'])}",
@@ -276,6 +397,22 @@ def main() -> None:
              "down_added_ms": round(down_added, 2), "silent_added_ms": round(silent_added, 2),
              "compile_down_minus_none_ms": (round(cold_down["first_call_ms"] - cold_none["first_call_ms"], 1)
                                             if cold_down and cold_none else None),
+             "cutlass": ({"kernel": f"jitops.gemm bf16 2048^3, {cutlass['entry']['arch']}: "
+                                    f"{cutlass['entry']['label']} (NVRTC)",
+                          "entry": cutlass_source, "cubin_bytes": cutlass["entry"]["cubin_bytes"],
+                          "entry_bytes": cutlass["entry"]["entry_bytes"],
+                          "compile_seconds": cutlass["entry"]["compile_seconds"],
+                          "timed": "runtime.locate(): key, disk roots, then Redis (fetch, verify sha256, store on "
+                                   "the local disk), until the verified cubin bytes are in hand",
+                          "not_timed": "the driver's module load (needs a GPU; the same for both tiers) and the "
+                                       "op's Python around it: not the GPU first-call figure",
+                          "remote_minus_disk_ms": round(cutlass["remote"]["first_call_ms"]
+                                                        - cutlass["disk"]["first_call_ms"], 2),
+                          "remote_client_imported_minus_disk_ms": round(cutlass["imported"]["first_call_ms"]
+                                                                        - cutlass["disk"]["first_call_ms"], 2),
+                          "remote_processes_still_importing_the_client": cutlass["importing"]}
+                         if cutlass else {"skipped": cutlass_source}),
+             "load_average": load_average(),
              "goals": goals, "cases": rows}
     # Latencies, not throughput against a baseline: the cases go in the notes (as jit_latency's do), so the
     # throughput charts of notebooks/04_performance leave them out.
@@ -286,7 +423,8 @@ def main() -> None:
     print("| case | first call (ms) | vs | remote tier (ms) | compiles | disk hits | remote hits | warnings/process |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        base = {"miss": miss_none, "comp": cold_none, "race": row}.get(row["case"][:4], disk)
+        base = {"miss": miss_none, "comp": cold_none, "race": row,
+                "CUTL": cutlass.get("disk")}.get(row["case"][:4], disk)
         versus = "-" if row is base else (f"{row['first_call_ms'] - base['first_call_ms']:+.1f} ms "
                                           f"(x{row['first_call_ms'] / base['first_call_ms']:.2f})")
         print(f"| {row['case']} | {row['first_call_ms']:.1f} | {versus} | {row['remote_ms']:.1f} | "
@@ -295,6 +433,11 @@ def main() -> None:
           "process each: the compile's own variation is far larger than the remote's cost, which is the 'remote "
           "tier' column).  'remote tier': jitops.stats.remote_seconds, the process's wall time in the tier.")
     print(f"import redis after torch+jitops in a fresh process: {import_ms:.1f} ms (overlapped by a thread)")
+    if cutlass:
+        info = notes["cutlass"]
+        print(f"CUTLASS rows: {info['kernel']}; cubin {info['cubin_bytes']} bytes, entry {info['entry_bytes']} "
+              f"bytes; timed: {info['timed']}; NOT timed: {info['not_timed']}")
+    print(f"load average (1, 5, 15 min) at the end: {notes['load_average']}")
     for goal, verdict in goals.items():
         print(f"- {goal}: {verdict}")
     print(f"\nJSON: {path}")

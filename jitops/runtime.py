@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends import processes, toolkit
@@ -74,6 +74,16 @@ class MissContext:
     manifest_item: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     kernel_op: str | None = None     # the op that asked, when it is not the public one ("layer_norm_backward")
+
+
+@dataclass(frozen=True)
+class Located:
+    """A kernel's binary as Runtime.locate() finds it: checked, on the local disk, not loaded."""
+
+    tier: str                          # "disk" or "remote"
+    path: Path                         # its entry directory (or, where nothing can be stored, a private one)
+    blobs: dict[str, bytes] = field(repr=False)  # every file, checked against its size and sha256
+    meta: dict[str, Any] = field(repr=False)
 
 
 class Runtime:
@@ -205,9 +215,10 @@ class Runtime:
         shutil.rmtree(build_dir, ignore_errors=True)
         return backend.load(request, entry.path, blobs, entry.meta, device_index)
 
-    def _load_from_disk(self, disk: DiskCache, key: CacheKey, any_toolchain: bool, request: BuildRequest,
-                        device_index: int | None) -> Any:
-        backend = backends.get(request.backend)
+    def _verified_on_disk(self, disk: DiskCache, key: CacheKey,
+                          any_toolchain: bool) -> Iterator[tuple[CacheEntry, dict[str, bytes]]]:
+        """The entries for `key` in every root, best first, each with its bytes checked against meta.json; an
+        entry that fails is counted and quarantined."""
         for candidate in disk.candidates(key, any_toolchain):
             if isinstance(candidate, tuple):
                 path, root, reason = candidate
@@ -220,6 +231,12 @@ class Runtime:
                 stats.corrupt_entries += 1
                 disk.quarantine(candidate.path, candidate.root, str(exc))
                 continue
+            yield candidate, blobs
+
+    def _load_from_disk(self, disk: DiskCache, key: CacheKey, any_toolchain: bool, request: BuildRequest,
+                        device_index: int | None) -> Any:
+        backend = backends.get(request.backend)
+        for candidate, blobs in self._verified_on_disk(disk, key, any_toolchain):
             try:
                 loaded = backend.load(request, candidate.path, blobs, candidate.meta, device_index)
             except Exception as exc:  # noqa: BLE001 - a verified binary that will not load is a bad entry too
@@ -235,16 +252,7 @@ class Runtime:
                device_index: int | None) -> Any:
         """A verified remote entry: stored in the writable root by the atomic publish (so the node's next process
         hits the disk), then loaded from there as a disk entry is.  None if it does not load."""
-        entry = disk.store(found.key, found.blobs, found.meta, durable=False)  # refetched if a crash tears it
-        if entry is None:  # nowhere to store it: a private directory for this process, as for a compile
-            directory = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-remote-"))
-            for name, data in found.blobs.items():
-                (directory / name).write_bytes(data)
-            atexit.register(shutil.rmtree, directory, True)
-            self._private[key.full] = (directory, list(found.blobs), found.meta)
-            path, meta = directory, found.meta
-        else:
-            path, meta = entry.path, entry.meta
+        path, meta, entry = self._store_remote_hit(found, key, disk, request)
         try:
             loaded = backends.get(request.backend).load(request, path, found.blobs, meta, device_index)
         except Exception as exc:  # noqa: BLE001 - a verified binary that will not load is a bad entry
@@ -255,6 +263,20 @@ class Runtime:
             return None
         stats.remote_hits += 1
         return loaded
+
+    def _store_remote_hit(self, found: remote.RemoteEntry, key: CacheKey, disk: DiskCache,
+                          request: BuildRequest) -> tuple[Path, dict[str, Any], CacheEntry | None]:
+        """Where a verified remote entry now lies on this node: the writable root (the atomic publish, without
+        fsync: a copy a crash tears fails its checksum and is fetched again), else a private directory."""
+        entry = disk.store(found.key, found.blobs, found.meta, durable=False)
+        if entry is not None:
+            return entry.path, entry.meta, entry
+        directory = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-remote-"))
+        for name, data in found.blobs.items():
+            (directory / name).write_bytes(data)
+        atexit.register(shutil.rmtree, directory, True)
+        self._private[key.full] = (directory, list(found.blobs), found.meta)
+        return directory, found.meta, None
 
     def _load_private(self, private: tuple[Path, list[str], dict[str, Any]], request: BuildRequest,
                       device_index: int | None) -> Any:
@@ -339,6 +361,25 @@ class Runtime:
                 except CorruptEntry:
                     continue
                 return candidate
+        return None
+
+    def locate(self, request: BuildRequest, target: Target) -> Located | None:
+        """The verified binary a first call of `request` would load, found by get_kernel()'s own lookups (the
+        key, every disk root, then the remote tier, whose hit is stored on the local disk) and stopping just
+        before the backend's load (the driver's module load, which needs a GPU and is the same for every tier).
+        None where a call would compile.  Counts no hit: nothing is loaded.  No GPU needed
+        (bench_remote_cache.py times a CUTLASS sm_90a entry's disk and remote hits with it)."""
+        key, can_compile = self.key_for(request, target)
+        disk = self.disk_cache()
+        any_toolchain = config.offline or not can_compile
+        for candidate, blobs in self._verified_on_disk(disk, key, any_toolchain):
+            candidate.touch()
+            return Located("disk", candidate.path, blobs, candidate.meta)
+        fleet = self.remote_cache()
+        if fleet is not None:
+            for found in fleet.lookup(key, any_toolchain):
+                path, meta, _ = self._store_remote_hit(found, key, disk, request)
+                return Located("remote", path, found.blobs, meta)
         return None
 
     def clear_memory(self) -> None:

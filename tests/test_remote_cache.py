@@ -19,7 +19,7 @@ import pytest
 import jitops
 from jitops import config
 from jitops.cache import remote
-from jitops.errors import ConfigError
+from jitops.errors import CompileError, ConfigError
 from jitops.runtime import runtime, stats
 from jitops.specs import Target
 
@@ -93,6 +93,60 @@ def test_compile_publishes_a_fresh_node_hits_the_remote_then_its_own_disk(echo, 
     assert list((tmp_path / "b" / "v1" / "tmp").iterdir()) == []
     client = server.client()
     assert 0 < client.pttl(entry_key(client, request)) <= config.remote_ttl * 1000
+
+
+def test_a_disk_hit_in_a_read_only_root_never_asks_the_remote(echo, server, tmp_path):
+    """Lookup order: the read-only roots (an image layer) and the writable root come before the remote."""
+    request = fakes.request("in the image")
+    with node(tmp_path / "image", None):  # the layer is built without a remote: Redis stays empty
+        runtime.get_kernel(request, SM90, 0)
+    jitops.reset_stats()
+    with node(tmp_path / "pod", server.url, cache_path=(tmp_path / "image",)):
+        assert runtime.get_kernel(request, SM90, 0) == b"sm_90|in the image"
+    assert (stats.disk_hits, echo.compiles) == (1, 1)
+    assert remote_counts() == dict.fromkeys(remote_counts(), 0) and stats.remote_seconds == 0
+    assert entry_dirs(tmp_path / "pod") == [] and server.client().dbsize() == 0
+
+
+def test_locate_finds_the_verified_binary_as_a_call_would_without_loading_it(echo, server, tmp_path):
+    """Runtime.locate(): get_kernel()'s lookups (disk roots, then the remote, stored on the local disk), stopped
+    before the backend's load; it never compiles and counts no hit."""
+    request = fakes.request("located")
+    with node(tmp_path / "a", server.url):
+        runtime.get_kernel(request, SM90, 0)
+        jitops.reset_stats()
+        found = runtime.locate(request, SM90)
+    assert found.tier == "disk" and found.blobs["payload.bin"] == b"sm_90|located"
+    assert found.path == entry_dirs(tmp_path / "a")[0] and stats.disk_hits == 0 and stats.remote_seconds == 0
+    with node(tmp_path / "b", server.url):
+        found = runtime.locate(request, SM90)
+        assert found.tier == "remote" and found.blobs["payload.bin"] == b"sm_90|located"
+        assert found.path == entry_dirs(tmp_path / "b")[0]  # stored where the node's next process looks
+        assert json.loads((found.path / "meta.json").read_text())["key"] == found.meta["key"]
+        assert runtime.locate(request, SM90).tier == "disk"
+        assert runtime.get_kernel(request, SM90, 0) == b"sm_90|located" and stats.disk_hits == 1
+    assert (stats.remote_hits, echo.compiles) == (0, 1)
+    _tamper(server.client(), entry_key(server.client(), request), "bad checksum", "")
+    with node(tmp_path / "c", server.url):
+        assert runtime.locate(request, SM90) is None  # rejected: a call would compile
+        assert runtime.locate(fakes.request("never built"), SM90) is None
+    assert (stats.remote_rejected, stats.remote_misses, echo.compiles) == (1, 2, 1)
+    assert entry_dirs(tmp_path / "c") == []
+
+
+def test_a_failed_compile_publishes_nothing_and_frees_the_fleet_lock(echo, server, tmp_path):
+    """Only a compile that succeeds is shared; a failing one leaves no entry and no lock for the fleet to wait on."""
+    client = server.client()
+    with node(tmp_path / "a", server.url), pytest.raises(CompileError):
+        runtime.get_kernel(fakes.request("#error broken"), SM90, 0)
+    assert (stats.failed_compiles, stats.remote_publishes, stats.remote_publish_failures) == (1, 0, 0)
+    assert client.keys("jitops:v1:entry:*") == [] and client.keys("jitops:v1:lock:*") == []
+    with node(tmp_path / "b", server.url):  # the next node is not kept waiting: it compiles (and fails) at once
+        started = time.perf_counter()
+        with pytest.raises(CompileError):
+            runtime.get_kernel(fakes.request("#error broken"), SM90, 0)
+        assert time.perf_counter() - started < 1.0
+    assert stats.failed_compiles == 2 and stats.remote_hits == 0
 
 
 def test_a_torn_copy_of_a_remote_entry_is_quarantined_and_fetched_again(echo, server, tmp_path, capsys):
@@ -457,6 +511,23 @@ def test_eight_processes_on_two_nodes_real_cpu_kernel_end_to_end(server, tmp_pat
     assert out.returncode == 0, out.stderr
     third = json.loads(out.stdout.strip().splitlines()[-1])
     assert (third["ok"], third["remote_hits"], third["compiles"], third["disk_hits"]) == (True, 1, 0, 0)
+
+
+def test_a_waiter_compiles_itself_when_the_lock_holder_outlasts_the_lock_timeout(echo, server, tmp_path, capsys):
+    """A live holder (its lock renewed) that takes longer than JITOPS_LOCK_TIMEOUT: the waiter compiles too."""
+    request = fakes.request("slow holder")
+    client = server.client()
+    lock = remote.lock_name(runtime.key_for(request, SM90)[0].full)
+    client.set(lock, b"builder pid 1 token", px=60_000)  # held by another node for the next minute
+    with node(tmp_path / "a", server.url, lock_timeout=0.5):
+        started = time.perf_counter()
+        assert runtime.get_kernel(request, SM90, 0) == b"sm_90|slow holder"
+        waited = time.perf_counter() - started
+    assert 0.5 <= waited < 3.0, waited
+    assert (echo.compiles, stats.remote_publishes) == (1, 1)
+    assert client.get(lock) == b"builder pid 1 token"  # the holder's lock is left alone
+    err = capsys.readouterr().err
+    assert err.count("waited 0.5 s for another node compiling") == 1, err
 
 
 @pytest.mark.timeout(300)

@@ -469,7 +469,7 @@ class RemoteCache:
             if entry is not None:
                 return entry, False
             if time.monotonic() > deadline:
-                log.warning("waited %.0f s for another node compiling %s; compiling it here too (raise "
+                log.warning("waited %g s for another node compiling %s; compiling it here too (raise "
                             "JITOPS_LOCK_TIMEOUT if such compiles are legitimately slow)", timeout, label)
                 return None, False
             time.sleep(POLL_SECONDS)
