@@ -235,6 +235,10 @@ def _fake_launch(launched):
     ((5, 3, 16), (16, 8), lambda t: t.transpose(0, 1), True),  # leading dimensions that do not collapse: a copy
     ((2, 16, 5), (16, 8), lambda t: t.transpose(1, 2), True),   # column-major in each batch: does not collapse
     ((3, 5, 32), (16, 8), lambda t: t[..., :16], False),       # rows of 16 in a row of 32: read in place, ld 32
+    ((1, 5, 16), (16, 8), lambda t: t.expand(3, 5, 16), True),  # a broadcast batch (stride 0): copied
+    ((3, 1, 5, 1, 32), (16, 8), lambda t: t[..., :16], False),  # size-1 dimensions aside, they collapse
+    ((3, 1, 5, 1, 16), (16, 8), lambda t: t[:, :, ::2], True),   # every other row: 3 x 3 rows do not collapse
+    ((16, 3), (16, 8), lambda t: t.t(), False),                  # 2-D column-major a: read in place
 ])
 def test_cuda_run_folds_nd_operands_into_one_2d_gemm(monkeypatch, a_shape, b_shape, a_view, a_copied):
     """run_cuda (jitops' kernels, launch() faked) on CPU tensors: an N-D call that folds runs one 2-D GEMM on
@@ -264,6 +268,17 @@ def _kernels(cls):
     from jitops.op import Kernels
 
     return Kernels({}, cls)
+
+
+@pytest.mark.parametrize("x, y", [((), ()), ((3,), ()), ((), (2, 4)), ((2, 1, 4), (3, 1)), ((1,), (5, 1, 2)),
+                                  ((2, 3), (3, 2)), ((0,), (1,)), ((0,), (2,))])
+def test_batch_shape_is_torchs_broadcast(x, y):
+    a, b = torch.empty(*x, 4, 5, device="meta"), torch.empty(*y, 5, 6, device="meta")
+    try:
+        want = tuple(torch.broadcast_shapes(x, y))
+    except RuntimeError:
+        want = None
+    assert G.batch_shape(a, b) == want
 
 
 def test_batched_and_float32_cuda_calls_route_to_cublas():
