@@ -208,6 +208,61 @@ def test_padding_valid_and_unbatched_input_equal_torch_exactly_in_fp64(unbatched
     assert torch.equal(jitops.conv2d(x, w, None, padding="valid"), F.conv2d(x, w, None))
 
 
+# (x shape, weight shape, groups, kwargs): depthwise (weight [C, 1, R, S]), depthwise with a channel multiplier,
+# grouped; strides, dilation, "same", unbatched, awkward sizes.
+GROUPED_CASES = [((2, 6, 9, 7), (6, 1, 3, 3), 6, {"padding": 1}),
+                 ((1, 4, 7, 7), (8, 1, 3, 3), 4, {"stride": 2, "dilation": (1, 2)}),
+                 ((3, 6, 8, 5), (9, 2, 2, 3), 3, {"padding": "same"}),
+                 ((6, 10, 11), (4, 3, 3, 3), 2, {"stride": (2, 1), "padding": (0, 2)}),
+                 ((1, 1000, 1, 1), (1000, 1, 1, 1), 1000, {})]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, groups, kwargs", GROUPED_CASES)
+def test_grouped_and_depthwise_equal_torch_exactly_in_fp64(x_shape, w_shape, groups, kwargs):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64)
+    w = torch.randn(w_shape, generator=g, dtype=torch.float64)
+    b = torch.randn(w_shape[0], generator=g, dtype=torch.float64)
+    ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
+    theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
+    if ours[0].dim() == 4:
+        assert ours[0].is_contiguous(memory_format=torch.channels_last)  # as every jitops.conv2d output
+    for got, want in zip(ours, theirs):
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_grouped_conv2d_in_half_types_and_noncontiguous_input():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 8, 6, generator=g).transpose(2, 3)  # non-contiguous
+    w = torch.randn(6, 3, 3, 3, generator=g)
+    for dtype in (torch.float16, torch.bfloat16):
+        got = jitops.conv2d(x.to(dtype), w.to(dtype), stride=2, groups=3)
+        want = F.conv2d(x.double(), w.double(), stride=2, groups=3)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def test_float32_on_cuda_and_groups_run_through_aten(monkeypatch):
+    """float32 CUDA tensors (meta ones here, which the op treats as CUDA) and groups != 1 go to F.conv2d (cuDNN on
+    CUDA), with groups passed on; float16 on CUDA and float32 on the CPU stay on jitops' op."""
+    seen = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda *args: seen.append(args[6]) or real(*args))  # groups
+    op_calls = []
+    monkeypatch.setattr(conv_module, "_conv2d", lambda *args: op_calls.append(args) or real(*args))
+    x, w = torch.empty(2, 8, 6, 6, device="meta"), torch.empty(4, 8, 3, 3, device="meta")
+    y = jitops.conv2d(x, w, padding=1)
+    assert y.shape == (2, 4, 6, 6) and y.is_contiguous(memory_format=torch.channels_last)
+    assert seen == [1] and not op_calls
+    jitops.conv2d(torch.randn(2, 8, 6, 6), torch.randn(4, 2, 3, 3), groups=4)
+    assert seen == [1, 4] and not op_calls
+    jitops.conv2d(x.half(), w.half(), padding=1)
+    jitops.conv2d(torch.randn(2, 8, 6, 6), torch.randn(4, 8, 3, 3))
+    assert seen == [1, 4] and len(op_calls) == 2
+    with pytest.raises(TypeError, match="jitops.conv2d: argument 'x' has dtype float64 on meta"):
+        jitops.conv2d(x.double(), w[:, :4].double(), groups=2)
+
+
 def test_padding_same_through_torch_compile():
     x, w = torch.randn(1, 4, 5, 5), torch.randn(2, 4, 2, 3)
     compiled = torch.compile(lambda x, w: jitops.conv2d(x, w, padding="same", dilation=3), fullgraph=True,
@@ -226,8 +281,10 @@ def test_bad_padding_strings_groups_and_types_name_the_argument():
         jitops.conv2d(x, w, padding=1.5)
     with pytest.raises(TypeError, match="jitops.conv2d: argument 'stride' must be an int or a pair of ints"):
         jitops.conv2d(x, w, stride=(1, "s"))
-    with pytest.raises(ValueError, match="jitops.conv2d: argument 'groups' is 2; grouped and depthwise"):
-        jitops.conv2d(x, torch.randn(2, 2, 3, 3), groups=2)
+    with pytest.raises(ValueError, match=r"jitops.conv2d: argument 'groups' is 3 with x of shape \(1, 4, 6, 6\)"):
+        jitops.conv2d(x, torch.randn(3, 2, 3, 3), groups=3)  # 4 channels are not 3 groups of 2
+    with pytest.raises(ValueError, match="jitops.conv2d: argument 'weight' has 2 input channels .* pass groups="):
+        jitops.conv2d(x, torch.randn(2, 2, 3, 3))
     with pytest.raises(ValueError, match="jitops.conv2d: argument 'weight' must be 4-D"):
         jitops.conv2d(x, torch.randn(2, 4, 3), padding="same")
     # the gradient ops take ints only; a string reaching them says so instead of failing in int()

@@ -279,10 +279,31 @@ def test_wrong_device_and_dtype_errors_name_the_argument():
     w = torch.randn(8, 8, 3, 3, dtype=torch.float16)
     with pytest.raises(ValueError, match="argument 'weight' is on cpu but 'x' is on cuda"):
         jitops.conv2d(x, w)
-    with pytest.raises(TypeError, match="argument 'x' has dtype float32 on cuda; supported there: float16, bfloat16"):
-        jitops.conv2d(x.float(), w.float().cuda())
+    with pytest.raises(TypeError, match="argument 'x' has dtype float64 on cuda; supported there: float16, bfloat16"):
+        jitops.conv2d(x.double(), w.double().cuda())
     with pytest.raises(TypeError, match="argument 'weight' has dtype bfloat16 but 'x' has float16"):
         jitops.conv2d(x, w.cuda().bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *DTYPES], ids=["fp32", "fp16", "bf16"])
+def test_grouped_depthwise_and_float32_run_cudnn(dtype):
+    """groups != 1 in every dtype, and float32 with groups 1: F.conv2d (cuDNN) under torch's TF32 flag, values
+    and gradients as torch's, output channels_last."""
+    x = torch.randn(2, 32, 14, 14, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    for w, groups in ((torch.randn(32, 1, 3, 3, device="cuda", dtype=dtype), 32),
+                      (torch.randn(16, 8, 3, 3, device="cuda", dtype=dtype), 4),
+                      *(((torch.randn(16, 32, 3, 3, device="cuda", dtype=dtype), 1),) if dtype == torch.float32
+                        else ())):
+        xs, ws = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = jitops.conv2d(xs, ws, None, 1, 1, 1, groups)
+        want = F.conv2d(x, w, None, 1, 1, 1, groups)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y, want)
+        y.sum().backward()
+        xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+        F.conv2d(xr, wr, None, 1, 1, 1, groups).sum().backward()
+        torch.testing.assert_close(xs.grad, xr.grad)
+        torch.testing.assert_close(ws.grad, wr.grad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])

@@ -127,12 +127,51 @@ def test_bad_inputs_name_the_argument():
     b = torch.randn(32, 16, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="'b'.*cpu|'b' is on"):
         jitops.gemm(a, b.cpu())
-    with pytest.raises(TypeError, match="'a' has dtype float32"):
-        jitops.gemm(a.float(), b.float())
+    with pytest.raises(TypeError, match="'a' has dtype float64 on cuda"):
+        jitops.gemm(a.double(), b.double())
     with pytest.raises(TypeError, match="'b' has dtype float16"):
         jitops.gemm(a, b.half())
     with pytest.raises(ValueError, match="K mismatch"):
         jitops.gemm(a, b[:16])
+
+
+# torch.matmul's operand forms (issue 19): folded onto the 2-D kernels, or batched through cuBLAS.  K and N odd:
+# the alignment-1 CUTLASS 2 kernels, which NVRTC builds in seconds (an sm_90a class takes about a minute).
+MATMUL_FORMS = [((3, 100, 63), (63, 47)), ((63,), (63, 47)), ((3, 100, 63), (63,)), ((7, 1, 1000), (1000, 7)),
+                ((2, 1, 100, 63), (3, 63, 47)), ((100, 63), (3, 63, 47)), ((3, 100, 63), (1, 63, 47))]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", MATMUL_FORMS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_matmul_forms_on_cuda(a_shape, b_shape, dtype):
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(a_shape, generator=g).to("cuda", dtype)
+    b = torch.randn(b_shape, generator=g).to("cuda", dtype)
+    args = (a, b, None, None, None)
+    tolerances = {dtype: TOLERANCES[dtype]}
+    check_forward(gemm_positional, reference, args, dtype, "gemm", tolerances)
+    check_backward(gemm_positional, reference, args, dtype, "gemm", tolerances)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+def test_float32_runs_cublas_as_torch_does(tf32):
+    """float32 takes torch.matmul / F.linear (cuBLAS) under torch's own TF32 flag: the same numbers as torch."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a = torch.randn(256, 512, device="cuda")
+        b = torch.randn(512, 128, device="cuda")
+        bias = torch.randn(128, device="cuda")
+        assert jitops.gemm.op.shape_class(a, b, None, None, None).bucket == ("cublas_tf32" if tf32 else "cublas_fp32")
+        torch.testing.assert_close(jitops.gemm(a, b), torch.mm(a, b), rtol=0, atol=0)
+        torch.testing.assert_close(jitops.gemm(a[None], b, bias=bias), torch.matmul(a[None], b) + bias)
+        torch.testing.assert_close(jitops.linear(a, b.t(), bias), F.linear(a, b.t(), bias), rtol=0, atol=0)
+        error = (jitops.gemm(a, b).double() - a.double() @ b.double()).abs().max().item()
+        assert (error > 1e-3) == tf32  # TF32 keeps 10 bits of mantissa; fp32 23
+        check_backward(gemm_positional, reference, (a[:64, :32], b[:32, :16], bias[:16], "relu", None),
+                       torch.float32, "gemm", {torch.float32: (1e-2, 1e-2) if tf32 else (1e-5, 1e-5)})
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def test_repeated_calls_read_new_data_and_new_shapes():

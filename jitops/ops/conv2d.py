@@ -4,8 +4,9 @@
 Arguments as torch.nn.functional.conv2d takes them: x [N, C, H, W] or unbatched [C, H, W] (the output then has
 no batch dimension either); stride, padding and dilation an int or a pair; padding also "valid" (0) or "same"
 (stride 1; where the dilated kernel's extent is even, the extra row or column goes at the bottom or right, as
-torch puts it, by padding x with F.pad: one copy of x, as torch's own _convolution_same makes).  groups must be 1:
-grouped and depthwise convolutions are not implemented yet.
+torch puts it, by padding x with F.pad: one copy of x, as torch's own _convolution_same makes).  groups other
+than 1 (grouped and depthwise convolutions) and float32 on CUDA run through ATen's F.conv2d (cuDNN on CUDA, TF32
+per torch.backends.cudnn.allow_tf32): a documented fallback until jitops has its own kernels for them.
 
 Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-contiguous), so:
 - `x` may be channels_last or contiguous NCHW (any strides, in fact).  A channels_last x is used in place; any
@@ -70,6 +71,7 @@ from ..specs import CudaKernel, CudaLibrary, Source, Target
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 CHANNELS_LAST = torch.channels_last
+_FLOAT32 = torch.float32
 ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
 TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
 HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
@@ -962,7 +964,8 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     k, wc, r, s = weight.shape
     if wc != c:
         raise ValueError(f"jitops.conv2d: argument 'weight' has {wc} input channels (shape {tuple(weight.shape)}) "
-                         f"but 'x' has {c} channels (shape {tuple(x.shape)}); groups are not supported")
+                         f"but 'x' has {c} channels (shape {tuple(x.shape)}); for a grouped convolution pass "
+                         "groups=")
     if bias is not None and tuple(bias.shape) != (k,):
         raise ValueError(f"jitops.conv2d: argument 'bias' has shape {tuple(bias.shape)}, expected ({k},) "
                          "(one value per output channel)")
@@ -1152,11 +1155,28 @@ def _same_padding(weight, stride, dilation) -> tuple[tuple[int, int], list[int]]
     return (total[0] // 2, total[1] // 2), extra if any(extra) else []
 
 
+def _aten_conv2d(x, weight, bias, stride, padding, dilation, groups):
+    """groups != 1 (grouped, depthwise) and float32 on CUDA: ATen's F.conv2d (cuDNN on CUDA, TF32 as
+    torch.backends.cudnn.allow_tf32 says), output channels_last as jitops.conv2d's (4-D x; a no-op where ATen
+    made it so).  A documented fallback (docs/semantics.md) until jitops has its own kernels for these."""
+    shapes.check_tensor("conv2d", "x", x)
+    shapes.check_tensor("conv2d", "weight", weight)
+    if type(groups) is not int or groups < 1 or x.dim() not in (3, 4) or weight.dim() != 4 or \
+            x.shape[-3] != weight.shape[1] * groups:
+        raise ValueError(f"jitops.conv2d: argument 'groups' is {groups!r} with x of shape {tuple(x.shape)} and weight "
+                         f"of shape {tuple(weight.shape)}; groups must be a positive int with x's channels = groups "
+                         "x weight's input channels")
+    shapes.check_dtype("conv2d", "x", x, CPU_DTYPES if x.is_cpu else CUDA_DTYPES + (torch.float32,))
+    shapes.check_same_dtype("conv2d", ("x", x), ("weight", weight), ("bias", bias))
+    y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return y.contiguous(memory_format=CHANNELS_LAST) if y.dim() == 4 else y
+
+
 def _op_call(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """(jitops::conv2d's arguments, whether x is unbatched) for a call of jitops.conv2d."""
+    """(jitops::conv2d's arguments, whether x is unbatched) for a call of jitops.conv2d (groups 1)."""
     if groups != 1:
-        raise ValueError(f"jitops.conv2d: argument 'groups' is {groups!r}; grouped and depthwise convolutions are "
-                         "not implemented yet (docs/semantics.md): use torch.nn.functional.conv2d for them")
+        raise ValueError(f"jitops.conv2d: argument 'groups' is {groups!r}; grouped and depthwise convolutions run "
+                         "through ATen (docs/semantics.md) and build no jitops kernel")
     if type(padding) is str:
         if padding == "valid":
             padding = 0
@@ -1174,8 +1194,11 @@ def _op_call(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if groups == 1 and type(padding) is not str and (not isinstance(x, torch.Tensor) or x.dim() != 3):
+    if groups == 1 and type(padding) is not str and (not isinstance(x, torch.Tensor) or
+                                                    x.dim() != 3 and (x.dtype is not _FLOAT32 or x.is_cpu)):
         return _conv2d(x, weight, bias, stride, padding, dilation)  # the op's own arguments
+    if groups != 1 or (isinstance(x, torch.Tensor) and x.dtype is _FLOAT32 and not x.is_cpu):
+        return _aten_conv2d(x, weight, bias, stride, padding, dilation, groups)
     args, unbatched = _op_call(x, weight, bias, stride, padding, dilation, groups)
     y = _conv2d(*args)
     return y.squeeze(0) if unbatched else y

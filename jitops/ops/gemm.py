@@ -6,6 +6,20 @@ bf16 and fp16 on CUDA, accumulating in fp32; out_dtype is the inputs' dtype (def
 the activation run in the GEMM's epilogue ("gelu" is the exact erf form, torch's default; "gelu_tanh" is
 F.gelu(approximate="tanh")).
 
+Operands as torch.matmul takes them: 1-D (a vector: a row of a, a column of b, its dimension dropped from the
+output), N-D with broadcast batch dimensions, empty dimensions; gradients as torch's, summed over broadcast
+dimensions.  Which implementation runs a CUDA call (cuda_route):
+- "kernel": bf16/fp16 operands that fold into one 2-D GEMM, i.e. b is 2-D (or 1-D, or its batch dimensions are
+  all 1) and a is (..., K): jitops' 2-D kernels on a as (M = its leading sizes' product, K), the same shape
+  classes and cache keys as a 2-D call; a is viewed, not copied, when its leading dimensions collapse (any
+  contiguous a does).
+- "cublas_batched": bf16/fp16 with batch dimensions on b (bmm, attention-style products): ATen's torch.matmul,
+  i.e. cuBLAS's strided-batched GEMM, one launch for the whole batch (jitops' own batched kernel is future work;
+  a loop over the 2-D kernel would pay one launch an item).
+- "cublas_tf32" / "cublas_fp32": float32 operands, any shape: ATen's torch.matmul (cuBLAS), TF32 tensor cores
+  when torch.backends.cuda.matmul.allow_tf32 (torch.set_float32_matmul_precision("high" or "medium")) allows
+  them, full fp32 otherwise, as torch itself decides (jitops' own TF32/fp32 kernel is future work).
+
 Layouts come from the strides: each operand may be row- or column-major (a transposed view such as `w.t()`
 costs no copy), with any leading dimension.  Only a view with no unit stride (e.g. `x[::2, ::2]`) is copied.
 
@@ -38,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -53,7 +68,8 @@ from .gelu import gelu, gelu_backward
 
 log = logging.getLogger("jitops")
 
-CUDA_DTYPES = (torch.bfloat16, torch.float16)
+CUDA_DTYPES = (torch.bfloat16, torch.float16)  # jitops' own CUDA kernels
+CUDA_ACCEPTED = (torch.float32, torch.bfloat16, torch.float16)  # float32 through cuBLAS (cuda_route)
 CPU_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 # The approximation jitops.gelu applies for each GELU activation (the training path runs the GEMM with the
@@ -169,6 +185,110 @@ def _choose_bucket(m: int, n: int, k: int) -> str:
 _memoized_bucket = functools.lru_cache(maxsize=4096)(_choose_bucket)
 
 
+# ---- which implementation runs a CUDA call -------------------------------------------------------------------
+KERNEL = "kernel"                  # jitops' 2-D kernels
+CUBLAS_BATCHED = "cublas_batched"  # 16-bit operands with batch dimensions on b: torch.matmul
+CUBLAS_TF32 = "cublas_tf32"        # float32, TF32 allowed: torch.matmul (cuBLAS) on TF32 tensor cores
+CUBLAS_FP32 = "cublas_fp32"        # float32, TF32 not allowed: torch.matmul (cuBLAS) in full fp32
+
+
+def cuda_route(dtype: torch.dtype, batched: bool, allow_tf32: bool) -> str | None:
+    """Which implementation runs a CUDA gemm or linear in `dtype` (None: a dtype jitops rejects on CUDA).
+    `batched`: b has batch dimensions that are not all 1, so the call does not fold into one 2-D GEMM.
+    `allow_tf32`: torch.backends.cuda.matmul.allow_tf32 at the call.  float32 always runs through cuBLAS for now;
+    the route names which precision torch.matmul will use (it reads the same flag), and lands in the shape
+    class, so explain and manifests say which."""
+    if dtype is torch.float32:
+        return CUBLAS_TF32 if allow_tf32 else CUBLAS_FP32
+    if dtype is torch.bfloat16 or dtype is torch.float16:
+        return CUBLAS_BATCHED if batched else KERNEL
+    return None
+
+
+def aten_class(dtype: torch.dtype, out: torch.dtype, route: str, fused: bool) -> GemmClass:
+    """The class of a CUDA call that runs through ATen (cuBLAS): no kernels to build."""
+    return GemmClass(dtype, out, True, True, 1, route, fused, "aten")
+
+
+def _allow_tf32() -> bool:
+    """torch.backends.cuda.matmul.allow_tf32, read the way that costs 0.2 us (the attribute costs 1.5 us on the
+    dev box): "high" and "medium" are the precisions that set it."""
+    return torch.get_float32_matmul_precision() != "highest"
+
+
+def batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:
+    """The broadcast batch dimensions of a matmul of a and b, None where they do not broadcast.  In Python:
+    torch.broadcast_shapes costs 20 us a call on the dev box."""
+    x, y = tuple(a.shape[:-2]), tuple(b.shape[:-2])
+    if not y or x == y:
+        return x
+    if not x:
+        return y
+    if len(x) < len(y):
+        x, y = y, x
+    y = (1,) * (len(x) - len(y)) + y
+    out = []
+    for p, q in zip(x, y):
+        if p != q and p != 1 and q != 1:
+            return None
+        out.append(q if p == 1 else p)
+    return tuple(out)
+
+
+def out_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    """torch.matmul's output shape: the broadcast batch dimensions, then a's rows and b's columns (none for a
+    1-D operand)."""
+    if a.dim() == 2 and b.dim() == 2:
+        return (a.shape[0], b.shape[1])
+    batch = batch_shape(a, b)
+    if batch is None:
+        raise ValueError(f"jitops.gemm: the batch dimensions of argument 'a' {tuple(a.shape[:-2])} and 'b' "
+                         f"{tuple(b.shape[:-2])} do not broadcast (shapes {tuple(a.shape)} and {tuple(b.shape)})")
+    return (*batch, *a.shape[-2:-1], *(b.shape[-1:] if b.dim() > 1 else ()))
+
+
+def _folds(b: torch.Tensor) -> bool:
+    """Whether a call with this b is one 2-D GEMM: b 1-D, 2-D, or with batch dimensions that are all 1."""
+    return b.dim() <= 2 or all(s == 1 for s in b.shape[:-2])
+
+
+def fold_a(a: torch.Tensor, k: int) -> torch.Tensor:
+    """a (..., K) as the GEMM's (M, K) operand: a view where the leading dimensions collapse (any contiguous a),
+    else a copy (reshape)."""
+    if a.dim() == 2:
+        return a
+    if a.dim() == 1:
+        return a.unsqueeze(0)
+    return a.reshape(math.prod(a.shape[:-1]), k)
+
+
+def _folded_layout(a: torch.Tensor, m: int, k: int) -> tuple[bool, int] | None:
+    """_layout of fold_a(a), read from a's strides without making the view (3 us); None where fold_a copies
+    because a's leading dimensions do not collapse into one (each stride the next one's times its size, sizes of
+    1 aside: as torch's view decides)."""
+    if a.dim() == 2:
+        return _layout(a, m, k)
+    strides = a.stride()
+    if a.dim() == 1:  # a row: unsqueeze(0)'s strides
+        return layout_of(k * strides[0], strides[0], 1, k)
+    row = expected = None
+    for size, stride in zip(reversed(a.shape[:-1]), reversed(strides[:-1])):
+        if size == 1:
+            continue
+        if expected is not None and stride != expected:
+            return None
+        row = stride if row is None else row
+        expected = stride * size
+    return layout_of(k if row is None else row, strides[-1], m, k)
+
+
+def fold_b(b: torch.Tensor) -> torch.Tensor:
+    """b as the GEMM's (K, N) operand: a 1-D b is a column; batch dimensions of size 1 are dropped (a view)."""
+    if b.dim() == 1:
+        return b.unsqueeze(-1)
+    return b if b.dim() == 2 else b.view(b.shape[-2], b.shape[-1])
+
+
 def _check(a, b, bias, activation, out_dtype) -> None:
     """The slow path of the shape class: say exactly what is wrong, naming the argument."""
     shapes.check_tensor("gemm", "a", a)
@@ -178,23 +298,31 @@ def _check(a, b, bias, activation, out_dtype) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"jitops.gemm: argument 'activation' is {activation!r}; use None, 'relu', 'gelu' or "
                          "'gelu_tanh'")
-    if a.dim() != 2:
-        raise ValueError(f"jitops.gemm: argument 'a' must be a 2-D (M, K) matrix, got shape {tuple(a.shape)}")
-    if b.dim() != 2:
-        raise ValueError(f"jitops.gemm: argument 'b' must be a 2-D (K, N) matrix, got shape {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"jitops.gemm: K mismatch: argument 'a' has shape {tuple(a.shape)} (K = {a.shape[1]}) but "
-                         f"'b' has shape {tuple(b.shape)} (K = {b.shape[0]}); b must be (K, N)")
-    allowed = CPU_DTYPES if a.is_cpu else CUDA_DTYPES
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() == 0:
+            raise ValueError(f"jitops.gemm: argument '{name}' is a 0-d tensor; like torch.matmul, jitops.gemm takes "
+                             "operands of one dimension or more (multiply by a scalar with *)")
+    k, kb = a.shape[-1], b.shape[0] if b.dim() == 1 else b.shape[-2]
+    if k != kb:
+        raise ValueError(f"jitops.gemm: K mismatch: argument 'a' has shape {tuple(a.shape)} (K = {k}) but 'b' has "
+                         f"shape {tuple(b.shape)} (K = {kb}); b must be (..., K, N) or (K,)")
+    if batch_shape(a, b) is None:
+        raise ValueError(f"jitops.gemm: the batch dimensions of argument 'a' {tuple(a.shape[:-2])} and 'b' "
+                         f"{tuple(b.shape[:-2])} do not broadcast (shapes {tuple(a.shape)} and {tuple(b.shape)})")
+    allowed = CPU_DTYPES if a.is_cpu else CUDA_ACCEPTED
     shapes.check_dtype("gemm", "a", a, allowed)
     shapes.check_same_dtype("gemm", ("a", a), ("b", b), ("bias", bias))
-    if bias is not None and tuple(bias.shape) != (b.shape[1],):
-        raise ValueError(f"jitops.gemm: argument 'bias' has shape {tuple(bias.shape)}, expected ({b.shape[1]},): "
+    if bias is not None and b.dim() == 1:
+        raise ValueError("jitops.gemm: argument 'bias' is given but 'b' is 1-D (a vector): the output has no "
+                         "column dimension to add a bias to; add it to the result instead")
+    if bias is not None and tuple(bias.shape) != (b.shape[-1],):
+        raise ValueError(f"jitops.gemm: argument 'bias' has shape {tuple(bias.shape)}, expected ({b.shape[-1]},): "
                          "one value per output column")
     if out_dtype is not None and out_dtype not in (a.dtype, torch.float32):
         raise TypeError(f"jitops.gemm: argument 'out_dtype' is {out_dtype}; use None (the inputs' dtype "
                         f"{a.dtype}) or torch.float32")
-    if max(a.shape[0], a.shape[1], b.shape[1]) > INT32_MAX:
+    m = math.prod(a.shape[:-1]) if _folds(b) else max(a.shape[-2:-1], default=1)
+    if max(m, k, b.shape[-1]) > INT32_MAX:
         raise ValueError(f"jitops.gemm: M, N and K must each be below 2**31, got {tuple(a.shape)} x "
                          f"{tuple(b.shape)}")
     raise AssertionError("jitops.gemm: _check found nothing wrong")  # pragma: no cover - callers saw a problem
@@ -205,7 +333,7 @@ def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
     if (type(a) is not torch.Tensor and not isinstance(a, torch.Tensor)) or \
             (type(b) is not torch.Tensor and not isinstance(b, torch.Tensor)) or \
             a.dim() != 2 or b.dim() != 2 or activation not in ACTIVATIONS:
-        _check(a, b, bias, activation, out_dtype)
+        return _matmul_class(a, b, bias, activation, out_dtype)
     m, k = a.shape
     k2, n = b.shape
     dtype = a.dtype
@@ -219,10 +347,52 @@ def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
             _check(a, b, bias, activation, out_dtype)
         return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
     if dtype is not torch.bfloat16 and dtype is not torch.float16:
-        _check(a, b, bias, activation, out_dtype)
+        return _matmul_class(a, b, bias, activation, out_dtype)
     if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
         return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
     return class_from_layouts(dtype, out, m, n, k, a, _layout(a, m, k), b, _layout(b, k, n), bias, fused)
+
+
+def _matmul_class(a, b, bias, activation, out_dtype) -> GemmClass:
+    """The class of every call but a 2-D one in 16 bits (or on the CPU): torch.matmul's operand forms (1-D, N-D,
+    broadcast batch dimensions), and float32 on CUDA.  A call that folds into one 2-D GEMM gets the class of that
+    2-D problem, so it shares its kernels."""
+    if (type(a) is not torch.Tensor and not isinstance(a, torch.Tensor)) or \
+            (type(b) is not torch.Tensor and not isinstance(b, torch.Tensor)) or \
+            a.dim() == 0 or b.dim() == 0 or activation not in ACTIVATIONS:
+        _check(a, b, bias, activation, out_dtype)
+    k = a.shape[-1]
+    n = b.shape[-1] if b.dim() > 1 else 1
+    dtype = a.dtype
+    out = dtype if out_dtype is None else out_dtype
+    if k != (b.shape[0] if b.dim() == 1 else b.shape[-2]) or b.dtype != dtype or \
+            (bias is not None and (b.dim() == 1 or bias.dtype != dtype or bias.shape != (n,))) or \
+            (out is not dtype and out is not torch.float32):
+        _check(a, b, bias, activation, out_dtype)
+    if batch_shape(a, b) is None:
+        _check(a, b, bias, activation, out_dtype)
+    fused = bias is not None or activation is not None
+    if a.is_cpu:
+        if dtype not in CPU_DTYPES:
+            _check(a, b, bias, activation, out_dtype)
+        return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
+    folds = _folds(b)
+    route = cuda_route(dtype, not folds, dtype is torch.float32 and _allow_tf32())
+    if route is None:
+        _check(a, b, bias, activation, out_dtype)
+    if route != KERNEL:
+        return aten_class(dtype, out, route, fused)
+    m = math.prod(a.shape[:-1])
+    if m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
+        _check(a, b, bias, activation, out_dtype)
+    if not (m and n and k):
+        return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
+    la = _folded_layout(a, m, k)  # None: run_cuda copies a to a contiguous (M, K)
+    if b.dim() == 2:
+        lb = _layout(b, k, n)
+    else:  # a column (K, 1), or (..., K, N) with batch dimensions all 1: the last two dimensions' strides
+        lb = layout_of(b.stride(-1), 1, k, 1) if b.dim() == 1 else layout_of(b.stride(-2), b.stride(-1), k, n)
+    return class_from_layouts(dtype, out, m, n, k, a, la, b, lb, bias, fused)
 
 
 def class_from_layouts(dtype: torch.dtype, out: torch.dtype, m: int, n: int, k: int, a: torch.Tensor,
@@ -367,7 +537,7 @@ def uses_sm90(cls: GemmClass, target: Target) -> bool:
 
 
 def cuda_kernels(cls: GemmClass, target: Target):
-    if cls.bucket == "empty":
+    if cls.bucket == "empty" or cls.family == "aten":  # nothing to multiply, or cuBLAS (cuda_route)
         return {}
     if uses_sm90(cls, target):
         return {"sm90": sm90_request(cls, SM90_CONFIGS[cls.bucket])}
@@ -480,8 +650,16 @@ def _epilogue_only(out: torch.Tensor, bias, activation) -> torch.Tensor:
 
 def run_cuda(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
     cls = kernels.shape_class
-    m, k = a.shape
-    n = b.shape[1]
+    if cls.family == "aten":  # float32, or a batched product: cuBLAS (cuda_route)
+        return torch_gemm(kernels, a, b, bias, activation, out_dtype)
+    try:
+        (m, k), (_, n) = a.shape, b.shape
+    except ValueError:  # N-D or 1-D operands that fold into one 2-D GEMM
+        return _run_folded(kernels, a, b, bias, activation)
+    return _run_2d(cls, kernels, a, b, bias, activation, m, n, k)
+
+
+def _run_2d(cls: GemmClass, kernels, a, b, bias, activation, m: int, n: int, k: int) -> torch.Tensor:
     out = torch.empty((m, n), dtype=cls.out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
@@ -491,6 +669,15 @@ def run_cuda(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
     b, _, ldb = _operand(b, k, n)
     launch(kernels, a, b, out, bias, m, n, k, lda, ldb, ACTIVATIONS[activation])
     return out
+
+
+def _run_folded(kernels, a, b, bias, activation) -> torch.Tensor:
+    """A call whose b is 2-D (or 1-D, or with batch dimensions all 1) as the 2-D GEMM (M, K) x (K, N), M the
+    product of a's leading sizes; the (M, N) result viewed as torch.matmul's output shape."""
+    k = a.shape[-1]
+    a2, b2 = fold_a(a, k), fold_b(b)
+    out = _run_2d(kernels.shape_class, kernels, a2, b2, bias, activation, a2.shape[0], b2.shape[1], k)
+    return out.view(out_shape(a, b))
 
 
 def product_if_loaded(a: torch.Tensor, la: tuple[bool, int], b: torch.Tensor, lb: tuple[bool, int], m: int, n: int,
@@ -541,12 +728,17 @@ def run_cpu(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
 
 
 def torch_gemm(kernels, a, b, bias, activation, out_dtype) -> torch.Tensor:
-    """torch's matmul (cuBLAS on CUDA): background mode's fallback.  fp32 outputs multiply in fp32."""
+    """torch's matmul (cuBLAS on CUDA, which honours torch.backends.cuda.matmul.allow_tf32 for float32): the
+    float32 and batched routes (cuda_route), and background mode's fallback.  fp32 outputs of 16-bit operands
+    multiply in fp32."""
     if out_dtype is not None and out_dtype != a.dtype:
         z = torch.matmul(a.to(out_dtype), b.to(out_dtype))
         z = z + bias.to(out_dtype) if bias is not None else z
-    else:
+    elif a.dim() == 2 and b.dim() == 2:
         z = torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+    else:
+        z = torch.matmul(a, b)
+        z = z + bias if bias is not None else z
     return _activate(z, activation).contiguous()
 
 
@@ -555,7 +747,7 @@ def cpu_kernels(cls: GemmClass, target: Target):
 
 
 def fake(a, b, bias, activation, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+    return a.new_empty(out_shape(a, b), dtype=out_dtype or a.dtype)
 
 
 # ---- autograd -------------------------------------------------------------------------------------------------
@@ -584,11 +776,58 @@ def backward(ctx, grad: torch.Tensor):
         grad = torch.ops.aten.gelu_backward(grad, z, approximate=approximate) if grad.is_cpu else \
             gelu_backward(grad, z, approximate)
     grad_in = grad if grad.dtype == a.dtype else grad.to(a.dtype)
-    grad_a = _op(grad_in, b.t()) if need_a else None    # (M, N) x (N, K): B^T is a stride view
-    grad_b = _op(a.t(), grad_in) if need_b else None    # (K, M) x (M, N): A^T is a stride view
-    grad_bias = grad.sum(0, dtype=torch.float32 if grad.dtype != torch.float64 else torch.float64).to(
-        ctx.bias_dtype) if need_bias else None
+    if a.dim() == 2 and b.dim() == 2:
+        grad_a = _op(grad_in, b.t()) if need_a else None    # (M, N) x (N, K): B^T is a stride view
+        grad_b = _op(a.t(), grad_in) if need_b else None    # (K, M) x (M, N): A^T is a stride view
+    else:
+        grad_a, grad_b = _matmul_grads(grad_in, a, b, need_a, need_b)
+    grad_bias = None
+    if need_bias:  # summed over every dimension but the last (the output's columns)
+        acc = torch.float32 if grad.dtype != torch.float64 else torch.float64
+        grad_bias = grad.to(acc) if grad.dim() == 1 else grad.sum(tuple(range(grad.dim() - 1)), dtype=acc)
+        grad_bias = grad_bias.to(ctx.bias_dtype)
     return grad_a, grad_b, grad_bias
+
+
+def _as_matrices(grad, a, b):
+    """torch.matmul's operands as (..., M, K) and (..., K, N), and the output gradient as (..., M, N): a 1-D a
+    is a row, a 1-D b a column (their dimension is missing from the output)."""
+    g = grad.unsqueeze(-1) if b.dim() == 1 else grad
+    g = g.unsqueeze(-2) if a.dim() == 1 else g
+    return g, (a.unsqueeze(0) if a.dim() == 1 else a), (b.unsqueeze(-1) if b.dim() == 1 else b)
+
+
+def _matmul_grads(grad, a, b, need_a: bool, need_b: bool):
+    """torch.matmul's gradients: dA = dC . B^T and dB = A^T . dC on the matrices, summed over the batch
+    dimensions each operand was broadcast along.  Where the call folds into one 2-D GEMM, so do both products:
+    dB is one (K, M) x (M, N) GEMM over all of a's rows (the sum over the batch inside the GEMM)."""
+    g, a2, b2 = _as_matrices(grad, a, b)
+    grad_a = grad_b = None
+    if need_a:  # (..., M, N) x (N, K), b2^T a stride view
+        grad_a = _summed_product(g, b2.mT, a2.shape).reshape(a.shape)
+    if need_b:
+        if _folds(b):  # a's rows, all batches at once: (K, rows) x (rows, N)
+            k, n = a2.shape[-1], b2.shape[-1]
+            rows = math.prod(a2.shape[:-1])
+            grad_b = _op(a2.reshape(rows, k).t(), g.reshape(rows, n)).reshape(b.shape)
+        else:  # (..., K, M) x (..., M, N), a2^T a stride view
+            grad_b = _summed_product(a2.mT, g, b2.shape).reshape(b.shape)
+    return grad_a, grad_b
+
+
+def _wide_dtype(x, y, shape) -> torch.dtype | None:
+    """The out_dtype of x . y in a gradient of `shape`: float32 where 16-bit products are summed over broadcast
+    batch dimensions afterwards, so that the gradient is rounded once, as torch's (rounding each product first
+    put 5 of 50 elements of a bf16 OpInfo sample outside one bf16 rounding of the float64 reference)."""
+    if x.dtype in CUDA_DTYPES and math.prod(out_shape(x, y)) != math.prod(shape):  # a real sum, not a view
+        return torch.float32
+    return None
+
+
+def _summed_product(x, y, shape) -> torch.Tensor:
+    """x . y summed to `shape`: over the batch dimensions the operand of that shape was broadcast along."""
+    wide = _wide_dtype(x, y, shape)
+    return _op(x, y, out_dtype=wide).sum_to_size(shape).to(x.dtype)
 
 
 # ---- the backward's calls, for manifests and for compiling them while the forward runs ---------------------------
@@ -596,17 +835,29 @@ def companions(a, b, bias, activation, out_dtype, *, needs):
     """The GEMMs (and gelu's backward) that backward() above runs, assuming a contiguous (M, N) output gradient."""
     need_a, need_b = needs[0], needs[1]
     calls = []
-    m, n = a.shape[0], b.shape[1]
+    shape = out_shape(a, b)
     if activation in GELU_APPROXIMATE and (need_a or need_b or needs[2]):  # the pre-activation, recomputed
         calls.append((_op, (a, b, bias, None, out_dtype)))
         if not a.is_cpu:
-            z = shapes.placeholder(a, (m, n), dtype=out_dtype or a.dtype)
-            calls.append((gelu_backward, (shapes.placeholder(z, (m, n)), z, GELU_APPROXIMATE[activation])))
-    grad = shapes.placeholder(a, (m, n))  # the gradient reaches the GEMMs in the inputs' dtype
+            z = shapes.placeholder(a, shape, dtype=out_dtype or a.dtype)
+            calls.append((gelu_backward, (shapes.placeholder(z, shape), z, GELU_APPROXIMATE[activation])))
+    grad = shapes.placeholder(a, shape)  # the gradient reaches the GEMMs in the inputs' dtype
+    if a.dim() == 2 and b.dim() == 2:
+        if need_a:
+            calls.append((_op, (grad, b.detach().t(), None, None, None)))    # dA = dC . B^T
+        if need_b:
+            calls.append((_op, (a.detach().t(), grad, None, None, None)))    # dB = A^T . dC
+        return calls
+    g, a2, b2 = _as_matrices(grad, a.detach(), b.detach())  # as _matmul_grads calls them
     if need_a:
-        calls.append((_op, (grad, b.detach().t(), None, None, None)))    # dA = dC . B^T
+        calls.append((_op, (g, b2.mT, None, None, _wide_dtype(g, b2.mT, a2.shape))))
     if need_b:
-        calls.append((_op, (a.detach().t(), grad, None, None, None)))    # dB = A^T . dC
+        if _folds(b):
+            rows = math.prod(a2.shape[:-1])
+            calls.append((_op, (shapes.placeholder(a, (rows, a2.shape[-1])).t(),
+                                shapes.placeholder(a, (rows, b2.shape[-1])), None, None, None)))
+        else:
+            calls.append((_op, (a2.mT, g, None, None, _wide_dtype(a2.mT, g, b2.shape))))
     return calls
 
 
@@ -648,7 +899,7 @@ def _public_calls(entry, args, grad):
     then jitops.gelu on its output."""
     a, b, bias, activation, out_dtype = args
     if grad and activation in GELU_APPROXIMATE and not a.is_cpu:
-        z = shapes.placeholder(a, (a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+        z = shapes.placeholder(a, out_shape(a, b), dtype=out_dtype or a.dtype)
         return [(_op, (a, b, bias, None, out_dtype)), (gelu, (z, GELU_APPROXIMATE[activation]))]
     return [(_op, args)]
 

@@ -23,7 +23,9 @@ dbias = dy summed over the rows; each only when needed.  With a gradient to reco
 GEMM with the bias fused followed by jitops.gelu (which keeps the pre-activation its backward needs); without one,
 it is fused into the epilogue.
 
-CUDA: bf16 and fp16 (fp32 accumulation).  CPU: fp64, fp32, bf16, fp16 through ATen (a reference path).
+CUDA: bf16 and fp16 (fp32 accumulation) on jitops' kernels; float32 through ATen's F.linear (cuBLAS: TF32 tensor
+cores when torch.backends.cuda.matmul.allow_tf32 allows them, full fp32 otherwise; jitops.gemm's cuda_route),
+until jitops has its own fp32/TF32 kernel.  CPU: fp64, fp32, bf16, fp16 through ATen (a reference path).
 """
 from __future__ import annotations
 
@@ -33,10 +35,10 @@ import torch.nn.functional as F
 from .. import shapes
 from ..op import Impl, op, public
 from .gelu import gelu, gelu_backward
-from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass, class_from_layouts,
-                   cuda_kernels, launch, layout_of, product_if_loaded)
+from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass,
+                   aten_class, class_from_layouts, cuda_kernels, cuda_route, launch, layout_of, product_if_loaded)
 from .gemm import gemm as _gemm
-from .gemm import _activate, _epilogue_only
+from .gemm import _activate, _allow_tf32, _epilogue_only
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -61,7 +63,7 @@ def _check(x, weight, bias, activation) -> None:
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"jitops.linear: argument 'x' has shape {tuple(x.shape)} (in_features = {x.shape[-1]}) "
                          f"but 'weight' has shape {tuple(weight.shape)} (in_features = {weight.shape[1]})")
-    allowed = CPU_DTYPES if x.is_cpu else CUDA_DTYPES
+    allowed = CPU_DTYPES if x.is_cpu else CUDA_ACCEPTED
     shapes.check_dtype("linear", "x", x, allowed)
     shapes.check_same_dtype("linear", ("x", x), ("weight", weight), ("bias", bias))
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
@@ -101,7 +103,9 @@ def shape_class(x, weight, bias, activation) -> GemmClass:
             _check(x, weight, bias, activation)
         return GemmClass(dtype, dtype, True, True, 1, "cpu", fused, "cpu")
     if dtype is not torch.bfloat16 and dtype is not torch.float16:
-        _check(x, weight, bias, activation)
+        if dtype is not torch.float32:
+            _check(x, weight, bias, activation)
+        return aten_class(dtype, dtype, cuda_route(dtype, False, _allow_tf32()), fused)  # cuBLAS (run_cuda)
     if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
         return GemmClass(dtype, dtype, True, True, 8, "empty", fused, "auto")
     if m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
@@ -124,6 +128,8 @@ def _round8(n: int) -> int:
 
 # ---- running --------------------------------------------------------------------------------------------------
 def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
+    if kernels.shape_class.family == "aten":  # float32: F.linear (cuBLAS), as jitops.gemm's cuda_route says
+        return torch_linear(kernels, x, weight, bias, activation)
     n, k = weight.shape
     out = x.new_empty((*x.shape[:-1], n))
     m = out.numel() // n if n else 0
@@ -179,7 +185,7 @@ def run_cpu(kernels, x, weight, bias, activation) -> torch.Tensor:
 
 
 def torch_linear(kernels, x, weight, bias, activation) -> torch.Tensor:
-    """F.linear (cuBLAS on CUDA): background mode's fallback."""
+    """F.linear (cuBLAS on CUDA): the float32 route (cuda_route) and background mode's fallback."""
     return _activate(F.linear(x, weight, bias), activation)
 
 
@@ -251,7 +257,7 @@ def _padded_backward(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool
 def _direct(grad, x, weight) -> bool:
     """Plain contiguous CUDA tensors of one dtype, not traced: the backward's GEMMs can launch directly."""
     return type(grad) is _Tensor and grad.is_cuda and grad.is_contiguous() and x.is_contiguous() and \
-        grad.dtype is x.dtype and weight.dtype is x.dtype and x.numel() > 0 and grad.numel() > 0 and \
+        grad.dtype is x.dtype and weight.dtype is x.dtype and x.dtype in CUDA_DTYPES and x.numel() > 0 and grad.numel() > 0 and \
         weight.shape[1] > 0 and not torch.compiler.is_compiling()
 
 
