@@ -168,10 +168,31 @@ class _LightDriver:
 
     def __init__(self) -> None:
         self._tma = _TmaDriver.get()
-        self.address_field = self._tma.address_field
         self.replace = self._tma.replace
         self.set_shared_memory = self._tma.set_shared_memory
         self._driver = _Driver.get()
+        self.address_field = self._find_address_field()
+
+    def _find_address_field(self) -> int | None:
+        """Where a rank-2 descriptor keeps its global address (_TmaDriver probes a rank-3 one; the format is the
+        driver's, so it is probed again rather than assumed): encode, move it with cuTensorMapReplaceAddress, see
+        which 8 bytes changed.  None: every patch goes through the driver."""
+        probe = (ctypes.c_char * 128)()
+        first, second = 0x10000000, 0x7654321000
+        self.encode_into(probe, 0, operand_tma(64, 64, 64, TILE_M), first)
+        before = bytes(probe)
+        scratch = (ctypes.c_char * 192)()
+        aligned = (ctypes.addressof(scratch) + 63) // 64 * 64
+        ctypes.memmove(aligned, probe, 128)
+        if self.replace(aligned, second):
+            return None
+        after = ctypes.string_at(aligned, 128)
+        changed = [i for i in range(128) if before[i] != after[i]]
+        for at in range(0, 121, 8):
+            if struct.unpack_from("<Q", before, at)[0] == first and struct.unpack_from("<Q", after, at)[0] == second \
+                    and all(at <= i < at + 8 for i in changed):
+                return at
+        return None
 
     def encode_into(self, buffer: Any, offset: int, args: TmaArgs, address: int) -> None:
         """cuTensorMapEncodeTiled into a 64-byte aligned scratch (the driver asks for an aligned tensor map; a

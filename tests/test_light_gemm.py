@@ -346,3 +346,37 @@ def test_gpu_tests_cover_the_goal_shapes():
     """The issue's shapes are among the GPU cases, so the next GPU session verifies exactly them."""
     assert {(1000, 1000, 1000), (4096, 4096, 4096), (257, 1032, 4096)} <= set(GPU_SHAPES)
     assert os.path.basename(L.LIGHT_GEMM.source.relpath) == "sm90_light_gemm.cu"
+
+
+class FakeTma:
+    """A driver whose descriptors keep the global address at byte `field` (None: scattered, unpatchable)."""
+
+    def __init__(self, field):
+        self.field = field
+
+    def encode_into(self, buffer, offset, args, address):
+        assert (ctypes.addressof(buffer) + offset) % 64 == 0, "the driver wants 64-byte aligned tensor maps"
+        ctypes.memmove(ctypes.addressof(buffer) + offset, bytes(range(128)), 128)
+        if self.field is not None:
+            ctypes.memmove(ctypes.addressof(buffer) + offset + self.field, struct.pack("<Q", address), 8)
+
+    def replace(self, descriptor, address):
+        if self.field is None:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        ctypes.memmove(descriptor + self.field, struct.pack("<Q", address), 8)
+        return 0
+
+    def set_shared_memory(self, function, size):
+        pass
+
+
+@pytest.mark.parametrize("field", [0, 40, None])
+def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, field):
+    monkeypatch.setattr(L._TmaDriver, "get", classmethod(lambda cls: FakeTma(field)))
+    monkeypatch.setattr(L._Driver, "get", classmethod(lambda cls: object()))
+    driver = L._LightDriver()
+    assert driver.address_field == field
+    params = bytearray(320)
+    buffer = (ctypes.c_char * 320).from_buffer(params)
+    driver.encode_into(buffer, 128, L.operand_tma(64, 64, 64, 128), 0xABC0)  # Params is only 16-byte aligned
+    assert params[128 + 100] == 100 and (field is None or struct.unpack_from("<Q", params, 128 + field)[0] == 0xABC0)
