@@ -57,8 +57,10 @@ static_assert(kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 128 or 256");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
 
-// The kernel's one parameter.  jitops/light_gemm.py packs it by the offsets that jitops_light_gemm_info
-// exports; the static_asserts keep them what the host expects.
+// The kernel's one parameter.  jitops/light_gemm.py packs it at fixed offsets: A's descriptor at 0, B's at 128,
+// then d 256, bias 264, the ints from 272; every field is naturally aligned, so the sizes below fix the layout.
+// (No offsetof: NVRTC 13.0 rejects __builtin_offsetof, and libcu++'s <cuda/std/cstddef> is the only include this
+// kernel would need.)
 struct alignas(64) Params {
     TmaDescriptor a;  // A: dims (K, M), box (64, 128)
     TmaDescriptor b;  // B: dims (K, N), box (64, kTileN)
@@ -69,13 +71,12 @@ struct alignas(64) Params {
     int activation;  // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
     int group_m;     // tile rows per raster group, >= 1
 };
-static_assert(__builtin_offsetof(Params, b) == 128 && __builtin_offsetof(Params, d) == 256 &&
-              __builtin_offsetof(Params, bias) == 264 && __builtin_offsetof(Params, m) == 272 &&
-              __builtin_offsetof(Params, group_m) == 292 && sizeof(Params) == 320, "Params layout");
+static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
+              sizeof(Params) == 320 && alignof(Params) == 64, "Params layout");
 
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
-    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), __builtin_offsetof(Params, b)};
+    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor)};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
