@@ -41,16 +41,18 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
 }
 
 // Wait until the phase of parity `parity` has completed.  A fresh barrier is in phase 0, so waiting on parity 1
-// returns at once: the producer's first pass over the ring does not wait for consumers.
+// returns at once: the producer's first pass over the ring does not wait for consumers.  The retry loop lives
+// inside the asm (labels are local to its { } block), as CUTLASS's ClusterBarrier::wait has it: to the compiler
+// the wait is one straight-line statement, with no divergent C++ loop before the warpgroup-aligned wgmma.
 __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra DONE;\n"
+        "bra WAIT;\n"
+        "DONE:\n}\n"
+        :: "r"(bar), "r"(parity) : "memory");
 }
 
 // ---- TMA --------------------------------------------------------------------------------------------------------
