@@ -7,9 +7,10 @@ shared memory, a producer warpgroup and two consumers, persistent tiles) written
 about 1 s unfused, 2 s with the fused epilogue, on the same machine (docs/benchmarks.md, "CUTLASS 3 through
 NVRTC").
 
-It covers the commonest layout only, x @ w.t(): A (M, K) and B (N, K) both K-major, 16-byte aligned rows
-(K, the leading dimensions and N multiples of 8), bf16 or fp16 in, the inputs' type or fp32 out, with the fused
-bias and activation.  `unsupported()` says why a class is not covered; jitops.gemm then builds CUTLASS's kernel.
+It covers every layout of A and B (K-major or MN-major each: x @ w.t(), x @ w and a training step's backward
+GEMMs), 16-byte aligned (N and the leading dimensions multiples of 8), bf16 or fp16 in, the inputs' type or fp32
+out, with the fused bias and activation.  `unsupported()` says why a class is not covered; jitops.gemm then
+builds CUTLASS's kernel.
 
 The kernel takes one 320-byte parameter (its `Params`): the two TMA descriptors, from the driver's
 cuTensorMapEncodeTiled, then D and bias pointers and six ints.  The kernel exports the launch facts (shared
@@ -49,7 +50,8 @@ PARAMS_SIZE = 320
 TMA_A, TMA_B, FIELDS = 0, 128, 256
 _FIELDS = struct.Struct("<QQiiiiii")
 
-INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b")
+INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "a_kmajor",
+               "b_kmajor")
 
 
 class LightInfo(NamedTuple):
@@ -61,6 +63,8 @@ class LightInfo(NamedTuple):
     stages: int
     params_size: int
     tma_b: int
+    a_kmajor: int
+    b_kmajor: int
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
@@ -73,13 +77,13 @@ class LightInfo(NamedTuple):
         return LightInfo(*values)
 
 
-def expected_info(tile_n: int) -> LightInfo:
+def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True) -> LightInfo:
     """What the kernel computes for a tile width: as many 128 x 64 + tile_n x 64 stages as fit (at most 8), and
     1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage."""
     stage = (TILE_M + tile_n) * TILE_K * 2
     stages = min((MAX_SMEM - 2048) // stage, MAX_STAGES)
     return LightInfo(1024 + stages * stage + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages, PARAMS_SIZE,
-                     TMA_B)
+                     TMA_B, int(a_kmajor), int(b_kmajor))
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
@@ -95,8 +99,6 @@ def unsupported(cls: Any) -> str | None:
         return f"inputs of {cls.dtype}"
     if cls.out_dtype not in (cls.dtype, torch.float32):
         return f"output of {cls.out_dtype}"
-    if not (cls.a_kmajor and cls.b_kmajor):
-        return "an operand that is not K-major (the light kernel takes x @ w.t() only)"
     if cls.align != 8:
         return "rows or leading dimensions not 16-byte aligned"
     if cls.bucket in ("empty", "cpu"):
@@ -107,15 +109,19 @@ def unsupported(cls: Any) -> str | None:
 def request(cls: Any) -> BuildRequest:
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=OUT_TYPES[cls.out_dtype], LIGHT_TILE_N=tile_n_for(cls.bucket),
-                           LIGHT_FUSED=int(cls.fused))
+                           LIGHT_FUSED=int(cls.fused), LIGHT_A_KMAJOR=int(cls.a_kmajor),
+                           LIGHT_B_KMAJOR=int(cls.b_kmajor))
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
-def operand_tma(rows: int, k: int, ld: int, box_rows: int) -> TmaArgs:
-    """A (M, K) or B (N, K), K contiguous with leading dimension `ld` (elements, 16-bit): one TMA box is a
-    stage's tile, 64 elements (128 bytes, the swizzle's width) of K by `box_rows` rows.  Moved as UINT16, as
-    CUTLASS moves 16-bit operands."""
-    return TmaArgs(TMA_UINT16, (k, rows), (ld * 2,), (TILE_K, box_rows), SWIZZLE_128B)
+def operand_tma(kmajor: bool, rows: int, k: int, ld: int, box_rows: int) -> TmaArgs:
+    """A (M rows) or B (N rows) with leading dimension `ld` (elements, 16-bit), moved as UINT16 as CUTLASS moves
+    16-bit operands.  K-major (K contiguous): one box is a stage's tile, 64 elements of K (128 bytes, the
+    swizzle's width) by `box_rows` rows.  MN-major (rows contiguous): boxes of 64 rows (128 bytes) by 64 of K,
+    box_rows / 64 of them a stage."""
+    if kmajor:
+        return TmaArgs(TMA_UINT16, (k, rows), (ld * 2,), (TILE_K, box_rows), SWIZZLE_128B)
+    return TmaArgs(TMA_UINT16, (rows, k), (ld * 2,), (64, TILE_K), SWIZZLE_128B)
 
 
 class Problem(NamedTuple):
@@ -145,20 +151,20 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, d, bias, p.m, p.n, p.k, p.ldd, p.activation, min(GROUP_ROWS, tiles_m))
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
-    encode(buffer, TMA_A, operand_tma(p.m, p.k, p.lda, TILE_M), a)
-    encode(buffer, info.tma_b, operand_tma(p.n, p.k, p.ldb, info.tile_n), b)
+    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M), a)
+    encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), p.n, p.k, p.ldb, info.tile_n), b)
     return params, grid(p, info.tile_n)
 
 
 def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int]
                   ) -> None:
     """What the kernel assumes and the class already guarantees, checked once per packed problem: TMA wants
-    16-byte aligned operands and row strides, the epilogue stores column pairs."""
+    16-byte aligned operands and strides, the epilogue stores column pairs."""
     if min(m, n, k) < 1:
         raise ValueError(f"jitops.gemm (light sm_90a kernel): empty problem {m}x{n}x{k}")
-    if n % 8 or k % 8 or lda % 8 or ldb % 8 or ldd % 2 or addresses[0] % 16 or addresses[1] % 16:
-        raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, K={k}, lda={lda}, ldb={ldb} must be multiples "
-                         "of 8 and A and B 16-byte aligned; this class should have taken CUTLASS's kernel")
+    if n % 8 or lda % 8 or ldb % 8 or ldd % 2 or addresses[0] % 16 or addresses[1] % 16:
+        raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, lda={lda}, ldb={ldb} must be multiples of 8 "
+                         "and A and B 16-byte aligned; this class should have taken CUTLASS's kernel")
 
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
@@ -179,7 +185,7 @@ class _LightDriver:
         which 8 bytes changed.  None: every patch goes through the driver."""
         probe = (ctypes.c_char * 128)()
         first, second = 0x10000000, 0x7654321000
-        self.encode_into(probe, 0, operand_tma(64, 64, 64, TILE_M), first)
+        self.encode_into(probe, 0, operand_tma(True, 64, 64, 64, TILE_M), first)
         before = bytes(probe)
         scratch = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(scratch) + 63) // 64 * 64
@@ -287,8 +293,8 @@ def host(kernel: CudaFunction) -> LightGemm:
 
 def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
         m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> None:
-    """out (M, N, row-major) = act(a . b + bias): a (M, K) row-major with leading dimension lda, b (K, N)
-    column-major with leading dimension ldb (the weight (N, K) of F.linear, seen as w.t())."""
+    """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
+    (row- or column-major each), with leading dimensions lda and ldb."""
     (kernel.__dict__.get("light_host") or host(kernel)).run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
         activation, sm_count, stream)

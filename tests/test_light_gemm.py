@@ -1,10 +1,10 @@
 """jitops.gemm's light sm_90a kernel (kernels/gemm/sm90_light_gemm.cu, JITOPS_GEMM_SM90_KERNEL=light).
 
-On the CPU: it compiles under NVRTC for sm_90a (about 1-2 s on the 2-core dev box) with wgmma, TMA and register
-reconfiguration in its PTX, no spills, no local memory and no serialized wgmma; the launch facts it exports match
-the host side's; the host side's descriptors, Params, grid and hot path; the route the setting picks, with
-unsupported classes falling back to CUTLASS's kernel.  On a GPU (marked): results against an fp32 torch.matmul
-reference on awkward and benchmark shapes."""
+On the CPU: it compiles under NVRTC for sm_90a (about 1-2 s on the 2-core dev box) with wgmma (operand layouts as
+asked), TMA and register reconfiguration in its PTX, no spills, no local memory and no serialized wgmma; the
+launch facts it exports match the host side's; the host side's descriptors, Params, grid and hot path; the route
+the setting picks, with unsupported classes falling back to CUTLASS's kernel.  On a GPU (marked): results
+against an fp32 torch.matmul reference on awkward and benchmark shapes, in every operand layout."""
 from __future__ import annotations
 
 import ctypes
@@ -59,27 +59,35 @@ def compile_with_ptx(request) -> tuple[bytes, str, str]:
         binding.destroyProgram(program)
 
 
-BUILDS = [  # (inputs, output, tile N, fused)
-    (BF16, BF16, 256, False), (BF16, FP32, 256, True), (FP16, FP16, 128, True), (FP16, FP32, 128, False)]
+BUILDS = [  # (inputs, output, tile N, fused, A K-major, B K-major)
+    (BF16, BF16, 256, False, True, True), (BF16, FP32, 256, True, True, True), (FP16, FP16, 128, True, True, True),
+    (FP16, FP32, 128, False, True, True), (BF16, BF16, 256, False, True, False), (BF16, BF16, 128, True, False, True),
+    (FP16, FP16, 256, False, False, False)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,tile_n,fused", BUILDS,
-                         ids=[f"{d}-{o}-n{t}-{'fused' if f else 'plain'}".replace("torch.", "")
-                              for d, o, t, f in BUILDS])
-def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, tile_n, fused):
+@pytest.mark.parametrize("dtype,out_dtype,tile_n,fused,a_kmajor,b_kmajor", BUILDS,
+                         ids=[f"{d}-{o}-n{t}-{'fused' if f else 'plain'}-{'T' if ak else 'N'}{'T' if bk else 'N'}"
+                              .replace("torch.", "") for d, o, t, f, ak, bk in BUILDS])
+def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, tile_n, fused, a_kmajor, b_kmajor):
     request = L.LIGHT_GEMM.bind(
         "bf16", LIGHT_T=L.IN_TYPES[dtype], LIGHT_OUT=L.OUT_TYPES[out_dtype], LIGHT_TILE_N=tile_n,
-        LIGHT_FUSED=int(fused))
+        LIGHT_FUSED=int(fused), LIGHT_A_KMAJOR=int(a_kmajor), LIGHT_B_KMAJOR=int(b_kmajor))
     cubin, ptx, log = compile_with_ptx(request)
     ab = "bf16" if dtype == BF16 else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
+    # imm-trans-a, imm-trans-b: 1 for an MN-major tile, on every wgmma
+    transposes = set(re.findall(r"p, 1, 1, (\d), (\d);", ptx))
+    assert transposes == {(str(int(not a_kmajor)), str(int(not b_kmajor)))}
+    # TMA loads a k-block issues: one box a K-major tile, 64-row boxes an MN-major one
+    boxes = (1 if a_kmajor else 2) + (1 if b_kmajor else tile_n // 64)
+    assert ptx.count("cp.async.bulk.tensor.2d") % boxes == 0
     assert "cp.async.bulk.tensor.2d" in ptx and "setmaxnreg.inc" in ptx and "mbarrier.try_wait.parity" in ptx
     # ptxas: no stack, no spills, no serialized wgmma (C7510: "wgmma ... serialized"), within the 384-thread cap
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log and "serialized" not in log, log
     registers = int(re.search(r"Used (\d+) registers", log).group(1))
     assert registers <= 65536 // L.THREADS
-    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n)
+    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n, a_kmajor, b_kmajor)
     assert L.elf_symbol(cubin, "jitops_sm90_light_gemm")  # the entry, unmangled: extern "C"
     assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
@@ -96,7 +104,7 @@ def test_the_route_builds_it_through_the_runtime(fresh_cache):
     entry = jitops.runtime.find_entry(key, any_toolchain=False)
     assert entry.meta["lowered_name"] == "jitops_sm90_light_gemm"
     info = L.LightInfo.from_cubin(entry.file("kernel.cubin").read_bytes())
-    assert info == L.expected_info(L.tile_n_for(cls.bucket))
+    assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor)
 
 
 # ---- the route ---------------------------------------------------------------------------------------------------
@@ -108,24 +116,26 @@ def test_default_route_is_cutlass_with_unchanged_requests():
         assert G.cuda_kernels(cls, SM90A) == cutlass
 
 
-@pytest.mark.parametrize("m,k,n,dtype,out_dtype,fused,tile_n", [
-    (4096, 4096, 4096, BF16, None, False, 256), (257, 1032, 4096, BF16, FP32, True, 128),
-    (1000, 1000, 1000, FP16, None, True, 128), (1, 4096, 4096, BF16, None, False, 128)])
-def test_light_route_for_kmajor_operands(m, k, n, dtype, out_dtype, fused, tile_n):
-    cls = gemm_class(m, k, n, dtype, out_dtype, bias=fused)
+@pytest.mark.parametrize("m,k,n,dtype,out_dtype,fused,tile_n,a_kmajor,b_kmajor", [
+    (4096, 4096, 4096, BF16, None, False, 256, True, True), (257, 1032, 4096, BF16, FP32, True, 128, True, True),
+    (1000, 1000, 1000, FP16, None, True, 128, True, False), (1, 4096, 4096, BF16, None, False, 128, True, True),
+    (4096, 4096, 4096, BF16, None, True, 256, False, False), (512, 4096, 1024, BF16, None, False, 128, False, True)])
+def test_light_route_for_every_layout(m, k, n, dtype, out_dtype, fused, tile_n, a_kmajor, b_kmajor):
+    cls = gemm_class(m, k, n, dtype, out_dtype, bias=fused, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
+    assert (cls.a_kmajor, cls.b_kmajor) == (a_kmajor, b_kmajor)
     with jitops.config.scope(gemm_sm90_kernel="light"):
         [(name, request)] = G.cuda_kernels(cls, SM90A).items()
     assert name == "sm90_light" and request.kernel == "gemm_sm90_light"
     assert dict(request.defines) == {"LIGHT_T": str(L.IN_TYPES[dtype]), "LIGHT_OUT": str(int(out_dtype == FP32)),
-                                     "LIGHT_TILE_N": str(tile_n), "LIGHT_FUSED": str(int(fused))}
+                                     "LIGHT_TILE_N": str(tile_n), "LIGHT_FUSED": str(int(fused)),
+                                     "LIGHT_A_KMAJOR": str(int(a_kmajor)), "LIGHT_B_KMAJOR": str(int(b_kmajor))}
 
 
-@pytest.mark.parametrize("case", ["b row-major", "a column-major", "N not a multiple of 8", "K not a multiple of 8"])
+@pytest.mark.parametrize("case", ["N not a multiple of 8", "K not a multiple of 8", "M of a column-major a"])
 def test_unsupported_classes_fall_back_to_cutlass(case):
-    cls = {"b row-major": lambda: gemm_class(1000, 1000, 1000, b_kmajor=False),
-           "a column-major": lambda: gemm_class(1000, 1000, 1000, a_kmajor=False),
-           "N not a multiple of 8": lambda: gemm_class(1000, 1000, 1001),
-           "K not a multiple of 8": lambda: gemm_class(1000, 1002, 1000)}[case]()
+    cls = {"N not a multiple of 8": lambda: gemm_class(1000, 1000, 1001),
+           "K not a multiple of 8": lambda: gemm_class(1000, 1002, 1000),
+           "M of a column-major a": lambda: gemm_class(1001, 1000, 1000, a_kmajor=False)}[case]()
     assert L.unsupported(cls)
     with jitops.config.scope(gemm_sm90_kernel="light"):
         light = G.cuda_kernels(cls, SM90A)
@@ -158,8 +168,12 @@ def test_expected_info_fills_shared_memory_with_whole_stages(tile_n):
 
 def test_operand_descriptor_arguments():
     # A of 257 x 1032 with a padded leading dimension: K inner, 64-element (128-byte) boxes of 128 rows.
-    assert L.operand_tma(257, 1032, 1040, 128) == TmaArgs(TMA_UINT16, (1032, 257), (2080,), (64, 128), SWIZZLE_128B)
-    assert L.operand_tma(4096, 4096, 4096, 256).box == (64, 256)
+    assert L.operand_tma(True, 257, 1032, 1040, 128) == \
+        TmaArgs(TMA_UINT16, (1032, 257), (2080,), (64, 128), SWIZZLE_128B)
+    assert L.operand_tma(True, 4096, 4096, 4096, 256).box == (64, 256)
+    # MN-major (a column-major A, a row-major B): rows inner, 64 x 64 boxes whatever the tile
+    assert L.operand_tma(False, 4096, 1032, 4104, 256) == \
+        TmaArgs(TMA_UINT16, (4096, 1032), (8208,), (64, 64), SWIZZLE_128B)
 
 
 class Recorder:
@@ -174,24 +188,28 @@ class Recorder:
         self.calls.append((offset, args, address))
 
 
-@pytest.mark.parametrize("m,n,k,tile_n,sms,grid,group", [
-    (257, 4096, 1032, 128, 132, 96, 3), (4096, 4096, 4096, 256, 132, 132, 8), (1, 4096, 4096, 128, 132, 32, 1),
-    (1000, 1000, 1000, 128, 114, 64, 8), (128, 128, 128, 128, 132, 1, 1)])
-def test_params_and_grid(m, n, k, tile_n, sms, grid, group):
-    info = L.expected_info(tile_n)
+@pytest.mark.parametrize("m,n,k,tile_n,sms,grid,group,a_kmajor,b_kmajor", [
+    (257, 4096, 1032, 128, 132, 96, 3, True, True), (4096, 4096, 4096, 256, 132, 132, 8, True, True),
+    (1, 4096, 4096, 128, 132, 32, 1, True, False), (1000, 1000, 1000, 128, 114, 64, 8, False, True),
+    (128, 128, 128, 128, 132, 1, 1, False, False)])
+def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor):
+    info = L.expected_info(tile_n, a_kmajor, b_kmajor)
     recorder = Recorder()
-    problem = L.Problem(m, n, k, k + 8, k, n, 2, sms)
+    lda, ldb = (k if a_kmajor else m) + 8, k if b_kmajor else n
+    problem = L.Problem(m, n, k, lda, ldb, n, 2, sms)
     params, got_grid = L.pack_params(info, problem, (0xA000, 0xB000, 0xD000, 0xE000), recorder)
     assert len(params) == 320 and got_grid == (grid, 1, 1)
     assert struct.unpack_from("<QQiiiiii", params, 256) == (0xD000, 0xE000, m, n, k, n, 2, group)
-    assert recorder.calls == [(0, L.operand_tma(m, k, k + 8, 128), 0xA000),
-                              (128, L.operand_tma(n, k, k, tile_n), 0xB000)]
+    assert recorder.calls == [(0, L.operand_tma(a_kmajor, m, k, lda, 128), 0xA000),
+                              (128, L.operand_tma(b_kmajor, n, k, ldb, tile_n), 0xB000)]
     assert params[0:4] == b"LTMA" and params[128:132] == b"LTMA"
 
 
 def test_problems_the_kernel_cannot_take_are_rejected():
     with pytest.raises(ValueError, match="multiples of 8"):
         L.check_problem(64, 100, 64, 64, 64, 100, (0, 0, 0, 0))
+    with pytest.raises(ValueError, match="multiples of 8"):
+        L.check_problem(64, 64, 64, 68, 64, 64, (0, 0, 0, 0))
     with pytest.raises(ValueError, match="16-byte aligned"):
         L.check_problem(64, 64, 64, 64, 64, 64, (2, 0, 0, 0))
     with pytest.raises(ValueError, match="empty"):
@@ -332,12 +350,27 @@ def test_light_kernel_reads_padded_rows_and_new_buffers():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["b row-major", "N = 1001"])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (True, True)], ids=["NN", "TN", "TT"])
+@pytest.mark.parametrize("m,k,n", [(1000, 1000, 1000), (257, 1032, 4096), (4096, 4096, 4096), (7, 256, 512)],
+                         ids=lambda v: str(v))
+def test_light_kernel_mn_major_operands(m, k, n, a_t, b_t):
+    """a column-major (a_t: the view of a (K, M) matrix) and/or b row-major (not b_t): MN-major tiles, the
+    transposed wgmma; the backward's GEMMs take these layouts."""
+    _needs_sm90()
+    g = torch.Generator().manual_seed(m + n + k)
+    a = torch.randn(k, m, generator=g).to("cuda", BF16).t() if a_t else torch.randn(m, k, generator=g).to("cuda", BF16)
+    b = torch.randn(n, k, generator=g).to("cuda", BF16).t() if b_t else torch.randn(k, n, generator=g).to("cuda", BF16)
+    out = _run_light(a, b, expect_light=not (a_t and m % 8))
+    torch.testing.assert_close(out.float(), _reference(a, b, None, None), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["N = 1001", "K = 1002"])
 def test_unsupported_shapes_fall_back_to_cutlass_on_the_gpu(case):
     _needs_sm90()
-    a = torch.randn(300, 1024, device="cuda", dtype=BF16)
-    b = torch.randn(1024, 512, device="cuda", dtype=BF16) if case == "b row-major" else \
-        torch.randn(1001, 1024, device="cuda", dtype=BF16).t()
+    a = torch.randn(300, 1024 if case == "N = 1001" else 1002, device="cuda", dtype=BF16)
+    b = torch.randn(1001, 1024, device="cuda", dtype=BF16).t() if case == "N = 1001" else \
+        torch.randn(512, 1002, device="cuda", dtype=BF16).t()
     out = _run_light(a, b, expect_light=False)
     torch.testing.assert_close(out.float(), _reference(a, b, None, None), rtol=1.6e-2, atol=1.6e-2)
 
@@ -378,5 +411,5 @@ def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, fiel
     assert driver.address_field == field
     params = bytearray(320)
     buffer = (ctypes.c_char * 320).from_buffer(params)
-    driver.encode_into(buffer, 128, L.operand_tma(64, 64, 64, 128), 0xABC0)  # Params is only 16-byte aligned
+    driver.encode_into(buffer, 128, L.operand_tma(True, 64, 64, 64, 128), 0xABC0)  # Params is only 16-byte aligned
     assert params[128 + 100] == 100 and (field is None or struct.unpack_from("<Q", params, 128 + field)[0] == 0xABC0)

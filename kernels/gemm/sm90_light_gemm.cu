@@ -2,8 +2,9 @@
 // the compiler front end has almost nothing to instantiate (JITOPS_GEMM_SM90_KERNEL=light; the default is
 // CUTLASS's kernel, sm90_gemm_kernel.cu).
 //
-//   D (M, N, row-major, ldd) = act(A (M, K) . B^T + bias (N)),  B given as (N, K): F.linear's weight,
-//   so both operands are K-major (x @ w.t()).  fp32 accumulation.
+//   D (M, N, row-major, ldd) = act(A (M, K) . B (K, N) + bias (N)), fp32 accumulation.  Each operand is
+//   K-major (A row-major; B column-major, i.e. F.linear's weight (N, K) as w.t()) or MN-major (A column-major,
+//   B row-major): a transposed view is a layout, not a copy.
 //
 // One CTA per SM, persistent over output tiles of 128 x LIGHT_TILE_N (K step 64):
 //   - warpgroup 2, one thread: the producer.  TMA loads A's and B's tiles (128-byte swizzle) into a ring of
@@ -19,9 +20,10 @@
 //   LIGHT_T       0: bf16, 1: fp16 (A, B and bias)
 //   LIGHT_OUT     0: D has the inputs' type, 1: fp32
 //   LIGHT_TILE_N  128 or 256
-//   LIGHT_FUSED   0: D = A.B^T;  1: D = act(A.B^T + bias), the bias optional (null) and act a run-time argument
-// Needs (the host checks): K and ldd multiples of 8, 16-byte aligned A and B with leading dimensions that are
-// multiples of 8 elements; M, N, K below 2**31.
+//   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
+//   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
+// Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A and B with
+// leading dimensions that are multiples of 8 elements; M, N, K below 2**31.
 #if LIGHT_T == 0
 #define LIGHT_AB "bf16"
 #else
@@ -39,6 +41,8 @@ namespace jitops_light {
 constexpr int kTileM = 128;
 constexpr int kTileN = LIGHT_TILE_N;
 constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
+constexpr bool kAKMajor = LIGHT_A_KMAJOR;
+constexpr bool kBKMajor = LIGHT_B_KMAJOR;
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr u32 kBytesA = kTileM * kTileK * 2;
@@ -62,8 +66,8 @@ static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 
 // (No offsetof: NVRTC 13.0 rejects __builtin_offsetof, and libcu++'s <cuda/std/cstddef> is the only include this
 // kernel would need.)
 struct alignas(64) Params {
-    TmaDescriptor a;  // A: dims (K, M), box (64, 128)
-    TmaDescriptor b;  // B: dims (K, N), box (64, kTileN)
+    TmaDescriptor a;  // A: dims (K, M), box (64, 128); MN-major: dims (M, K), box (64, 64)
+    TmaDescriptor b;  // B: dims (K, N), box (64, kTileN); MN-major: dims (N, K), box (64, 64)
     void* d;
     const void* bias;  // null: no bias
     int m, n, k;
@@ -76,7 +80,7 @@ static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && si
 
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
-    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor)};
+    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor), kAKMajor, kBKMajor};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -138,11 +142,33 @@ __device__ __forceinline__ void store_pair(const Params& p, long long row, int c
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
     if constexpr (kN == 256) {
-        wgmma_m64n256k16(acc, desc_a, desc_b, scale_d);
+        wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     } else {
-        wgmma_m64n128k16(acc, desc_a, desc_b, scale_d);
+        wgmma_m64n128k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     }
 }
+
+// One operand's tile of a stage, kRows (M or N) by 64 (K).  K-major: one box.  MN-major: a box can be 128 bytes
+// wide at most with the 128-byte swizzle, so kRows / 64 boxes of 64 x 64, 8 KB apart.
+template <bool kKMajor, int kRows>
+__device__ __forceinline__ void load_tile(const TmaDescriptor* desc, u32 dst, u32 bar, int k0, int row0) {
+    if constexpr (kKMajor) {
+        tma_load_2d(desc, dst, bar, k0, row0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kRows / 64; ++j) tma_load_2d(desc, dst + j * 8192, bar, row0 + 64 * j, k0);
+    }
+}
+
+template <bool kKMajor>
+__device__ __forceinline__ u64 tile_descriptor(u32 smem) {
+    return kKMajor ? kmajor_sw128_descriptor(smem) : mnmajor_sw128_descriptor(smem);
+}
+
+// 16 elements of K in the descriptor's 16-byte address units: 32 bytes along a K-major row, 16 rows of 128 bytes
+// of an MN-major box.
+template <bool kKMajor>
+constexpr u64 kStepUnits = kKMajor ? 2 : 128;
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm(const __grid_constant__ Params p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -188,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 mbarrier_wait(empty + 8 * stage, phase ^ 1);
                 const u32 bar = full + 8 * stage;
                 mbarrier_arrive_expect_tx(bar, kStageBytes);
-                tma_load_2d(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
-                tma_load_2d(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
+                load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
                 if (++stage == kStages) {
                     stage = 0;
                     phase ^= 1;
@@ -202,8 +228,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     registers_increase<kConsumerRegisters>();
     int stage = 0;
     u32 phase = 0;
-    // This warpgroup's 64 rows of every A stage; rows of 128 bytes.
-    const u32 a_rows = smem_a + warpgroup * 64 * 128;
+    // This warpgroup's 64 rows of every A stage: 64 rows of 128 bytes (K-major), or the second 64 x 64 box
+    // (MN-major); 8 KB on either way.
+    const u32 a_rows = smem_a + warpgroup * 8192;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         int m_block, n_block;
         tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
@@ -214,14 +241,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         int previous = -1;
         for (int kb = 0; kb < k_blocks; ++kb) {
             mbarrier_wait(full + 8 * stage, phase);
-            const u64 desc_a = kmajor_sw128_descriptor(a_rows + stage * kBytesA);
-            const u64 desc_b = kmajor_sw128_descriptor(smem_b + stage * kBytesB);
+            const u64 desc_a = tile_descriptor<kAKMajor>(a_rows + stage * kBytesA);
+            const u64 desc_b = tile_descriptor<kBKMajor>(smem_b + stage * kBytesB);
             fence_accumulators(acc);
             wgmma_fence();
 #pragma unroll
             for (int step = 0; step < kTileK / 16; ++step) {
-                // 16 elements of K = 32 bytes = 2 in the descriptor's 16-byte address units
-                wgmma_tile<kTileN>(acc, desc_a + 2 * step, desc_b + 2 * step, 1);
+                wgmma_tile<kTileN>(acc, desc_a + kStepUnits<kAKMajor> * step,
+                                   desc_b + kStepUnits<kBKMajor> * step, 1);
             }
             wgmma_commit();
             fence_accumulators(acc);
