@@ -76,7 +76,7 @@ def _parse_gemm_sm90_kernel(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value not in GEMM_SM90_KERNELS:
         raise ConfigError(f"{name}={raw!r}: use 'cutlass' (CUTLASS's kernel, the default) or 'light' (the raw-PTX "
-                          "kernel that compiles in seconds, for x @ w.t() layouts; not yet verified on a GPU)")
+                          "kernel that compiles in seconds; not yet verified on a GPU)")
     return value
 
 
@@ -202,8 +202,8 @@ class Config:
     gemm_sm90_kernel: Setting[str] = Setting(
         "JITOPS_GEMM_SM90_KERNEL", _parse_gemm_sm90_kernel, lambda: "cutlass",
         "jitops.gemm's sm_90a kernel: cutlass (default) or light (kernels/gemm/sm90_light_gemm.cu, raw PTX, about "
-        "1-2 s to compile instead of about 50 s; K-major A and B only, other classes keep CUTLASS's; unverified "
-        "on a GPU).  Read when a shape class's kernels are first built in a process.")
+        "1-4 s to compile instead of about 50 s; every layout, 16-byte aligned classes only, others keep CUTLASS's; "
+        "unverified on a GPU).  Read when a shape class's kernels are first built in a process.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")
