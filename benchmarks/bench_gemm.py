@@ -7,7 +7,7 @@
     python benchmarks/bench_gemm.py --survey   # beyond the goal's six: squares and LLM layer shapes (bf16)
     python benchmarks/bench_gemm.py --sweep-survey | --sweep-decode | --sweep-skinny
                                                # candidate configurations on the survey, decode or skinny shapes
-    python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS, x @ w.t()
+    python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import math
 import os
@@ -215,8 +216,9 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
 
 def light(bench) -> None:
     """The light sm_90a kernel (JITOPS_GEMM_SM90_KERNEL=light) against jitops.gemm's CUTLASS kernel and against
-    torch.matmul, on x @ w.t() (w (N, K): the layout it covers), the six shapes in both dtypes.  The light kernel
-    is loaded and launched directly, so one process times both kernels of the same class."""
+    torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major), the six shapes
+    in both dtypes.  The light kernel is loaded and launched directly, so one process times both kernels of the
+    same class."""
     from jitops import light_gemm
     from jitops.launch import current_stream, sm_count
 
@@ -224,20 +226,23 @@ def light(bench) -> None:
         raise SystemExit("bench_gemm --light: unset JITOPS_GEMM_SM90_KERNEL; the baseline is CUTLASS's kernel")
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name, dtype in DTYPES.items():
-        for m, n, k in SHAPES:
+        for (m, n, k), layout in itertools.product(SHAPES, ("x @ w.t()", "x @ w")):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
-            b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+            if layout == "x @ w":
+                b, ldb = torch.randn(k, n, device="cuda", dtype=dtype), n
+            else:
+                b, ldb = torch.randn(n, k, device="cuda", dtype=dtype).t(), k
             cls = G.shape_class(x, b, None, None, None)
             kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
             out = torch.empty(m, n, device="cuda", dtype=dtype)
             sms = sm_count(0)
 
-            def call(x=x, b=b, out=out, kernel=kernel, m=m, n=n, k=k):
-                light_gemm.run(kernel, x, b, out, None, m, n, k, k, k, 0, sms, current_stream(0))
+            def call(x=x, b=b, out=out, kernel=kernel, m=m, n=n, k=k, ldb=ldb):
+                light_gemm.run(kernel, x, b, out, None, m, n, k, k, ldb, 0, sms, current_stream(0))
                 return out
 
-            check_close(call(), torch.matmul(x, b), f"light {m}x{n}x{k} {name}")
-            shape, flops = f"{m}x{n}x{k}", 2 * m * n * k
+            check_close(call(), torch.matmul(x, b), f"light {m}x{n}x{k} {layout} {name}")
+            shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
             tile = f"128x{light_gemm.tile_n_for(cls.bucket)}x64"
             bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=name, ours=call,
                           baseline=lambda x=x, b=b: jitops.gemm(x, b), baseline_name="jitops.gemm (CUTLASS)",
@@ -424,7 +429,7 @@ def main() -> None:
     parser.add_argument("--sweep-decode", action="store_true", help="the decode tile widths on decode shapes")
     parser.add_argument("--sweep-skinny", action="store_true", help="the skinny candidates on skinny shapes")
     parser.add_argument("--light", action="store_true",
-                        help="the light sm_90a kernel against CUTLASS's and torch.matmul alone (x @ w.t())")
+                        help="the light sm_90a kernel against CUTLASS's and torch.matmul alone")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
