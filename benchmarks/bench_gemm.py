@@ -7,6 +7,7 @@
     python benchmarks/bench_gemm.py --survey   # beyond the goal's six: squares and LLM layer shapes (bf16)
     python benchmarks/bench_gemm.py --sweep-survey | --sweep-decode | --sweep-skinny
                                                # candidate configurations on the survey, decode or skinny shapes
+    python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import math
 import os
@@ -212,6 +214,44 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
     return row.speedup
 
 
+def light(bench) -> None:
+    """The light sm_90a kernel (JITOPS_GEMM_SM90_KERNEL=light) against jitops.gemm's CUTLASS kernel and against
+    torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major), the six shapes
+    in both dtypes.  The light kernel is loaded and launched directly, so one process times both kernels of the
+    same class."""
+    from jitops import light_gemm
+    from jitops.launch import current_stream, sm_count
+
+    if jitops.config.gemm_sm90_kernel != "cutlass":
+        raise SystemExit("bench_gemm --light: unset JITOPS_GEMM_SM90_KERNEL; the baseline is CUTLASS's kernel")
+    target = Target("cuda", torch.cuda.get_device_capability(0))
+    for name, dtype in DTYPES.items():
+        for (m, n, k), layout in itertools.product(SHAPES, ("x @ w.t()", "x @ w")):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            if layout == "x @ w":
+                b, ldb = torch.randn(k, n, device="cuda", dtype=dtype), n
+            else:
+                b, ldb = torch.randn(n, k, device="cuda", dtype=dtype).t(), k
+            cls = G.shape_class(x, b, None, None, None)
+            kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
+            out = torch.empty(m, n, device="cuda", dtype=dtype)
+            sms = sm_count(0)
+
+            def call(x=x, b=b, out=out, kernel=kernel, m=m, n=n, k=k, ldb=ldb):
+                light_gemm.run(kernel, x, b, out, None, m, n, k, k, ldb, 0, sms, current_stream(0))
+                return out
+
+            check_close(call(), torch.matmul(x, b), f"light {m}x{n}x{k} {layout} {name}")
+            shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
+            tile = f"128x{light_gemm.tile_n_for(cls.bucket)}x64"
+            bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=name, ours=call,
+                          baseline=lambda x=x, b=b: jitops.gemm(x, b), baseline_name="jitops.gemm (CUTLASS)",
+                          flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+            bench.compare(op="gemm light vs torch", shape=shape, dtype=name, ours=call,
+                          baseline=lambda x=x, b=b: torch.matmul(x, b), baseline_name="torch.matmul", flops=flops,
+                          timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+
+
 def survey(bench) -> None:
     """jitops.gemm against torch.matmul beyond the goal's shapes (bf16), every call timed on the device (CUDA
     graphs where short), so the table compares kernels; the host's cost per call is the overhead table's."""
@@ -388,6 +428,8 @@ def main() -> None:
     parser.add_argument("--sweep-survey", action="store_true", help="every survey candidate on the survey shapes")
     parser.add_argument("--sweep-decode", action="store_true", help="the decode tile widths on decode shapes")
     parser.add_argument("--sweep-skinny", action="store_true", help="the skinny candidates on skinny shapes")
+    parser.add_argument("--light", action="store_true",
+                        help="the light sm_90a kernel against CUTLASS's and torch.matmul alone")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
@@ -395,8 +437,8 @@ def main() -> None:
 
     from harness import Bench, time_cuda
 
-    bench = Bench("gemm", baseline=BASELINE, variant="tune" if args.tune_only else "survey" if args.survey else None,
-                  rounds=ROUNDS)
+    variant = "tune" if args.tune_only else "survey" if args.survey else "light" if args.light else None
+    bench = Bench("gemm", baseline=BASELINE, variant=variant, rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name in SWEEPS:
         if getattr(args, f"sweep_{name}"):
@@ -404,6 +446,10 @@ def main() -> None:
             return
     if args.survey:
         survey(bench)
+        bench.finish()
+        return
+    if args.light:
+        light(bench)
         bench.finish()
         return
     if args.tune_only:

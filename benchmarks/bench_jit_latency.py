@@ -184,8 +184,11 @@ def child(method: str, cache: str) -> dict:
 
 # One representative kernel per family: the first prewarm manifest item of its op (a large bf16 layer).
 # gemm_sm90 is the NVRTC build jitops.gemm runs; gemm_sm90_nvcc the same kernel with CUTLASS's host code, built
-# by nvcc (the reference of the bit-for-bit test, and what jitops.gemm compiled before).
-COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d")
+# by nvcc (the reference of the bit-for-bit test, and what jitops.gemm compiled before).  gemm_sm90_light is the
+# raw-PTX kernel JITOPS_GEMM_SM90_KERNEL=light builds for the same class with b K-major (x @ w.t()), and
+# gemm_sm90_light_fused its fused-epilogue build (bias and activation).
+COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d", "gemm_sm90_light",
+                    "gemm_sm90_light_fused")
 
 
 def family_request(family: str):
@@ -196,8 +199,8 @@ def family_request(family: str):
     from jitops.specs import Target
 
     gemm = importlib.import_module("jitops.ops.gemm")
-    op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm",
-               "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
+    op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
+               "gemm_sm90_light_fused": "gemm", "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
     target = Target.parse("sm_80" if family == "gemm_sm80" else "sm_90a")
     op = jitops.find(item["op"])
@@ -207,6 +210,11 @@ def family_request(family: str):
     if family == "gemm_sm90_nvcc":
         cls = op.shape_class(*args)
         return gemm.sm90_reference_request(cls, gemm.SM90_CONFIGS[cls.bucket]), target
+    if family.startswith("gemm_sm90_light"):
+        from jitops import light_gemm
+
+        cls = op.shape_class(*args)._replace(b_kmajor=True, fused=family.endswith("_fused"))
+        return light_gemm.request(cls), target
     return next(iter(requests.values())), target
 
 

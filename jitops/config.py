@@ -72,6 +72,17 @@ def _parse_compile_mode(name: str, raw: str) -> str:
 COMPILE_MODES = ("blocking", "background")
 
 
+def _parse_gemm_sm90_kernel(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in GEMM_SM90_KERNELS:
+        raise ConfigError(f"{name}={raw!r}: use 'cutlass' (CUTLASS's kernel, the default) or 'light' (the raw-PTX "
+                          "kernel that compiles in seconds; not yet verified on a GPU)")
+    return value
+
+
+GEMM_SM90_KERNELS = ("cutlass", "light")
+
+
 def _parse_positive_float(name: str, raw: str) -> float:
     value = _parse_float(name, raw)
     if value <= 0:
@@ -188,6 +199,11 @@ class Config:
         "blocking: a call on a new shape class waits for its kernels to compile (scripts, benchmarks); "
         "background: it runs torch's own implementation at once while the kernels compile in a worker pool, and "
         "later calls switch to them (notebooks).  Never applies with JITOPS_OFFLINE=1.")
+    gemm_sm90_kernel: Setting[str] = Setting(
+        "JITOPS_GEMM_SM90_KERNEL", _parse_gemm_sm90_kernel, lambda: "cutlass",
+        "jitops.gemm's sm_90a kernel: cutlass (default) or light (kernels/gemm/sm90_light_gemm.cu, raw PTX, about "
+        "1-4 s to compile instead of about 50 s; every layout, 16-byte aligned classes only, others keep CUTLASS's; "
+        "unverified on a GPU).  Read when a shape class's kernels are first built in a process.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")

@@ -59,7 +59,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .. import shapes
+from .. import light_gemm, shapes
+from ..config import config as settings
 from ..cutlass_host import GemmConfig, Sm90Gemm, epilogue_tile
 from ..launch import CudaFunction, current_stream, ensure_context, sm_count
 from ..op import Impl, op, public
@@ -540,6 +541,8 @@ def cuda_kernels(cls: GemmClass, target: Target):
     if cls.bucket == "empty" or cls.family == "aten":  # nothing to multiply, or cuBLAS (cuda_route)
         return {}
     if uses_sm90(cls, target):
+        if settings.gemm_sm90_kernel == "light" and light_gemm.unsupported(cls) is None:  # opt-in; else CUTLASS
+            return {"sm90_light": light_gemm.request(cls)}
         return {"sm90": sm90_request(cls, SM90_CONFIGS[cls.bucket])}
     return {"sm80": sm80_request(cls, sm80_config(cls))}
 
@@ -704,6 +707,10 @@ def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int,
     lib = kernels.__dict__.get("sm90")
     if lib is not None:
         run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, activation)
+    elif "sm90_light" in kernels.__dict__:
+        device = out.get_device()
+        light_gemm.run(kernels.sm90_light, a, b, out, bias, m, n, k, lda, ldb, activation, sm_count(device),
+                       current_stream(device))
     else:
         run_sm80(kernels.sm80, cls, sm80_config(cls), a, b, out, bias, m, n, k, lda, ldb, activation)
 

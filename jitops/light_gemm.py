@@ -1,0 +1,304 @@
+"""The host side of jitops.gemm's light sm_90a kernel (kernels/gemm/sm90_light_gemm.cu), chosen with
+JITOPS_GEMM_SM90_KERNEL=light; the default stays CUTLASS's kernel (jitops/cutlass_host.py).
+
+Why: CUTLASS's GemmUniversal takes about 49 s to compile through NVRTC on a 2-core machine, 41 s of it in the C++
+front end instantiating templates.  The light kernel is the same design (TMA into an mbarrier ring, wgmma from
+shared memory, a producer warpgroup and two consumers, persistent tiles) written against PTX with no includes:
+about 1 s unfused, 2 s with the fused epilogue, on the same machine (docs/benchmarks.md, "CUTLASS 3 through
+NVRTC").
+
+It covers every layout of A and B (K-major or MN-major each: x @ w.t(), x @ w and a training step's backward
+GEMMs), 16-byte aligned (N and the leading dimensions multiples of 8), bf16 or fp16 in, the inputs' type or fp32
+out, with the fused bias and activation.  `unsupported()` says why a class is not covered; jitops.gemm then
+builds CUTLASS's kernel.
+
+The kernel takes one 320-byte parameter (its `Params`): the two TMA descriptors, from the driver's
+cuTensorMapEncodeTiled, then D and bias pointers and six ints.  The kernel exports the launch facts (shared
+memory, threads, tile, stages, Params size) as the `__constant__` array jitops_light_gemm_info, read here from
+the cubin without a GPU; tests/test_light_gemm.py checks them against `expected_info`.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from typing import Any, NamedTuple
+
+import torch
+
+from . import shapes
+from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, _TmaDriver, elf_symbol
+from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
+from .specs import BuildRequest, CudaKernel, Source
+
+LIGHT_GEMM = CudaKernel(
+    "gemm_sm90_light", Source.file("gemm/sm90_light_gemm.cu"), "jitops_light::jitops_sm90_light_gemm", (),
+    arch_specific=True, defines=True)
+
+TILE_M, TILE_K = 128, 64
+CONSUMERS = 2                 # consumer warpgroups; one more warpgroup produces
+THREADS = 128 * (CONSUMERS + 1)
+MAX_SMEM = 232448             # H100: 227 KB of dynamic shared memory per block
+MAX_STAGES = 8
+GROUP_ROWS = 8                # tile rows per raster group (L2 reuse of B's tiles)
+OUT_TYPES = {torch.bfloat16: 0, torch.float16: 0, torch.float32: 1}
+IN_TYPES = {torch.bfloat16: 0, torch.float16: 1}
+
+# Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A and B, then D, bias, m, n, k, ldd, activation,
+# group_m.  The kernel's static_asserts hold it to these offsets.
+PARAMS_SIZE = 320
+TMA_A, TMA_B, FIELDS = 0, 128, 256
+_FIELDS = struct.Struct("<QQiiiiii")
+
+INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "a_kmajor",
+               "b_kmajor")
+
+
+class LightInfo(NamedTuple):
+    smem: int
+    threads: int
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    stages: int
+    params_size: int
+    tma_b: int
+    a_kmajor: int
+    b_kmajor: int
+
+    @staticmethod
+    def from_cubin(cubin: bytes) -> "LightInfo":
+        raw = elf_symbol(cubin, "jitops_light_gemm_info")
+        values = struct.unpack(f"<{len(raw) // 8}Q", raw)
+        if len(values) != len(INFO_FIELDS):
+            raise ValueError(f"jitops: the cubin's jitops_light_gemm_info has {len(values)} fields, expected "
+                             f"{len(INFO_FIELDS)}: kernels/gemm/sm90_light_gemm.cu and jitops/light_gemm.py "
+                             "disagree")
+        return LightInfo(*values)
+
+
+def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True) -> LightInfo:
+    """What the kernel computes for a tile width: as many 128 x 64 + tile_n x 64 stages as fit (at most 8), and
+    1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage."""
+    stage = (TILE_M + tile_n) * TILE_K * 2
+    stages = min((MAX_SMEM - 2048) // stage, MAX_STAGES)
+    return LightInfo(1024 + stages * stage + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages, PARAMS_SIZE,
+                     TMA_B, int(a_kmajor), int(b_kmajor))
+
+
+# ---- which classes, which tile --------------------------------------------------------------------------------
+def tile_n_for(bucket: str) -> int:
+    """128 x 256 tiles for the buckets where CUTLASS's kernel uses them, 128 x 128 elsewhere.  (Speed not yet
+    measured on a GPU: the choice follows the CUTLASS configurations, not a sweep.)"""
+    return 256 if bucket == "large" else 128
+
+
+def unsupported(cls: Any) -> str | None:
+    """Why the light kernel cannot run a jitops.gemm class (GemmClass), or None when it can."""
+    if cls.dtype not in IN_TYPES:
+        return f"inputs of {cls.dtype}"
+    if cls.out_dtype not in (cls.dtype, torch.float32):
+        return f"output of {cls.out_dtype}"
+    if cls.align != 8:
+        return "rows or leading dimensions not 16-byte aligned"
+    if cls.bucket in ("empty", "cpu"):
+        return f"bucket {cls.bucket!r}"
+    return None
+
+
+def request(cls: Any) -> BuildRequest:
+    return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
+                           LIGHT_OUT=OUT_TYPES[cls.out_dtype], LIGHT_TILE_N=tile_n_for(cls.bucket),
+                           LIGHT_FUSED=int(cls.fused), LIGHT_A_KMAJOR=int(cls.a_kmajor),
+                           LIGHT_B_KMAJOR=int(cls.b_kmajor))
+
+
+# ---- Params -------------------------------------------------------------------------------------------------------
+def operand_tma(kmajor: bool, rows: int, k: int, ld: int, box_rows: int) -> TmaArgs:
+    """A (M rows) or B (N rows) with leading dimension `ld` (elements, 16-bit), moved as UINT16 as CUTLASS moves
+    16-bit operands.  K-major (K contiguous): one box is a stage's tile, 64 elements of K (128 bytes, the
+    swizzle's width) by `box_rows` rows.  MN-major (rows contiguous): boxes of 64 rows (128 bytes) by 64 of K,
+    box_rows / 64 of them a stage."""
+    if kmajor:
+        return TmaArgs(TMA_UINT16, (k, rows), (ld * 2,), (TILE_K, box_rows), SWIZZLE_128B)
+    return TmaArgs(TMA_UINT16, (rows, k), (ld * 2,), (64, TILE_K), SWIZZLE_128B)
+
+
+class Problem(NamedTuple):
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldd: int
+    activation: int
+    sm_count: int
+
+
+def grid(problem: Problem, tile_n: int) -> tuple[int, int, int]:
+    """One persistent CTA an SM, never more CTAs than tiles."""
+    tiles = -(-problem.m // TILE_M) * -(-problem.n // tile_n)
+    return max(1, min(problem.sm_count, tiles)), 1, 1
+
+
+def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, int, int], encode
+                ) -> tuple[bytearray, tuple[int, int, int]]:
+    """Params bytes of one problem and its grid.  `encode(buffer, offset, TmaArgs, address)` writes a descriptor
+    (the driver's, or a recorder in tests)."""
+    p = problem
+    a, b, d, bias = addresses
+    tiles_m = -(-p.m // TILE_M)
+    params = bytearray(info.params_size)
+    _FIELDS.pack_into(params, FIELDS, d, bias, p.m, p.n, p.k, p.ldd, p.activation, min(GROUP_ROWS, tiles_m))
+    buffer = (ctypes.c_char * len(params)).from_buffer(params)
+    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M), a)
+    encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), p.n, p.k, p.ldb, info.tile_n), b)
+    return params, grid(p, info.tile_n)
+
+
+def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int]
+                  ) -> None:
+    """What the kernel assumes and the class already guarantees, checked once per packed problem: TMA wants
+    16-byte aligned operands and strides, the epilogue stores column pairs."""
+    if min(m, n, k) < 1:
+        raise ValueError(f"jitops.gemm (light sm_90a kernel): empty problem {m}x{n}x{k}")
+    if n % 8 or lda % 8 or ldb % 8 or ldd % 2 or addresses[0] % 16 or addresses[1] % 16:
+        raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, lda={lda}, ldb={ldb} must be multiples of 8 "
+                         "and A and B 16-byte aligned; this class should have taken CUTLASS's kernel")
+
+
+# ---- the driver ---------------------------------------------------------------------------------------------------
+class _LightDriver:
+    """The driver calls LightGemm makes: descriptors through _TmaDriver, launches through jitops.launch's driver
+    (ctypes, or CuPy's binding once the process is hot)."""
+
+    def __init__(self) -> None:
+        self._tma = _TmaDriver.get()
+        self.replace = self._tma.replace
+        self.set_shared_memory = self._tma.set_shared_memory
+        self._driver = _Driver.get()
+        self.address_field = self._find_address_field()
+
+    def _find_address_field(self) -> int | None:
+        """Where a rank-2 descriptor keeps its global address (_TmaDriver probes a rank-3 one; the format is the
+        driver's, so it is probed again rather than assumed): encode, move it with cuTensorMapReplaceAddress, see
+        which 8 bytes changed.  None: every patch goes through the driver."""
+        probe = (ctypes.c_char * 128)()
+        first, second = 0x10000000, 0x7654321000
+        self.encode_into(probe, 0, operand_tma(True, 64, 64, 64, TILE_M), first)
+        before = bytes(probe)
+        scratch = (ctypes.c_char * 192)()
+        aligned = (ctypes.addressof(scratch) + 63) // 64 * 64
+        ctypes.memmove(aligned, probe, 128)
+        if self.replace(aligned, second):
+            return None
+        after = ctypes.string_at(aligned, 128)
+        changed = [i for i in range(128) if before[i] != after[i]]
+        for at in range(0, 121, 8):
+            if struct.unpack_from("<Q", before, at)[0] == first and struct.unpack_from("<Q", after, at)[0] == second \
+                    and all(at <= i < at + 8 for i in changed):
+                return at
+        return None
+
+    def encode_into(self, buffer: Any, offset: int, args: TmaArgs, address: int) -> None:
+        """cuTensorMapEncodeTiled into a 64-byte aligned scratch (the driver asks for an aligned tensor map; a
+        bytearray is only 16-byte aligned), then copied into Params, which the launch copies anyway."""
+        scratch = (ctypes.c_char * 192)()
+        aligned = (ctypes.addressof(scratch) + 63) // 64 * 64 - ctypes.addressof(scratch)
+        self._tma.encode_into(scratch, aligned, args, address)
+        ctypes.memmove(ctypes.addressof(buffer) + offset, ctypes.addressof(scratch) + aligned, 128)
+
+    def launch(self, function: CudaFunction, grid: tuple[int, int, int], block: int, smem: int, stream: int,
+               params_address: int) -> None:
+        try:
+            self._driver.launch(function.handle, *grid, block, 1, 1, smem, stream, params_address, 0)
+        except Exception as exc:  # noqa: BLE001 - a thread without a context is mended once; the rest re-raised
+            if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+                raise
+            _bind_context(function.device_index)
+            self._driver.launch(function.handle, *grid, block, 1, 1, smem, stream, params_address, 0)
+
+
+class LightGemm:
+    """The light kernel (an NVRTC cubin) with its host side: `run(...)` is one GEMM.  Like Sm90Gemm, a problem's
+    Params are packed once and reused; a call patches the operands' addresses."""
+
+    def __init__(self, function: CudaFunction, info: LightInfo | None = None, driver: Any = None) -> None:
+        self.function = function
+        self.info = info or LightInfo.from_cubin(function._cubin)
+        self._driver = driver or _LightDriver()
+        self._lock = threading.Lock()
+        self._problems: dict[tuple, _Packed] = {}
+        self._attribute_set = False
+
+    def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
+            activation: int, sm_count: int, stream: int) -> None:
+        key = (m, n, k, lda, ldb, ldd, activation, sm_count)
+        with self._lock:
+            packed = self._problems.get(key)
+            if packed is None:
+                check_problem(m, n, k, lda, ldb, ldd, (a, b, d, bias))
+                if not self._attribute_set:
+                    self._driver.set_shared_memory(self.function, self.info.smem)
+                    self._attribute_set = True
+                if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
+                    self._problems.clear()
+                params, launch_grid = pack_params(self.info, Problem(*key), (a, b, d, bias), self._driver.encode_into)
+                packed = self._problems[key] = _Packed(self, params, launch_grid, (a, b, d, bias))
+            packed.launch(a, b, d, bias, stream)
+
+
+class _Packed:
+    def __init__(self, owner: LightGemm, params: bytearray, grid: tuple[int, int, int],
+                 addresses: tuple[int, int, int, int]) -> None:
+        self.owner = owner
+        self.params = (ctypes.c_char * len(params)).from_buffer(params)
+        self._keep = params
+        self._address = ctypes.addressof(self.params)
+        self.kernel_params = (ctypes.c_void_p * 1)(self._address)
+        self._kernel_params_address = ctypes.addressof(self.kernel_params)
+        self.grid = grid
+        self.addresses = addresses
+        field = owner._driver.address_field
+        self._field = field
+        self._descriptors = (TMA_A, owner.info.tma_b)
+
+    def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
+        if (a, b, d, bias) != self.addresses:
+            self._patch(a, b, d, bias)
+        owner = self.owner
+        owner._driver.launch(owner.function, self.grid, owner.info.threads, owner.info.smem, stream,
+                             self._kernel_params_address)
+
+    def _patch(self, a: int, b: int, d: int, bias: int) -> None:
+        if (a, b) != self.addresses[:2]:
+            for offset, address in zip(self._descriptors, (a, b)):
+                if self._field is not None:
+                    struct.pack_into("<Q", self.params, offset + self._field, address)
+                else:
+                    status = self.owner._driver.replace(self._address + offset, address)
+                    if status:
+                        raise DriverError("cuTensorMapReplaceAddress", status)
+        struct.pack_into("<QQ", self.params, FIELDS, d, bias)
+        self.addresses = (a, b, d, bias)
+
+
+def host(kernel: CudaFunction) -> LightGemm:
+    """The host side of a loaded light kernel, made once and kept on it."""
+    found = kernel.__dict__.get("light_host")
+    if found is None:
+        found = kernel.__dict__.setdefault("light_host", LightGemm(kernel))
+    return found
+
+
+def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
+        m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> None:
+    """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
+    (row- or column-major each), with leading dimensions lda and ldb."""
+    (kernel.__dict__.get("light_host") or host(kernel)).run(
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
+        activation, sm_count, stream)
+
+
+__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "expected_info", "operand_tma", "pack_params", "request",
+           "tile_n_for", "unsupported"]

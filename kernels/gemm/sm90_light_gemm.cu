@@ -1,0 +1,296 @@
+// jitops.gemm on sm_90a without CUTLASS: a warp-specialized TMA + wgmma GEMM written against PTX directly, so
+// the compiler front end has almost nothing to instantiate (JITOPS_GEMM_SM90_KERNEL=light; the default is
+// CUTLASS's kernel, sm90_gemm_kernel.cu).
+//
+//   D (M, N, row-major, ldd) = act(A (M, K) . B (K, N) + bias (N)), fp32 accumulation.  Each operand is
+//   K-major (A row-major; B column-major, i.e. F.linear's weight (N, K) as w.t()) or MN-major (A column-major,
+//   B row-major): a transposed view is a layout, not a copy.
+//
+// One CTA per SM, persistent over output tiles of 128 x LIGHT_TILE_N (K step 64):
+//   - warpgroup 2, one thread: the producer.  TMA loads A's and B's tiles (128-byte swizzle) into a ring of
+//     kStages shared-memory stages; a "full" mbarrier per stage counts the bytes in, an "empty" one the
+//     consumers' release;
+//   - warpgroups 0 and 1: the consumers, 64 rows of the tile each.  wgmma m64nNk16 from shared memory into fp32
+//     registers, one k-block's wgmmas kept in flight; then a plain register -> global epilogue (bias,
+//     activation, rounding) while the producer already loads the next tile.
+// Tiles are visited in groups of `group_m` tile rows (the L2 reuse of a swizzled raster).  The host side is
+// Python's (jitops/light_gemm.py): the two TMA descriptors come from the driver's cuTensorMapEncodeTiled.
+//
+// Configuration (-D macros):
+//   LIGHT_T       0: bf16, 1: fp16 (A, B and bias)
+//   LIGHT_OUT     0: D has the inputs' type, 1: fp32
+//   LIGHT_TILE_N  128 or 256
+//   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
+//   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
+// Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A and B with
+// leading dimensions that are multiples of 8 elements; M, N, K below 2**31.
+#if LIGHT_T == 0
+#define LIGHT_AB "bf16"
+#else
+#define LIGHT_AB "f16"
+#endif
+
+#include "sm90_light_gemm.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "sm90_light_gemm.cu needs sm_90a (wgmma, setmaxnreg)"
+#endif
+
+namespace jitops_light {
+
+constexpr int kTileM = 128;
+constexpr int kTileN = LIGHT_TILE_N;
+constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
+constexpr bool kAKMajor = LIGHT_A_KMAJOR;
+constexpr bool kBKMajor = LIGHT_B_KMAJOR;
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr u32 kBytesA = kTileM * kTileK * 2;
+constexpr u32 kBytesB = kTileN * kTileK * 2;
+constexpr u32 kStageBytes = kBytesA + kBytesB;
+// H100's 227 KB of shared memory per block, less 1 KB of alignment slack and the barriers.
+constexpr u32 kMaxSmem = 232448;
+constexpr int kStagesFit = (kMaxSmem - 2048) / kStageBytes;
+constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
+constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+// Registers: 65536 over 384 threads; the producer gives back all it can (40), the consumers take 232 each
+// (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
+constexpr u32 kProducerRegisters = 40;
+constexpr u32 kConsumerRegisters = 232;
+static_assert(kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 128 or 256");
+static_assert(kStages >= 2, "shared memory holds fewer than two stages");
+static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
+
+// The kernel's one parameter.  jitops/light_gemm.py packs it at fixed offsets: A's descriptor at 0, B's at 128,
+// then d 256, bias 264, the ints from 272; every field is naturally aligned, so the sizes below fix the layout.
+// (No offsetof: NVRTC 13.0 rejects __builtin_offsetof, and libcu++'s <cuda/std/cstddef> is the only include this
+// kernel would need.)
+struct alignas(64) Params {
+    TmaDescriptor a;  // A: dims (K, M), box (64, 128); MN-major: dims (M, K), box (64, 64)
+    TmaDescriptor b;  // B: dims (K, N), box (64, kTileN); MN-major: dims (N, K), box (64, 64)
+    void* d;
+    const void* bias;  // null: no bias
+    int m, n, k;
+    int ldd;
+    int activation;  // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
+    int group_m;     // tile rows per raster group, >= 1
+};
+static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
+              sizeof(Params) == 320 && alignof(Params) == 64, "Params layout");
+
+// Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
+extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
+    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor), kAKMajor, kBKMajor};
+
+__device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
+                                                 int& n_block) {
+    const int per_group = group_m * tiles_n;
+    const int group = tile / per_group;
+    const int first_m = group * group_m;
+    const int rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;
+    const int in_group = tile - group * per_group;
+    m_block = first_m + in_group % rows;
+    n_block = in_group / rows;
+}
+
+// The epilogue is unrolled over a thread's 64-128 accumulators, so the activation's code is repeated that often:
+// with CUDA's erff and tanhf (branches, slow paths) it made ptxas take 3.2 s of a 5.5 s compile of the 128 x 256
+// kernel.  Instead, one branch-free formula for both GELUs, 0.5 v (1 + s), with one fast exp and one fast
+// reciprocal:
+//   gelu:      s = erf(v / sqrt 2) by Abramowitz & Stegun 7.1.26 (absolute error 1.5e-7): with x = |v| / sqrt 2,
+//              t = 1 / (1 + 0.3275911 x), erf = 1 - poly(t) e^(-x^2), signed like v;
+//   gelu_tanh: s = tanh(u) = 1 - 2 / (1 + e^(2u)), u = sqrt(2 / pi) (v + 0.044715 v^3).
+__device__ __forceinline__ float activate(float v, int activation) {
+    const bool erf_form = activation == 2;
+    const float x = fabsf(v) * 0.70710678118654752f;
+    const float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+    const float e = __expf(erf_form ? -x * x : 2.f * u);
+    const float t = __fdividef(1.f, erf_form ? 1.f + 0.3275911f * x : 1.f + e);
+    const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t +
+                        0.254829592f) * t;
+    const float s = erf_form ? copysignf(1.f - poly * e, v) : 1.f - 2.f * t;
+    const float gelu = 0.5f * v * (1.f + s);
+    return activation >= 2 ? gelu : activation == 1 ? fmaxf(v, 0.f) : v;
+}
+
+__device__ __forceinline__ float load_bias(const void* bias, int col) {
+    const unsigned short bits = static_cast<const unsigned short*>(bias)[col];
+#if LIGHT_T == 0
+    return __uint_as_float(static_cast<u32>(bits) << 16);  // bf16 -> fp32 is exact: the high half
+#else
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(bits));
+    return v;
+#endif
+}
+
+// Two adjacent outputs (row, col) and (row, col + 1); col is even and N is a multiple of 8, so both are inside.
+__device__ __forceinline__ void store_pair(const Params& p, long long row, int col, float v0, float v1) {
+    const long long at = row * p.ldd + col;
+#if LIGHT_OUT == 1
+    float2 pair;
+    pair.x = v0;
+    pair.y = v1;
+    *reinterpret_cast<float2*>(static_cast<float*>(p.d) + at) = pair;
+#else
+    u32 packed;  // cvt's first source goes to the upper half
+    asm("cvt.rn." LIGHT_AB "x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v1), "f"(v0));
+    *reinterpret_cast<u32*>(static_cast<unsigned short*>(p.d) + at) = packed;
+#endif
+}
+
+template <int kN>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
+    if constexpr (kN == 256) {
+        wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
+    } else {
+        wgmma_m64n128k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
+    }
+}
+
+// One operand's tile of a stage, kRows (M or N) by 64 (K).  K-major: one box.  MN-major: a box can be 128 bytes
+// wide at most with the 128-byte swizzle, so kRows / 64 boxes of 64 x 64, 8 KB apart.
+template <bool kKMajor, int kRows>
+__device__ __forceinline__ void load_tile(const TmaDescriptor* desc, u32 dst, u32 bar, int k0, int row0) {
+    if constexpr (kKMajor) {
+        tma_load_2d(desc, dst, bar, k0, row0);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kRows / 64; ++j) tma_load_2d(desc, dst + j * 8192, bar, row0 + 64 * j, k0);
+    }
+}
+
+template <bool kKMajor>
+__device__ __forceinline__ u64 tile_descriptor(u32 smem) {
+    return kKMajor ? kmajor_sw128_descriptor(smem) : mnmajor_sw128_descriptor(smem);
+}
+
+// 16 elements of K in the descriptor's 16-byte address units: 32 bytes along a K-major row, 16 rows of 128 bytes
+// of an MN-major box.
+template <bool kKMajor>
+constexpr u64 kStepUnits = kKMajor ? 2 : 128;
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm(const __grid_constant__ Params p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The swizzle pattern follows address bits 4-9, which the wgmma descriptors assume start at 0.
+    const u32 raw = smem_address(smem_raw);
+    const u32 base = (raw + 1023) & ~1023u;
+    const u32 smem_a = base;
+    const u32 smem_b = base + kStages * kBytesA;
+    const u32 full = base + kStages * kStageBytes;
+    const u32 empty = full + kStages * 8;
+
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int warpgroup = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(full + 8 * s, 1);                   // the producer's arrive + TMA bytes
+            mbarrier_init(empty + 8 * s, kConsumers * 4);     // one arrival per consumer warp
+        }
+        fence_barrier_init();
+    }
+    if (threadIdx.x == 128 * kConsumers) {
+        tma_prefetch_descriptor(&p.a);
+        tma_prefetch_descriptor(&p.b);
+    }
+    __syncthreads();
+
+    const int tiles_m = (p.m + kTileM - 1) / kTileM;
+    const int tiles_n = (p.n + kTileN - 1) / kTileN;
+    const int tiles = tiles_m * tiles_n;
+    const int k_blocks = (p.k + kTileK - 1) / kTileK;
+
+    if (warpgroup == kConsumers) {
+        registers_decrease<kProducerRegisters>();
+        if (threadIdx.x != 128 * kConsumers) return;
+        int stage = 0;
+        u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int m_block, n_block;
+            tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+            for (int kb = 0; kb < k_blocks; ++kb) {
+                mbarrier_wait(empty + 8 * stage, phase ^ 1);
+                const u32 bar = full + 8 * stage;
+                mbarrier_arrive_expect_tx(bar, kStageBytes);
+                load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
+                if (++stage == kStages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    registers_increase<kConsumerRegisters>();
+    int stage = 0;
+    u32 phase = 0;
+    // This warpgroup's 64 rows of every A stage: 64 rows of 128 bytes (K-major), or the second 64 x 64 box
+    // (MN-major); 8 KB on either way.
+    const u32 a_rows = smem_a + warpgroup * 8192;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int m_block, n_block;
+        tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+        float acc[kTileN / 2];
+#pragma unroll
+        for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.f;
+
+        int previous = -1;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+            mbarrier_wait(full + 8 * stage, phase);
+            const u64 desc_a = tile_descriptor<kAKMajor>(a_rows + stage * kBytesA);
+            const u64 desc_b = tile_descriptor<kBKMajor>(smem_b + stage * kBytesB);
+            fence_accumulators(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int step = 0; step < kTileK / 16; ++step) {
+                wgmma_tile<kTileN>(acc, desc_a + kStepUnits<kAKMajor> * step,
+                                   desc_b + kStepUnits<kBKMajor> * step, 1);
+            }
+            wgmma_commit();
+            fence_accumulators(acc);
+            wgmma_wait<1>();  // the previous k-block's wgmmas are done: release its stage
+            if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
+            previous = stage;
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
+
+        // Epilogue: registers straight to global memory, two adjacent columns a store.
+        const int row0 = m_block * kTileM + warpgroup * 64 + (warp % 4) * 16 + lane / 4;
+        const int col0 = n_block * kTileN + 2 * (lane % 4);
+#pragma unroll
+        for (int c = 0; c < kTileN / 8; ++c) {
+            const int col = col0 + 8 * c;
+            if (col >= p.n) continue;
+#if LIGHT_FUSED
+            float b0 = 0.f, b1 = 0.f;
+            if (p.bias != nullptr) {
+                b0 = load_bias(p.bias, col);
+                b1 = load_bias(p.bias, col + 1);
+            }
+            if (row0 < p.m) {
+                store_pair(p, row0, col, activate(acc[4 * c] + b0, p.activation),
+                           activate(acc[4 * c + 1] + b1, p.activation));
+            }
+            if (row0 + 8 < p.m) {
+                store_pair(p, row0 + 8, col, activate(acc[4 * c + 2] + b0, p.activation),
+                           activate(acc[4 * c + 3] + b1, p.activation));
+            }
+#else
+            if (row0 < p.m) store_pair(p, row0, col, acc[4 * c], acc[4 * c + 1]);
+            if (row0 + 8 < p.m) store_pair(p, row0 + 8, col, acc[4 * c + 2], acc[4 * c + 3]);
+#endif
+        }
+    }
+}
+
+}  // namespace jitops_light
