@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import importlib
 import os
 import statistics
@@ -197,34 +198,31 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                        conv_module.wgrad_tile_serves(t, wgrad_c, wgrad_rs)]
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
-                conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False  # a class of its own
+                knobs = dict(conv2d_wgrad_reduce_kernel=False, conv2d_wgrad_direct=False)  # a class of its own
             else:
-                conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+                knobs = dict(conv2d_tile={name: tile}, conv2d_splits={name: splits})
             try:
-                error = relative_error(ours(sets[0]), base(sets[0]))
-                cls = classes[name](sets[0])
-                chosen = f"{cls.tile}/{cls.splits}"
-                if base_ms is None:
-                    base_ms = time_graphed([lambda s=s: base(s) for s in sets])
-                ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
-                row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
-                                  base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
-                                  base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
-                                                          tile=chosen, timing="graph"))
-                bench.rows.append(row)
-                print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
-                      f"x{row.speedup:.2f}  {row.ours_rate:6.1f} TFLOP/s  err {error:.1e}", flush=True)
-                if tile is None and eager:
-                    bench.compare(op=f"{name} eager", shape=shape, dtype="fp16", ours=lambda: ours(next_set()),
-                                  baseline=lambda: base(next_set()), baseline_name="cuDNN", flops=flops,
-                                  rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
+                with jitops.config.scope(**knobs):
+                    error = relative_error(ours(sets[0]), base(sets[0]))
+                    cls = classes[name](sets[0])
+                    chosen = f"{cls.tile}/{cls.splits}"
+                    if base_ms is None:
+                        base_ms = time_graphed([lambda s=s: base(s) for s in sets])
+                    ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
+                    operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
+                    row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
+                                      base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
+                                      base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
+                                                              tile=chosen, timing="graph"))
+                    bench.rows.append(row)
+                    print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
+                          f"x{row.speedup:.2f}  {row.ours_rate:6.1f} TFLOP/s  err {error:.1e}", flush=True)
+                    if tile is None and eager:
+                        bench.compare(op=f"{name} eager", shape=shape, dtype="fp16", ours=lambda: ours(next_set()),
+                                      baseline=lambda: base(next_set()), baseline_name="cuDNN", flops=flops,
+                                      rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
             except Exception as exc:  # a configuration that fails is reported, the sweep goes on
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
-            finally:
-                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-                if tile == "torch-reduce":
-                    conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = True
 
 
 def weighted_totals(rows) -> dict[str, str]:
@@ -329,7 +327,7 @@ def main() -> int:
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
     parser.add_argument("--serial-dgrad-phases", action="store_true",
                         help="run a strided dgrad's phases one after another on the caller's stream (an A/B of "
-                             "conv2d.DGRAD_PHASE_STREAMS)")
+                             "config.conv2d_dgrad_phase_streams)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
     args = parser.parse_args()
@@ -355,7 +353,8 @@ def main() -> int:
         REPLAYS["graph"] = 10
         harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
-    conv_module.DGRAD_PHASE_STREAMS = not args.serial_dgrad_phases
+    # Held for the rest of the run (this process runs one benchmark).
+    contextlib.ExitStack().enter_context(jitops.config.scope(conv2d_dgrad_phase_streams=not args.serial_dgrad_phases))
     bench = harness.Bench("conv2d", baseline="cuDNN (torch conv2d and aten.convolution_backward, "
                           "cudnn.benchmark on)", variant=variant_of(args))
     layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
@@ -390,7 +389,7 @@ def main() -> int:
     for name, value in weighted_totals(bench.rows).items():
         bench.summarize(**{name: value})
     bench.summarize(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
-               cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=conv_module.DGRAD_PHASE_STREAMS)
+               cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=jitops.config.conv2d_dgrad_phase_streams)
     bench.finish()
     return 0
 

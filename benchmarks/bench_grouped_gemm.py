@@ -233,22 +233,17 @@ def run_sweep(x, w, offsets, As, Bs, flops, flops_uniform) -> dict:
         results[f"{name} torch._grouped_mm"] = round(f / (ms * 1e-3) / 1e12, 1)
         print(f"  sweep {name:8s} {'torch._grouped_mm':32s} {results[f'{name} torch._grouped_mm']:6.1f} TFLOP/s")
         for config in gg.CONFIGS:
-            gg.config_override = config
-            try:
-                for schedule in schedules:
-                    gg.schedule_override = schedule
+            for schedule in schedules:
+                with jitops.config.scope(grouped_gemm_config=config, grouped_gemm_schedule=schedule):
                     try:
                         with jitops.config.scope(offline=True):
                             fn()
                     except jitops.CacheMissError:
                         break
                     ms = time_cuda(fn, min_ms=60.0)
-                    label = f"{name} {config} r{schedule[0]}s{schedule[1]}"
-                    results[label] = round(f / (ms * 1e-3) / 1e12, 1)
-                    print(f"  sweep {label:41s} {results[label]:6.1f} TFLOP/s", flush=True)
-            finally:
-                gg.config_override = None
-                gg.schedule_override = None
+                label = f"{name} {config} r{schedule[0]}s{schedule[1]}"
+                results[label] = round(f / (ms * 1e-3) / 1e12, 1)
+                print(f"  sweep {label:41s} {results[label]:6.1f} TFLOP/s", flush=True)
     return results
 
 

@@ -30,18 +30,17 @@ def main(name: str) -> int:
                    if name != "wgrad" or conv_module.wgrad_tile_serves(t, c, (r, s))]
         configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else []
         for tile, splits in configs:
-            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
             started = time.perf_counter()
-            if name == "fprop":
-                got, want = jitops.conv2d(x, wt, None, stride, padding), yf
-            elif name == "dgrad":
-                got, want = jitops.conv2d_input_grad(grad, wt, x.shape, stride, padding), dxf
-            else:
-                got, want = jitops.conv2d_weight_grad(grad, x, wt.shape, stride, padding), dwf
+            with jitops.config.scope(conv2d_tile={name: tile}, conv2d_splits={name: splits}):
+                if name == "fprop":
+                    got, want = jitops.conv2d(x, wt, None, stride, padding), yf
+                elif name == "dgrad":
+                    got, want = jitops.conv2d_input_grad(grad, wt, x.shape, stride, padding), dxf
+                else:
+                    got, want = jitops.conv2d_weight_grad(grad, x, wt.shape, stride, padding), dwf
             torch.cuda.synchronize()
             error = float((got.double() - want.double()).norm() / want.double().norm())
             worst = max(worst, error if error == error else float("inf"))
-            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
             print(f"{name} {tile:8s}/{splits} x{(n, c, h, w)} w{(k, c, r, s)} s{stride} p{padding}: "
                   f"rel err {error:.2e} ({(time.perf_counter() - started) * 1e3:.1f} ms, strides {got.stride()})",
                   flush=True)

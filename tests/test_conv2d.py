@@ -545,11 +545,8 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     (c, k), (r, s) = (x.shape[1], w.shape[0]), w.shape[2:]
     im2col = c <= conv_module.IM2COL_MAX_CHANNELS and r * s > 1
     assert hasattr(kern, "wgrad_direct") == (splits == 1 and c % 8 == 0 and k % 8 == 0 and not im2col)
-    conv_module.WGRAD_REDUCE_KERNEL = False  # the torch reduction the benchmarks compare it with
-    try:
+    with jitops.config.scope(conv2d_wgrad_reduce_kernel=False):  # the torch reduction the benchmarks compare
         dw = conv_module.run_weight_grad_cuda(kern, *args)
-    finally:
-        conv_module.WGRAD_REDUCE_KERNEL = True
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
 
@@ -584,15 +581,12 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
             ((2, 4, 10, 10), (8, 3, 3), (2, 2), (0, 1), (1, 1), 2)):
         x = torch.randn(n, c, h, wd).contiguous(memory_format=torch.channels_last)
         w, b = torch.randn(k, c, r, s), torch.randn(k)
-        conv_module.FOLD_OVERRIDE = fold
-        try:
+        with jitops.config.scope(conv2d_fold=fold):
             kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, stride, padding, dilation), "fprop")
             grad = torch.randn_like(reference(x, w, b, stride, padding, dilation))
             grad_kerns = [cuda_path_on_cpu(jitops.conv2d_weight_grad, (grad, x, list(w.shape), stride, padding,
                                                                          dilation), "wgrad", splits=splits)
                           for splits in (1, 3)]
-        finally:
-            conv_module.FOLD_OVERRIDE = None
         assert kern.shape_class.fold == fold and all(g.shape_class.fold == fold for g in grad_kerns)
         y = conv_module.run_cuda(kern, x, w, b, stride, padding, dilation)
         [conv] = kern.fprop.calls
@@ -622,11 +616,8 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
     # layer4 3x3 512->512 at 7x7: few M tiles, long k-loops -> 128x64 pairs sharing the activation tile; fprop
     # never splits K unless forced (it measured slower)
     assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64c1x2", 1)
-    conv_module.SPLIT_OVERRIDE["fprop"] = 2
-    try:
+    with jitops.config.scope(conv2d_splits={"fprop": 2}):
         assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_module.SPLIT_TILE, 2)
-    finally:
-        conv_module.SPLIT_OVERRIDE["fprop"] = None
     # wgrad (the fitted cost model): a 64-output-channel 3x3 layer over 64 channels takes the tile of a whole
     # filter row (3 taps x 64 channels: 3 work tiles per slice) and splits its 1568 k-steps to fill the SMs;
     # short k-loops (the 7x7 layers) do not split, and a 1x1 one takes a cluster; the 3x3 256 reference layer
@@ -641,22 +632,27 @@ def test_plans_give_every_split_work_and_follow_the_gemm_shape():
                              k_tiles=392)
     assert cost(16) < cost(1) and cost(16) < cost(131)
     for name in ("fprop", "dgrad"):
-        conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = "128x256", 1
-        try:
+        with jitops.config.scope(conv2d_tile={name: "128x256"}, conv2d_splits={name: 1}):
             assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
-        finally:
-            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-    conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "128x256", 1
-    try:
+    with jitops.config.scope(conv2d_tile={"wgrad": "128x256"}, conv2d_splits={"wgrad": 1}):
         assert conv_module.plan_wgrad(256, 256, (3, 3), 36) == ("128x256", 1, True)
-        # a tile over a filter row of 3 taps x 64 channels cannot run a 1x1 filter or 128 channels
-        conv_module.TILE_OVERRIDE["wgrad"] = "64x192t3"
+    # a tile over a filter row of 3 taps x 64 channels cannot run a 1x1 filter or 128 channels
+    with jitops.config.scope(conv2d_tile={"wgrad": "64x192t3"}, conv2d_splits={"wgrad": 1}):
         for channels, filter_rs in ((64, (1, 1)), (128, (3, 3)), (64, (3, 5))):
             with pytest.raises(ValueError, match="64x192t3.*3 taps x 64 channels"):
                 conv_module.plan_wgrad(64, channels, filter_rs, 36)
         assert conv_module.plan_wgrad(64, 64, (3, 3), 36)[0] == "64x192t3"
-    finally:
-        conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
+    # a tile the plan does not have, and malformed overrides, are refused by name
+    with jitops.config.scope(conv2d_tile={"fprop": "96x96"}):
+        with pytest.raises(ValueError, match=r"config.conv2d_tile\['fprop'\] is '96x96'"):
+            conv_module.plan_gemm("fprop", 100352, 256, 36)
+    for bad in ({"fpropp": "128x64"}, {"fprop": 128}, ["fprop"]):
+        with pytest.raises(jitops.ConfigError, match="conv2d_tile"):
+            with jitops.config.scope(conv2d_tile=bad):
+                pass
+    with pytest.raises(jitops.ConfigError, match="conv2d_splits"):
+        with jitops.config.scope(conv2d_splits={"wgrad": 0}):
+            pass
 
 
 def test_wgrad_work_tiles_count_the_filter_mode_as_the_kernel_tiles_it():
@@ -705,11 +701,8 @@ def test_overrides_reach_the_shape_class():
     w = torch.empty(256, 256, 3, 3, device="meta", dtype=torch.float16)
     seen = set()
     for tile in conv_module.OPERATOR_TILES["fprop"]:
-        conv_module.TILE_OVERRIDE["fprop"] = tile
-        try:
+        with jitops.config.scope(conv2d_tile={"fprop": tile}):
             seen.add(conv_module.shape_class(x, w, None, 1, 1, 1).tile)
-        finally:
-            conv_module.TILE_OVERRIDE["fprop"] = None
     assert seen == set(conv_module.OPERATOR_TILES["fprop"])
 
 

@@ -98,16 +98,13 @@ def test_every_tile_and_split_configuration_is_correct(case):
         # wgrad: the plan runs one slice here (written directly into dw); force slices too
         configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5), ("128x64", 2)]
         for tile, splits in configs:
-            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
-            try:
+            with jitops.config.scope(conv2d_tile={name: tile}, conv2d_splits={name: splits}):
                 if name == "wgrad":
                     cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
                     assert cls.flat == conv_module.wgrad_flat(tile, 64, w.shape[2:]), cls
                     assert cls.flat == (w.shape[2] == 1 or conv_module.TILES[tile].channels == 64), cls
                 error = relative_error(call(), want)
-                assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
-            finally:
-                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+            assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
@@ -122,13 +119,10 @@ def test_tap_tile_wgrad_on_strided_dilated_and_ragged_layers(dtype):
         grad = torch.randn_like(F.conv2d(x.float(), w.float(), None, *geometry)).to(dtype)
         _, (_, dw_ref) = fp32_reference(x, w, None, *geometry, grad=grad)
         for splits in (1, 2):
-            conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "64x192t3", splits
-            try:
+            with jitops.config.scope(conv2d_tile={"wgrad": "64x192t3"}, conv2d_splits={"wgrad": splits}):
                 cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
                 assert (cls.tile, cls.splits, cls.flat) == ("64x192t3", splits, True), cls
                 dw = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-            finally:
-                conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
             assert relative_error(dw, dw_ref) < TOLERANCE[dtype], (case, splits)
 
 
@@ -143,12 +137,9 @@ def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_c
     cls = op.shape_class(grad, x, w.shape, *geometry)
     assert cls.splits == 1 and conv_module.wgrad_direct(cls)
     direct = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-    conv_module.WGRAD_DIRECT_OUTPUT = False  # the shape class carries it: no kernel memo to clear
-    try:
+    with jitops.config.scope(conv2d_wgrad_direct=False):  # the shape class carries it: no kernel memo to clear
         assert not conv_module.wgrad_direct(op.shape_class(grad, x, w.shape, *geometry))
         copied = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-    finally:
-        conv_module.WGRAD_DIRECT_OUTPUT = True
     assert direct.stride() == channels_last_strides(w.shape)
     assert torch.equal(direct, copied)
     _, (_, want_dw) = fp32_reference(x, w, None, *geometry, grad=grad)
@@ -205,14 +196,11 @@ def test_stem_fprop_and_wgrad_over_folded_rows_match_fp32_reference(dtype):
     x = torch.randn(2, 5, 33, 29, device="cuda").to(dtype)
     weight = torch.randn(16, 5, 5, 3, device="cuda").to(dtype)
     geometry = ((3, 2), (2, 1), (1, 2))
-    conv_module.FOLD_OVERRIDE = 3
-    try:
+    with jitops.config.scope(conv2d_fold=3):
         assert jitops.find("conv2d").shape_class(x, weight, None, *geometry).fold == 3
         y = jitops.conv2d(x, weight, None, *geometry)
         grad = torch.randn_like(y)
         dw = jitops.conv2d_weight_grad(grad, x, weight.shape, *geometry)
-    finally:
-        conv_module.FOLD_OVERRIDE = None
     assert relative_error(y, F.conv2d(x.float(), weight.float(), None, *geometry)) < TOLERANCE[dtype]
     want = torch.nn.grad.conv2d_weight(x.float(), weight.shape, grad.float(), *geometry)
     assert relative_error(dw, want) < TOLERANCE[dtype]

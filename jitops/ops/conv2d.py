@@ -63,6 +63,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
+from ..config import config
 from ..launch import current_stream, sm_count
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
@@ -77,7 +78,7 @@ HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on an
 # Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a cost model (plan_gemm)
 # fitted to measurements on the lent H100 (docs/benchmarks_conv2d.md).  wgrad splits GEMM-K (N*P*Q) into fp32
 # partial sums where that pays.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and used only
-# when forced with SPLIT_OVERRIDE: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer: 32 us split
+# when forced with config.conv2d_splits: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer: 32 us split
 # 2 x 128x128, 27 us unsplit 128x64).
 class Tile(NamedTuple):
     m: int                      # TILE_M x TILE_N of the implicit GEMM
@@ -143,11 +144,8 @@ WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (ab
 # than by the fit.
 WGRAD_SPLIT_US = 4.5
 WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
-# Benchmarks and tests force a tile or a split count per operator ("fprop", "dgrad", "wgrad"); None = the
-# plan's choice.
-TILE_OVERRIDE: dict[str, str | None] = {"fprop": None, "dgrad": None, "wgrad": None}
-SPLIT_OVERRIDE: dict[str, int | None] = {"fprop": None, "dgrad": None, "wgrad": None}
-FOLD_OVERRIDE: int | None = None   # the few-channel layers' fold (_plan_fold); 0 = the whole im2col matrix
+# Benchmarks and tests force a tile, a split count or a fold with config.scope(conv2d_tile=..., conv2d_splits=...,
+# conv2d_fold=...) (jitops/config.py); the shape class cache below is keyed on them.
 _OPERATOR = {"conv2d": "fprop", "conv2d_input_grad": "dgrad", "conv2d_weight_grad": "wgrad"}
 
 
@@ -166,7 +164,7 @@ class ConvClass(NamedTuple):
     im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
     flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
     fold: int = 0               # fprop/wgrad over im2col: filter rows per matrix row (0: all, 1x1; _plan_fold)
-    direct: bool = False        # wgrad: a one-slice plan writes dw itself (WGRAD_DIRECT_OUTPUT when planned)
+    direct: bool = False        # wgrad: a one-slice plan writes dw itself (config.conv2d_wgrad_direct)
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -240,7 +238,8 @@ def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> C
     try:
         operator = _OPERATOR[op_name]
         key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
-               TILE_OVERRIDE[operator], SPLIT_OVERRIDE[operator], FOLD_OVERRIDE, WGRAD_DIRECT_OUTPUT)
+               config.conv2d_tile.get(operator), config.conv2d_splits.get(operator), config.conv2d_fold,
+               config.conv2d_wgrad_direct)
         cls = _CLASS_CACHE.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
         return compute(op_name, a, b, *rest)
@@ -268,7 +267,7 @@ def normalize_splits(k_tiles: int, splits: int) -> int:
 def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[str, int]:
     """(tile, splits) for an fprop or dgrad M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by
     gemm_cost_us among `tiles` (default: the operator's).  wgrad plans with plan_wgrad."""
-    forced_tile, forced_splits = TILE_OVERRIDE.get(operator), SPLIT_OVERRIDE.get(operator)
+    forced_tile, forced_splits = _forced_tile(operator), config.conv2d_splits.get(operator)
     tiles = (forced_tile,) if forced_tile else tiles or OPERATOR_TILES[operator]
     candidates = [(t, 1) for t in tiles]
     if forced_splits and forced_splits > 1:
@@ -276,6 +275,14 @@ def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[
     elif forced_splits:
         candidates = [(t, forced_splits) for t, _ in candidates]
     return _plan_best(operator, candidates, m, n, k_tiles)
+
+
+def _forced_tile(operator: str) -> str | None:
+    tile = config.conv2d_tile.get(operator)
+    if tile is not None and tile not in TILES:
+        raise ValueError(f"jitops.conv2d: config.conv2d_tile[{operator!r}] is {tile!r}, which is no tile of "
+                         f"jitops/ops/conv2d_plan.py; use one of {', '.join(TILES)}")
+    return tile
 
 
 def wgrad_flat(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
@@ -313,9 +320,9 @@ def wgrad_candidates(channels: int, filter_rs: tuple[int, int]) -> tuple[str, ..
 def plan_wgrad(k: int, channels: int, filter_rs: tuple[int, int], k_tiles: int) -> tuple[str, int, bool]:
     """(tile, splits, flat) of the weight gradient dw (K x R*S*C) over k_tiles 64-deep k-steps: the cheapest by
     wgrad_cost_us among wgrad_candidates, each at its best split count."""
-    forced_tile, forced_splits = TILE_OVERRIDE["wgrad"], SPLIT_OVERRIDE["wgrad"]
+    forced_tile, forced_splits = _forced_tile("wgrad"), config.conv2d_splits.get("wgrad")
     if forced_tile and not wgrad_tile_serves(forced_tile, channels, filter_rs):
-        raise ValueError(f"jitops: wgrad tile {forced_tile!r} (TILE_OVERRIDE) covers a filter row of "
+        raise ValueError(f"jitops: wgrad tile {forced_tile!r} (config.conv2d_tile) covers a filter row of "
                          f"{TILES[forced_tile].taps} taps x {TILES[forced_tile].channels} channels; this layer's "
                          f"is {filter_rs[1]} x {channels}")
     tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs)
@@ -550,11 +557,12 @@ def _plan_fold(operator: str, n: int, p: int, q: int, k: int, c: int, r: int, s:
             cost = gemm_cost_us("fprop", tile, splits, n * p * q, round_up(k), k_tiles)
         return 2 * matrix_mb / IM2COL_MB_PER_US + cost, tile, splits, flat
     folds = [0] + ([stride[0]] if 1 < stride[0] < r and dilation[0] == 1 else [])
-    if FOLD_OVERRIDE is not None:
-        if FOLD_OVERRIDE < 0 or (FOLD_OVERRIDE and dilation[0] != 1):
-            raise ValueError(f"jitops: FOLD_OVERRIDE {FOLD_OVERRIDE} cannot serve this layer (a fold is >= 0, "
-                             f"and > 0 only with unit dilation along H, here {dilation[0]})")
-        folds = [FOLD_OVERRIDE]
+    forced = config.conv2d_fold
+    if forced is not None:
+        if forced and dilation[0] != 1:
+            raise ValueError(f"jitops.conv2d: config.conv2d_fold={forced} cannot serve this layer (a fold > 0 "
+                             f"needs unit dilation along H, here {dilation[0]}); use 0 or None")
+        folds = [forced]
     plans = {fold: plan(fold) for fold in folds}
     fold = min(plans, key=lambda f: plans[f][0])
     return (fold, *plans[fold][1:])
@@ -669,7 +677,7 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
             return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, flat, fold)
         tile, splits, flat = plan_wgrad(k, round_up(c), (r, s), _ceil(n * p * q, TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat,
-                         direct=WGRAD_DIRECT_OUTPUT and aligned)
+                         direct=config.conv2d_wgrad_direct and aligned)
     return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
 
@@ -717,8 +725,9 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
     device, sms, stream = _launch_args(grad)
     # A strided dgrad's phases write disjoint pixels of dx: each runs on a side stream of its own, forked from and
     # joined back into the caller's stream, so that their short kernels overlap instead of each leaving the SMs
-    # to drain (DGRAD_PHASE_STREAMS).
-    side = _side_streams(device, len(phases)) if DGRAD_PHASE_STREAMS and len(phases) > 1 and dx.is_cuda else None
+    # to drain (config.conv2d_dgrad_phase_streams).
+    side = _side_streams(device, len(phases)) if (config.conv2d_dgrad_phase_streams and len(phases) > 1 and
+                                                  dx.is_cuda) else None
     main = torch.cuda.current_stream(device) if side else None
     for index, (rows, cols) in enumerate(phases):
         with torch.cuda.stream(side[index]) if side else contextlib.nullcontext():
@@ -762,7 +771,6 @@ def _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, dims, device, sms, stre
 
 
 # Side streams per device for a strided dgrad's phases (at most 4 in flight; more phases share them).
-DGRAD_PHASE_STREAMS = True
 _SIDE_STREAMS: dict[int, list] = {}
 
 
@@ -832,7 +840,6 @@ def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> 
 # then a copy, for every plan (bench_conv2d.py times both).  Lent H100, 2026-11-22 12:18, ResNet-50 at batch 32
 # (benchmarks/results/conv2d_run7.json): split layers 0.7-3.4 us faster each with the kernel (L9 28.4 against
 # 31.7 us), unsplit ones 1.7-3.8 us slower (L20 40.2 against 36.4: torch's copy moves 4 elements a thread).
-WGRAD_REDUCE_KERNEL = True
 WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.cu"),
                           "jitops::conv2d_wgrad_reduce<{T}>", "ptr ptr i32 i64 i32 i32 i32")
 REDUCE_BLOCK = 256
@@ -842,7 +849,6 @@ REDUCE_BLOCK = 256
 # fp32 slice and no copy (2-4 us a layer on ResNet-50's 7x7 layers, 13:22).  False: the slice and torch's copy (the
 # benchmark's A/B).  Read when a layer is planned: the shape class carries it (ConvClass.direct), so the op's
 # kernel memo follows a change.
-WGRAD_DIRECT_OUTPUT = True
 
 
 def wgrad_direct(cls: ConvClass) -> bool:
@@ -862,7 +868,7 @@ def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
     splits, _, taps, _ = partial.shape
     k = dw.shape[0]
     channels = dw.numel() // (k * taps)
-    if not WGRAD_REDUCE_KERNEL or splits == 1:
+    if not config.conv2d_wgrad_reduce_kernel or splits == 1:
         total = partial[0] if splits == 1 else partial.sum(0)
         dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(total[:k, :, :channels])
         return

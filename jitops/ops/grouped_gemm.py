@@ -43,6 +43,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from .. import shapes
+from ..config import config
 from ..launch import current_stream, sm_count
 from ..op import Impl, op, public
 from ..specs import CudaLibrary, Source, Target
@@ -73,9 +74,8 @@ NOTHING = "nothing"              # no kernel: the result is empty or zeros
 # 2048x4096x4096 in the sweep) only where that pads nothing.
 SCHEDULE = (0, 1)
 LIST_SWIZZLE = 4
-# Benchmarks set these to time one configuration or tile order against another; None picks by the rules above.
-config_override: str | None = None
-schedule_override: tuple[int, int] | None = None
+# Benchmarks time one configuration or tile order against another with config.scope(grouped_gemm_config=...,
+# grouped_gemm_schedule=...) (jitops/config.py); unset, the rules above pick.
 
 ROW, COL = "row", "col"
 
@@ -111,20 +111,26 @@ def _kernels(cls: Any, target: Target) -> dict:
 
 
 def _config() -> str:
-    return config_override or DEFAULT
+    forced = config.grouped_gemm_config
+    if forced is None:
+        return DEFAULT
+    if forced not in CONFIGS:
+        raise ValueError(f"jitops.grouped_gemm: config.grouped_gemm_config is {forced!r}, which is no configuration "
+                         f"of kernels/grouped_gemm/grouped_gemm.cu; use one of {', '.join(CONFIGS)}")
+    return forced
 
 
 _TILINGS: dict[str, tuple[int, int, int, int]] = {}
 
 
-def _tiling(config: str) -> tuple[int, int, int, int]:
+def _tiling(name: str) -> tuple[int, int, int, int]:
     """(tile M, tile N, cluster M, cluster N) from a configuration's name, e.g. coop_128x256x64_c2x1."""
-    tiling = _TILINGS.get(config)
+    tiling = _TILINGS.get(name)
     if tiling is None:
-        _, tile, cluster = config.split("_")
+        _, tile, cluster = name.split("_")
         tile_m, tile_n, _ = (int(v) for v in tile.split("x"))
         cluster_m, cluster_n = (int(v) for v in cluster[1:].split("x"))
-        tiling = _TILINGS[config] = (tile_m, tile_n, cluster_m, cluster_n)
+        tiling = _TILINGS[name] = (tile_m, tile_n, cluster_m, cluster_n)
     return tiling
 
 
@@ -276,7 +282,7 @@ def _remember(key: tuple, cls: Any) -> Any:
 def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
     if type(a) is _Tensor and type(b) is _Tensor and type(offsets) is _Tensor:  # not fake: sizes are ints
         key = (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.shape, b.stride(), offsets.shape,
-               (a.data_ptr() | b.data_ptr()) & 15, config_override)
+               (a.data_ptr() | b.data_ptr()) & 15, config.grouped_gemm_config)
         cls = _CLASSES.get(key)
         return cls if cls is not None else _remember(key, _ragged_shape_class(a, b, offsets))
     return _ragged_shape_class(a, b, offsets)
@@ -403,7 +409,7 @@ def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) 
     offsets = offsets.contiguous()
     device_index = a.get_device()
     workspace, size = _workspace(lib, groups, device_index)
-    raster, swizzle = schedule_override or SCHEDULE
+    raster, swizzle = config.grouped_gemm_schedule or SCHEDULE
     status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
                                d, d_step, d_ld, workspace, size, sm_count(device_index), fill, raster, swizzle,
                                current_stream(device_index))
@@ -467,7 +473,7 @@ class ListClass(NamedTuple):
 def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
     if len(As) == len(Bs) and all(type(t) is _Tensor for t in As) and all(type(t) is _Tensor for t in Bs):
         address = 0
-        facts: list[Any] = [config_override]
+        facts: list[Any] = [config.grouped_gemm_config]
         for a, b in zip(As, Bs):
             address |= a.data_ptr() | b.data_ptr()
             facts += (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.is_cpu, b.shape, b.stride())
@@ -581,7 +587,7 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
         rows_device = host.to(device, non_blocking=True)
         device_index = As[0].get_device()
         workspace, size = _workspace(lib, groups, device_index)
-        raster, swizzle = schedule_override or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
+        raster, swizzle = config.grouped_gemm_schedule or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
         status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
                                  swizzle, current_stream(device_index))
         _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
