@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import jitops
 
 conv_module = importlib.import_module("jitops.ops.conv2d")
+conv_plan = importlib.import_module("jitops.ops.conv2d_plan")
 SHAPES = [((2, 8, 9, 11), (16, 3, 3), 1, 1), ((2, 8, 9, 11), (16, 3, 3), 2, 1), ((4, 64, 28, 28), (128, 1, 1), 1, 0),
           ((4, 3, 32, 32), (8, 7, 7), 2, 3), ((8, 256, 14, 14), (256, 3, 3), 1, 1)]
 
@@ -26,9 +27,9 @@ def main(name: str) -> int:
         yf = F.conv2d(xf, wf, None, stride, padding)
         grad = torch.randn_like(yf).half()
         dxf, dwf = torch.autograd.grad(yf, (xf, wf), grad.float())
-        configs = [(t, 1 if name != "wgrad" else None) for t in conv_module.OPERATOR_TILES[name]
-                   if name != "wgrad" or conv_module.wgrad_tile_serves(t, c, (r, s))]
-        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else []
+        configs = [(t, 1 if name != "wgrad" else None) for t in conv_plan.OPERATOR_TILES[name]
+                   if name != "wgrad" or conv_plan.wgrad_tile_serves(t, c, (r, s))]
+        configs += [(conv_plan.SPLIT_TILE, 3)] if name != "wgrad" else []
         for tile, splits in configs:
             started = time.perf_counter()
             with jitops.config.scope(conv2d_tile={name: tile}, conv2d_splits={name: splits}):
