@@ -27,7 +27,7 @@ CPU, and `sizes` given as a list, are always validated.
 Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
 needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
 multiple of 8) the call falls back to an ATen loop over the groups, which for the ragged form reads the offsets
-on the host (one sync).  Benchmarks and the measured tile configurations: docs/benchmarks_grouped_gemm.md.
+on the host (one sync).  Benchmarks: docs/benchmarks.md; the tile configurations: grouped_gemm_plan.py.
 
 CPU (fp32, fp64, bf16, fp16): ATen matmuls in a loop over the groups, for CI and gradcheck.
 

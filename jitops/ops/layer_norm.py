@@ -16,8 +16,9 @@ a second kernel adds them in a fixed order (no floating-point atomics), so the s
 give the same bits.  Double backward is not supported.
 
 Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU the same through
-load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).  weight and bias must have x's dtype.  n may be anything from 1 up (1, 7,
-4097, 65536...), rows anything from 0 up.
+load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).
+weight and bias must have x's dtype.  n may be anything from 1 up (1, 7, 4097, 65536...), rows anything from 0
+up.
 
 Non-contiguous inputs: x, weight, bias (and the gradient in the backward) that are not contiguous are copied
 to contiguous tensors first (one extra read and write of that tensor); the outputs are always contiguous.

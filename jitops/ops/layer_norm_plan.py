@@ -23,7 +23,7 @@ INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid 
 # against 64: (65536, 1024) bf16 98.8 vs 104.5 (torch 154.6), (4096, 4097) bf16 61.6 vs 72.2 (torch 97.5), the
 # headline (16384, 8192) bf16 equal (198); backward tiles of 32 bytes against 64: the headline 356 vs 294 (torch
 # 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.  But 128-byte forward tiles
-# leave short rows too few threads (second run, graph-timed): (4096, 128) bf16 5.7 us against 3.8 with 64 bytes,
+# leave short rows too few threads (timed in CUDA graphs): (4096, 128) bf16 5.7 us against 3.8 with 64 bytes,
 # (65536, 128) bf16 14.3 against 12.9, (4096, 1024) bf16 8.1 against 7.1, where (4096, 1024) fp32 (32 threads a
 # row, 131072 in all) gained, 11.7 against 12.9: hence FORWARD_BUSY_THREADS and FORWARD_MIN_WIDE_TPR.
 FORWARD_TILE_BYTES = 128
@@ -36,8 +36,8 @@ SMALL_ROWS = 256
 
 # From 2 to FEW_ROWS rows the backward's dweight/dbias come from layer_norm_param_grads (reads dy and x again,
 # column-wise) instead of per-block partial sums plus their reduction (writes and re-reads 2 x rows x n floats).
-# The last H100 run before it: (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only rows of
-# the benchmark set slower than torch.  One row keeps its one-kernel path (the row kernel writes them itself).
+# Without it (lent H100, 2026-11-22): (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only
+# rows of the benchmark set slower than torch.  One row keeps its one-kernel path (the row kernel writes them itself).
 FEW_ROWS = 64
 
 # dweight/dbias sums in shared memory ([2][n] of float) up to this size; sm_80 allows 163 KB a block.
