@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import importlib
 import os
 import statistics
 import sys
@@ -38,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jitops  # noqa: E402
 from jitops.specs import Target  # noqa: E402
 
-conv_module = importlib.import_module("jitops.ops.conv2d")
-conv_plan = importlib.import_module("jitops.ops.conv2d_plan")
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan  # noqa: E402
 BATCH = 32
 # How often each of conv_plan.RESNET50's layers occurs in the network (torchvision v1.5: 53 conv layers; the
 # downsample 1x1 convs share shapes with L3 and L7/L13/L19).

@@ -16,7 +16,6 @@ Cold compile seconds per kernel come from the cache entries' meta.json (the mach
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import subprocess
 import sys
@@ -35,8 +34,8 @@ import jitops  # noqa: E402
 from jitops.runtime import runtime  # noqa: E402
 from jitops.specs import Target  # noqa: E402
 
-gg = importlib.import_module("jitops.ops.grouped_gemm")
-gg_plan = importlib.import_module("jitops.ops.grouped_gemm_plan")
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan  # noqa: E402
 SM90 = Target.parse("sm_90a")
 BASELINE = "torch._grouped_mm; a Python loop of torch.mm (second row)"
 MOE = {"experts": 64, "rows": (32, 256), "K": 2048, "N": 1024}

@@ -20,7 +20,6 @@ both sides (device time; the host's per-call cost is the last table); inputs sma
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -32,9 +31,9 @@ from harness import Bench, copy_bandwidth, host_us, rotate  # noqa: E402
 
 import jitops  # noqa: E402
 
-ln = importlib.import_module("jitops.ops.layer_norm")
-ln_plan = importlib.import_module("jitops.ops.layer_norm_plan")
-ln_run = importlib.import_module("jitops.ops.layer_norm_run")
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan  # noqa: E402
+from jitops.ops import layer_norm_run as ln_run  # noqa: E402
 ROWS = [1, 64, 4096, 65536]
 HIDDEN = [128, 1024, 4097, 8192, 16384]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

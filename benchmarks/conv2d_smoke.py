@@ -3,7 +3,6 @@ costs one step, not the session):  python benchmarks/conv2d_smoke.py fprop|dgrad
 Prints the relative error against torch in fp32 for a few shapes and every tile configuration."""
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 
@@ -12,8 +11,7 @@ import torch.nn.functional as F
 
 import jitops
 
-conv_module = importlib.import_module("jitops.ops.conv2d")
-conv_plan = importlib.import_module("jitops.ops.conv2d_plan")
+from jitops.ops import conv2d_plan as conv_plan
 SHAPES = [((2, 8, 9, 11), (16, 3, 3), 1, 1), ((2, 8, 9, 11), (16, 3, 3), 2, 1), ((4, 64, 28, 28), (128, 1, 1), 1, 0),
           ((4, 3, 32, 32), (8, 7, 7), 2, 3), ((8, 256, 14, 14), (256, 3, 3), 1, 1)]
 

@@ -4,7 +4,6 @@ split-K wgrad, output views) run against a CPU stand-in for the CUTLASS library;
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import random
 import time
@@ -16,9 +15,9 @@ import torch.nn.functional as F
 
 import jitops
 from jitops.backends import toolkit
-conv_module = importlib.import_module("jitops.ops.conv2d")  # jitops.ops.conv2d is the function
-conv_plan = importlib.import_module("jitops.ops.conv2d_plan")
-conv_run = importlib.import_module("jitops.ops.conv2d_run")
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan
+from jitops.ops import conv2d_run as conv_run
 from jitops.specs import Target
 from jitops.testing import check_compile, check_op
 

@@ -5,7 +5,6 @@ Set JITOPS_TEST_CACHE_PATH (tests/conftest.py) to a cache root of prebuilt kerne
 --prewarm) to read them there, so that nvcc does not run on the GPU machine (benchmarks/gpu_session.sh)."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -20,9 +19,9 @@ from test_conv2d import CASES, IDS, channels_last_strides, make_args
 # point JITOPS_TEST_CACHE_PATH at that cache (conftest.py); without it the tests compile what they need (slow, but
 # they run).
 pytestmark = pytest.mark.gpu
-conv_module = importlib.import_module("jitops.ops.conv2d")
-conv_plan = importlib.import_module("jitops.ops.conv2d_plan")
-conv_run = importlib.import_module("jitops.ops.conv2d_run")
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan
+from jitops.ops import conv2d_run as conv_run
 DTYPES = [torch.float16, torch.bfloat16]
 # Relative Frobenius error against the fp32 reference: half-precision outputs and operands.
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}

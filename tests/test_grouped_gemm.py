@@ -20,9 +20,9 @@ from jitops.testing import check_op
 
 DTYPES = [torch.float32, torch.float64]
 SM90 = Target.parse("sm_90a")
-gg = importlib.import_module("jitops.ops.grouped_gemm")  # the module (jitops.ops.grouped_gemm is the function)
-gg_plan = importlib.import_module("jitops.ops.grouped_gemm_plan")
-gg_run = importlib.import_module("jitops.ops.grouped_gemm_run")
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan
+from jitops.ops import grouped_gemm_run as gg_run
 
 
 # ---- references ------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ for every input, ragged edge cases, layouts from strides, no host sync with devi
 opcheck and torch.compile.  Every kernel class used here is in bench_grouped_gemm.py's --prebuild list."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -12,8 +11,8 @@ import jitops
 from jitops.testing import check_compile, check_op
 
 pytestmark = pytest.mark.gpu
-gg = importlib.import_module("jitops.ops.grouped_gemm")
-gg_plan = importlib.import_module("jitops.ops.grouped_gemm_plan")
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan
 # nvcc takes ~50 s a kernel: the GPU session reads them prebuilt (bench_grouped_gemm.py --prebuild) from the
 # read-only roots in JITOPS_TEST_CACHE_PATH (conftest.py).
 DTYPES = [torch.bfloat16, torch.float16]

@@ -3,17 +3,16 @@ tensor type that reports is_cuda) and the small-grid arithmetic of add's and lay
 tensors, a kernel that records its launch).  The GPU tests check the same paths against the general ones."""
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 
-gelu_module = importlib.import_module("jitops.ops.gelu")
-ln = importlib.import_module("jitops.ops.layer_norm")
-ln_plan = importlib.import_module("jitops.ops.layer_norm_plan")
-ln_run = importlib.import_module("jitops.ops.layer_norm_run")
-add_module = importlib.import_module("jitops.ops.add")
+from jitops.ops import gelu as gelu_module
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
+from jitops.ops import layer_norm_run as ln_run
+from jitops.ops import add as add_module
 from jitops.launch import UNCAPPED_GRID  # noqa: E402
 
 

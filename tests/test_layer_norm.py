@@ -3,7 +3,6 @@ float64, gradients, gradcheck, opcheck, torch.compile; the error messages; the s
 compiling every CUDA kernel variant for sm_80 and sm_90a."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ from jitops.runtime import runtime
 from jitops.specs import Target
 from jitops.testing import check_op
 
-ln = importlib.import_module("jitops.ops.layer_norm")
-ln_plan = importlib.import_module("jitops.ops.layer_norm_plan")
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
 
 DTYPES = [torch.float32, torch.float64]
 # (x shape, normalized_shape): hidden sizes 1, 7, 1000, 4097, two trailing dims, no rows at all.

@@ -3,7 +3,6 @@ sizes and row counts, every backward strategy (dweight/dbias in registers, in sh
 kernel), non-contiguous and misaligned inputs, determinism, gradcheck in float64, opcheck, torch.compile."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ import jitops
 from jitops.testing import check_op
 
 pytestmark = pytest.mark.gpu
-ln = importlib.import_module("jitops.ops.layer_norm")
-ln_plan = importlib.import_module("jitops.ops.layer_norm_plan")
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # (x shape, normalized_shape): hidden 1, 7, 128, 1000, 4097, 8192, two trailing dims; 0 and 1 rows.
 CASES = [((3, 1), [1]), ((9, 7), [7]), ((33, 128), [128]), ((4, 1000), [1000]), ((3, 4097), [4097]),
