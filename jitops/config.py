@@ -328,6 +328,10 @@ class Config:
         # Process-wide, not thread-local: prewarm's worker threads must see what the caller scoped.
         self._stack: list[dict[str, Any]] = [{}]
         self._lock = threading.Lock()
+        # Changes whenever a scope starts or ends, never back to an earlier value.  Knobs are set only by scopes,
+        # so a memo of values derived from knobs (conv2d's shape classes) keys on this one int instead of
+        # reading every knob on every call (0.24-0.4 us a read on the dev box).
+        self.generation = 0
 
     def _overrides(self) -> dict[str, Any]:
         return self._stack[-1]
@@ -347,12 +351,14 @@ class Config:
             merged = dict(self._stack[-1])
             merged.update(values)
             self._stack.append(merged)
+            self.generation += 1
         try:
             yield
         finally:
             with self._lock:  # by identity: two scopes may hold equal dicts
                 index = next(i for i in range(len(self._stack) - 1, 0, -1) if self._stack[i] is merged)
                 del self._stack[index]
+                self.generation += 1
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(variable, current value, meaning) for every setting: for `cache_tools info` and the README."""

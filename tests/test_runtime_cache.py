@@ -237,6 +237,11 @@ def test_tuning_knobs_are_typed_scoped_and_nested():
             assert config.conv2d_wgrad_direct is False and config.conv2d_tile == {"wgrad": "64x64"}
         assert config.conv2d_wgrad_direct is True
     assert config.conv2d_tile == {} and config.grouped_gemm_schedule is None
+    seen = [config.generation]  # what memos of knob-derived values key on: new at every scope change
+    with config.scope(conv2d_fold=0):
+        seen.append(config.generation)
+    seen.append(config.generation)
+    assert len(set(seen)) == 3
     for knob, bad, message in (("conv2d_fold", -1, "conv2d_fold=-1"), ("conv2d_wgrad_direct", 1, "True or False"),
                                ("grouped_gemm_schedule", (2, 1), "raster 0"), ("grouped_gemm_config", 3, "str"),
                                ("conv2d_splits", {"dgrad": 1.5}, r"conv2d_splits\['dgrad'\]")):

@@ -69,10 +69,6 @@ from .conv2d_run import (_channels_last_like, run_cpu, run_cuda, run_input_grad_
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
-# Benchmarks and tests force a tile, a split count or a fold with config.scope(conv2d_tile=..., conv2d_splits=...,
-# conv2d_fold=...) (jitops/config.py); the shape class cache below is keyed on them.
-_OPERATOR = {"conv2d": "fprop", "conv2d_input_grad": "dgrad", "conv2d_weight_grad": "wgrad"}
-
 
 # ---- arguments ---------------------------------------------------------------------------------------------
 def _pair(op_name: str, name: str, value) -> tuple[int, int]:
@@ -135,10 +131,9 @@ def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> C
     """compute(op_name, a, b, *rest), memoised on the shapes, dtypes and device kind of the tensors and the
     values of everything else."""
     try:
-        operator = _OPERATOR[op_name]
-        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest),
-               config.conv2d_tile.get(operator), config.conv2d_splits.get(operator), config.conv2d_fold,
-               config.conv2d_wgrad_direct)
+        # Benchmarks and tests force a plan with config.scope(conv2d_tile=..., conv2d_splits=..., conv2d_fold=...):
+        # config.generation changes with every scope, so a class planned under other knobs is not reused.
+        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest), config.generation)
         cls = _CLASS_CACHE.get(key)
     except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
         return compute(op_name, a, b, *rest)
