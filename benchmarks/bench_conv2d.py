@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib
+import contextlib
 import os
 import statistics
 import sys
@@ -37,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jitops  # noqa: E402
 from jitops.specs import Target  # noqa: E402
 
-conv_module = importlib.import_module("jitops.ops.conv2d")
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan  # noqa: E402
 BATCH = 32
-# How often each of conv_module.RESNET50's layers occurs in the network (torchvision v1.5: 53 conv layers; the
+# How often each of conv_plan.RESNET50's layers occurs in the network (torchvision v1.5: 53 conv layers; the
 # downsample 1x1 convs share shapes with L3 and L7/L13/L19).
 OCCURRENCES = (1, 1, 3, 4, 2, 1, 1, 1, 3, 4, 3, 1, 1, 1, 5, 6, 5, 1, 1, 1, 2, 3, 2)
 # The issue's baseline shape (not a ResNet-50 layer): 3x3, C=K=256, 56x56.
@@ -50,9 +51,9 @@ def variants() -> list[tuple[str, str, int | None]]:
     """(operator, tile, forced splits) of every compiled configuration: the tiles of each operator (wgrad's at
     one slice, written directly, and at several), and the split-K variant of fprop and dgrad (forced to 2 and 4
     slices in a sweep)."""
-    out = [(name, tile, splits) for name in ("fprop", "dgrad", "wgrad") for tile in conv_module.OPERATOR_TILES[name]
+    out = [(name, tile, splits) for name in ("fprop", "dgrad", "wgrad") for tile in conv_plan.OPERATOR_TILES[name]
            for splits in ((1, None) if name == "wgrad" else (1,))]
-    return out + [(name, conv_module.SPLIT_TILE, s) for name in ("fprop", "dgrad") for s in (2, 4)]
+    return out + [(name, conv_plan.SPLIT_TILE, s) for name in ("fprop", "dgrad") for s in (2, 4)]
 
 
 def all_requests(target: Target, tiles=(), operators=("fprop", "dgrad", "wgrad")) -> dict[str, object]:
@@ -66,9 +67,9 @@ def all_requests(target: Target, tiles=(), operators=("fprop", "dgrad", "wgrad")
         if tiles else variants()
     for dtype in (torch.float16,) if tiles else (torch.float16, torch.bfloat16):
         for name, tile, splits in configs:
-            for flat in ((True,) if conv_module.TILES[tile].taps > 1 else (True, False)) if name == "wgrad" \
+            for flat in ((True,) if conv_plan.TILES[tile].taps > 1 else (True, False)) if name == "wgrad" \
                     else (False,):
-                cls = conv_module.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
+                cls = conv_plan.ConvClass(dtype, (3, 3), (1, 1), (1, 1), (1, 1), True, tile,
                                             splits or (2 if name == "wgrad" else 1), flat=flat)
                 for request in conv_module._request(name, cls, target).values():
                     requests[jitops.runtime.key_for(request, target)[0].request_hash] = request
@@ -95,7 +96,7 @@ def prewarm(arch: str, jobs: int, tiles=(), operators=("fprop", "dgrad", "wgrad"
 
 # ---- timing -----------------------------------------------------------------------------------------------------
 def layer_tensors(c, k, size, kernel, stride, padding, dtype=torch.float16):
-    out = conv_module.output_size(size, kernel, stride, padding, 1)
+    out = conv_plan.output_size(size, kernel, stride, padding, 1)
     x = torch.randn(BATCH, c, size, size, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
     w = (torch.randn(k, c, kernel, kernel, device="cuda", dtype=dtype) / (c * kernel * kernel) ** 0.5)
     w = w.contiguous(memory_format=torch.channels_last)
@@ -152,7 +153,7 @@ def time_graphed(calls, replays: int | None = None) -> float:
 
 def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
                 wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad")):
-    out = conv_module.output_size(size, kernel, stride, padding, 1)
+    out = conv_plan.output_size(size, kernel, stride, padding, 1)
     geometry = ((stride, stride), (padding, padding), (1, 1))
     flops = 2.0 * BATCH * out * out * k * c * kernel * kernel
     x, w, dy = layer_tensors(c, k, size, kernel, stride, padding)
@@ -185,46 +186,43 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
         if wgrad_splits:  # wgrad only: every tile (or those of --tiles) at each of these split counts
             if name != "wgrad":
                 continue
-            configs = [(t, s) for t in tiles or conv_module.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
-        elif tiles:  # candidate tiles (conv_module.TILES), the plan's split count for each
+            configs = [(t, s) for t in tiles or conv_plan.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
+        elif tiles:  # candidate tiles (conv_plan.TILES), the plan's split count for each
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
         if name == "wgrad":  # a tile over several filter taps runs only layers of its channels and filter width
-            wgrad_c, wgrad_rs = ((conv_module.round_up(c * kernel * kernel), (1, 1))
-                                 if conv_module._uses_im2col(c, kernel, kernel) else (c, (kernel, kernel)))
-            configs = [(t, s) for t, s in configs if t not in conv_module.TILES or
-                       conv_module.wgrad_tile_serves(t, wgrad_c, wgrad_rs)]
+            wgrad_c, wgrad_rs = ((conv_plan.round_up(c * kernel * kernel), (1, 1))
+                                 if conv_plan._uses_im2col(c, kernel, kernel) else (c, (kernel, kernel)))
+            configs = [(t, s) for t, s in configs if t not in conv_plan.TILES or
+                       conv_plan.wgrad_tile_serves(t, wgrad_c, wgrad_rs)]
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
-                conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = False  # a class of its own
+                knobs = dict(conv2d_wgrad_reduce_kernel=False, conv2d_wgrad_direct=False)  # a class of its own
             else:
-                conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
+                knobs = dict(conv2d_tile={name: tile}, conv2d_splits={name: splits})
             try:
-                error = relative_error(ours(sets[0]), base(sets[0]))
-                cls = classes[name](sets[0])
-                chosen = f"{cls.tile}/{cls.splits}"
-                if base_ms is None:
-                    base_ms = time_graphed([lambda s=s: base(s) for s in sets])
-                ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
-                row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
-                                  base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
-                                  base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
-                                                          tile=chosen, timing="graph"))
-                bench.rows.append(row)
-                print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
-                      f"x{row.speedup:.2f}  {row.ours_rate:6.1f} TFLOP/s  err {error:.1e}", flush=True)
-                if tile is None and eager:
-                    bench.compare(op=f"{name} eager", shape=shape, dtype="fp16", ours=lambda: ours(next_set()),
-                                  baseline=lambda: base(next_set()), baseline_name="cuDNN", flops=flops,
-                                  rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
+                with jitops.config.scope(**knobs):
+                    error = relative_error(ours(sets[0]), base(sets[0]))
+                    cls = classes[name](sets[0])
+                    chosen = f"{cls.tile}/{cls.splits}"
+                    if base_ms is None:
+                        base_ms = time_graphed([lambda s=s: base(s) for s in sets])
+                    ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
+                    operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
+                    row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
+                                      base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
+                                      base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
+                                                              tile=chosen, timing="graph"))
+                    bench.rows.append(row)
+                    print(f"  {row.op:18s} {shape:34s} ours {ours_ms * 1e3:8.1f} us  cuDNN {base_ms * 1e3:8.1f} us  "
+                          f"x{row.speedup:.2f}  {row.ours_rate:6.1f} TFLOP/s  err {error:.1e}", flush=True)
+                    if tile is None and eager:
+                        bench.compare(op=f"{name} eager", shape=shape, dtype="fp16", ours=lambda: ours(next_set()),
+                                      baseline=lambda: base(next_set()), baseline_name="cuDNN", flops=flops,
+                                      rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
             except Exception as exc:  # a configuration that fails is reported, the sweep goes on
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
-            finally:
-                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-                if tile == "torch-reduce":
-                    conv_module.WGRAD_REDUCE_KERNEL = conv_module.WGRAD_DIRECT_OUTPUT = True
 
 
 def weighted_totals(rows) -> dict[str, str]:
@@ -322,14 +320,14 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time every tile configuration too")
     parser.add_argument("--wgrad-splits", default="", help="comma-separated split counts: time wgrad alone with "
                         "every tile at each (plan tuning), after the layer's automatic rows")
-    parser.add_argument("--tiles", default="", help="comma-separated tile names (conv_module.TILES, e.g. "
+    parser.add_argument("--tiles", default="", help="comma-separated tile names (conv_plan.TILES, e.g. "
                         "128x128c2x1): time each for every operator, after the layer's automatic rows")
     parser.add_argument("--operators", default="fprop,dgrad,wgrad", help="comma-separated operators to time")
     parser.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     parser.add_argument("--no-eager", action="store_true", help="GPU-time (graph) measurements only")
     parser.add_argument("--serial-dgrad-phases", action="store_true",
                         help="run a strided dgrad's phases one after another on the caller's stream (an A/B of "
-                             "conv2d.DGRAD_PHASE_STREAMS)")
+                             "config.conv2d_dgrad_phase_streams)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
     args = parser.parse_args()
@@ -355,10 +353,11 @@ def main() -> int:
         REPLAYS["graph"] = 10
         harness.time_cuda = functools.partial(harness.time_cuda, warmup=3, reps=20, min_ms=40.0)
     torch.backends.cudnn.benchmark = True  # cuDNN's best algorithm per shape, as a tuned model would run it
-    conv_module.DGRAD_PHASE_STREAMS = not args.serial_dgrad_phases
+    # Held for the rest of the run (this process runs one benchmark).
+    contextlib.ExitStack().enter_context(jitops.config.scope(conv2d_dgrad_phase_streams=not args.serial_dgrad_phases))
     bench = harness.Bench("conv2d", baseline="cuDNN (torch conv2d and aten.convolution_backward, "
                           "cudnn.benchmark on)", variant=variant_of(args))
-    layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_module.RESNET50)]
+    layers = [("ref", *REFERENCE)] + [(f"L{i}", *layer) for i, layer in enumerate(conv_plan.RESNET50)]
     if args.layers:
         wanted = set(args.layers.split(","))
         layers = [layer for layer in layers if layer[0] in wanted or layer[0].removeprefix("L") in wanted]
@@ -390,7 +389,7 @@ def main() -> int:
     for name, value in weighted_totals(bench.rows).items():
         bench.summarize(**{name: value})
     bench.summarize(host_overhead_us_per_call=host_overhead_us(), cold_compile_seconds=cold_compile_seconds(),
-               cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=conv_module.DGRAD_PHASE_STREAMS)
+               cudnn_benchmark=True, batch=BATCH, dgrad_phase_streams=jitops.config.conv2d_dgrad_phase_streams)
     bench.finish()
     return 0
 

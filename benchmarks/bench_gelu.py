@@ -11,7 +11,6 @@ write y); backward: jitops.gelu_backward(dy, x, a) vs torch.ops.aten.gelu_backwa
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from harness import Bench, copy_bandwidth, rotate  # noqa: E402
 
 import jitops  # noqa: E402
 
-gelu_module = importlib.import_module("jitops.ops.gelu")
+from jitops.ops import gelu as gelu_module
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SIZES = [1 << 16, 1 << 20, 1 << 24, 1 << 28]
 

@@ -17,7 +17,6 @@ that built them) and, with --cold-compile, from compiling on this machine.
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import math
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jitops
 
-G = importlib.import_module("jitops.ops.gemm")  # the module (jitops.ops.gemm is the function)
+from jitops.ops import gemm as G
 from jitops.specs import Target
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),

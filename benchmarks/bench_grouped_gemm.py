@@ -16,7 +16,6 @@ Cold compile seconds per kernel come from the cache entries' meta.json (the mach
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import subprocess
 import sys
@@ -35,7 +34,8 @@ import jitops  # noqa: E402
 from jitops.runtime import runtime  # noqa: E402
 from jitops.specs import Target  # noqa: E402
 
-gg = importlib.import_module("jitops.ops.grouped_gemm")
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan  # noqa: E402
 SM90 = Target.parse("sm_90a")
 BASELINE = "torch._grouped_mm; a Python loop of torch.mm (second row)"
 MOE = {"experts": 64, "rows": (32, 256), "K": 2048, "N": 1024}
@@ -46,17 +46,17 @@ def kernel_classes() -> list:
     """Every kernel class the benchmark and tests/test_grouped_gemm_gpu.py use (with JITOPS_GROUPED_PREBUILD=sweep:
     the forward kernel of each tile configuration, for --sweep and --sweep-only)."""
     if os.environ.get("JITOPS_GROUPED_PREBUILD") == "sweep":  # only the forward kernels the sweep times
-        return [gg.GemmKernelClass(torch.bfloat16, True, True, config) for config in gg.CONFIGS]
-    C = gg.GemmKernelClass
+        return [gg_plan.GemmKernelClass(torch.bfloat16, True, True, config) for config in gg_plan.CONFIGS]
+    C = gg_plan.GemmKernelClass
     bf16, fp16 = torch.bfloat16, torch.float16
     layouts = [(True, True), (True, False), (False, True)]
-    classes = [C(bf16, a, b, gg.DEFAULT) for a, b in layouts + [(False, False)]]
-    classes += [C(fp16, a, b, gg.DEFAULT) for a, b in layouts]
+    classes = [C(bf16, a, b, gg_plan.DEFAULT) for a, b in layouts + [(False, False)]]
+    classes += [C(fp16, a, b, gg_plan.DEFAULT) for a, b in layouts]
     return classes
 
 
 def request_for(kernel_class):
-    return gg._kernels(gg.RaggedClass("M", kernel_class, None, None), SM90)["gemm"]
+    return gg._kernels(gg_plan.RaggedClass("M", kernel_class, None, None), SM90)["gemm"]
 
 
 def prebuild(workers: int) -> None:
@@ -232,23 +232,18 @@ def run_sweep(x, w, offsets, As, Bs, flops, flops_uniform) -> dict:
         ms = time_cuda(baseline, min_ms=100.0)
         results[f"{name} torch._grouped_mm"] = round(f / (ms * 1e-3) / 1e12, 1)
         print(f"  sweep {name:8s} {'torch._grouped_mm':32s} {results[f'{name} torch._grouped_mm']:6.1f} TFLOP/s")
-        for config in gg.CONFIGS:
-            gg.config_override = config
-            try:
-                for schedule in schedules:
-                    gg.schedule_override = schedule
+        for config in gg_plan.CONFIGS:
+            for schedule in schedules:
+                with jitops.config.scope(grouped_gemm_config=config, grouped_gemm_schedule=schedule):
                     try:
                         with jitops.config.scope(offline=True):
                             fn()
                     except jitops.CacheMissError:
                         break
                     ms = time_cuda(fn, min_ms=60.0)
-                    label = f"{name} {config} r{schedule[0]}s{schedule[1]}"
-                    results[label] = round(f / (ms * 1e-3) / 1e12, 1)
-                    print(f"  sweep {label:41s} {results[label]:6.1f} TFLOP/s", flush=True)
-            finally:
-                gg.config_override = None
-                gg.schedule_override = None
+                label = f"{name} {config} r{schedule[0]}s{schedule[1]}"
+                results[label] = round(f / (ms * 1e-3) / 1e12, 1)
+                print(f"  sweep {label:41s} {results[label]:6.1f} TFLOP/s", flush=True)
     return results
 
 

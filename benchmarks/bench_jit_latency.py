@@ -192,13 +192,10 @@ COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", 
 
 
 def family_request(family: str):
-    import importlib
-
     import jitops
-    from jitops.ops import PREWARM
+    from jitops.ops import PREWARM, gemm
     from jitops.specs import Target
 
-    gemm = importlib.import_module("jitops.ops.gemm")
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
                "gemm_sm90_light_fused": "gemm", "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)

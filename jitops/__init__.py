@@ -20,9 +20,15 @@ from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
 
 install_handler()
 
-from .ops import (add, conv2d, conv2d_input_grad, conv2d_weight_grad, gelu,  # noqa: E402 - registers the
-                  gelu_backward, gemm, grouped_gemm, layer_norm, layer_norm_backward,  # built-in ops
-                  layer_norm_forward, layer_norm_inference, linear)
+# Importing jitops.ops registers the built-in ops; jitops.ops.<op> is each op's module, jitops.<name> its function.
+from .ops.add import add  # noqa: E402
+from .ops.conv2d import conv2d, conv2d_input_grad, conv2d_weight_grad  # noqa: E402
+from .ops.gelu import gelu, gelu_backward  # noqa: E402
+from .ops.gemm import gemm  # noqa: E402
+from .ops.grouped_gemm import grouped_gemm  # noqa: E402
+from .ops.layer_norm import (layer_norm, layer_norm_backward, layer_norm_forward,  # noqa: E402
+                             layer_norm_inference)
+from .ops.linear import linear  # noqa: E402
 
 from .patching import PatchReport, PrefetchReport, patch, prefetch, unpatch  # noqa: E402
 

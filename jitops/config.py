@@ -6,6 +6,12 @@
         ...
 
 A bad value raises ConfigError naming the variable and what it accepts.
+
+Besides the environment variables, a few tuning knobs are settable only through scope() (benchmarks and tests
+force an op's plan with them; the defaults are the planned choice): see Knob and `tuning_knobs()`.
+
+    with config.scope(conv2d_tile={"wgrad": "64x64"}, conv2d_splits={"wgrad": 4}):
+        jitops.conv2d(...)
 """
 from __future__ import annotations
 
@@ -158,6 +164,73 @@ class Setting(Generic[T]):
         return self.parse(self.env, raw)
 
 
+class Knob(Generic[T]):
+    """A tuning knob with no environment variable: its default, or the value of the innermost config.scope()
+    that sets it.  `check(name, value)` validates and normalises a value given to scope() (raising ConfigError);
+    knobs are read on hot paths, so reading one is a dict lookup."""
+
+    def __init__(self, check: Callable[[str, Any], T], default: T, doc: str) -> None:
+        self.check, self.default, self.doc = check, default, doc
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        return obj._stack[-1].get(self.attr, self.default)
+
+
+CONV2D_OPERATORS = ("fprop", "dgrad", "wgrad")
+
+
+def _per_operator(kind: type, what: str) -> Callable[[str, Any], dict]:
+    def check(name: str, value: Any) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or any(k not in CONV2D_OPERATORS for k in value):
+            raise ConfigError(f"config.{name}={value!r}: use a dict from operator ({', '.join(CONV2D_OPERATORS)}) "
+                              f"to {what}, e.g. {{'wgrad': {'64' if kind is int else repr('64x64')}}}")
+        found = {k: v for k, v in value.items() if v is not None}
+        for k, v in found.items():
+            if type(v) is not kind or (kind is int and v < 1):
+                raise ConfigError(f"config.{name}[{k!r}]={v!r}: use {what} (or None for the plan's choice)")
+        return found
+    return check
+
+
+def _optional_fold(name: str, value: Any) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ConfigError(f"config.{name}={value!r}: use None (the plan's choice), 0 (the whole im2col matrix) or "
+                          "a number of filter rows >= 1")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise ConfigError(f"config.{name}={value!r}: use True or False")
+    return value
+
+
+def _optional_name(name: str, value: Any) -> str | None:
+    if value is not None and (type(value) is not str or not value):
+        raise ConfigError(f"config.{name}={value!r}: use a configuration name (str) or None for the default")
+    return value
+
+
+def _optional_schedule(name: str, value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        raster, swizzle = value
+    except (TypeError, ValueError):
+        raster = swizzle = None
+    if type(raster) is not int or type(swizzle) is not int or raster not in (0, 1) or swizzle not in (1, 2, 4, 8):
+        raise ConfigError(f"config.{name}={value!r}: use None or (raster, swizzle): raster 0 (along M) or 1 (along "
+                          "N), swizzle 1, 2, 4 or 8")
+    return (raster, swizzle)
+
+
 def _default_cache_dir() -> Path:
     import platformdirs
 
@@ -236,10 +309,45 @@ class Config:
         "Expiry of the fleet lock that lets one node compile a kernel while the others wait (default 30); the "
         "holder renews it every third of that, so a node killed mid-compile stalls the others this long at most.")
 
+    # ---- tuning knobs (scope() only; read by the ops' plans) -------------------------------------------------
+    conv2d_tile: Knob[dict[str, str]] = Knob(
+        _per_operator(str, "a tile name of jitops/ops/conv2d_plan.py's TILES"), {},
+        "conv2d: force the tile of an operator ('fprop', 'dgrad', 'wgrad'), e.g. {'wgrad': '64x192t3'}; an "
+        "operator not named keeps the plan's tile.  The plan raises ValueError for a tile it has not.")
+    conv2d_splits: Knob[dict[str, int]] = Knob(
+        _per_operator(int, "a split count >= 1"), {},
+        "conv2d: force the GEMM-K split count of an operator, e.g. {'fprop': 2} (fprop and dgrad then run the "
+        "split-K variant of the tile).")
+    conv2d_fold: Knob[int | None] = Knob(
+        _optional_fold, None,
+        "conv2d: the few-channel layers' (the 7x7 stem's) im2col fold: 0 the whole matrix, f > 0 f filter rows "
+        "per matrix row; None: the plan's choice.")
+    conv2d_wgrad_direct: Knob[bool] = Knob(
+        _bool, True,
+        "conv2d: a one-slice wgrad of aligned channels writes dw itself (False: an fp32 slice and torch's copy, "
+        "the benchmark's comparison).  The shape class carries it, so the kernel memo follows a change.")
+    conv2d_wgrad_reduce_kernel: Knob[bool] = Knob(
+        _bool, True,
+        "conv2d: split wgrad slices are summed by jitops' reduction kernel (False: torch's sum and a copy).")
+    conv2d_dgrad_phase_streams: Knob[bool] = Knob(
+        _bool, True,
+        "conv2d: a strided dgrad's phases run on side streams so their short kernels overlap (False: in turn).")
+    grouped_gemm_config: Knob[str | None] = Knob(
+        _optional_name, None,
+        "grouped_gemm: force a kernel configuration of jitops/ops/grouped_gemm_plan.py's CONFIGS (None: its "
+        "DEFAULT).  The shape classes carry it.")
+    grouped_gemm_schedule: Knob[tuple[int, int] | None] = Knob(
+        _optional_schedule, None,
+        "grouped_gemm: force the tile scheduler's (raster, swizzle); None: the planned one.")
+
     def __init__(self) -> None:
         # Process-wide, not thread-local: prewarm's worker threads must see what the caller scoped.
         self._stack: list[dict[str, Any]] = [{}]
         self._lock = threading.Lock()
+        # Changes whenever a scope starts or ends, never back to an earlier value.  Knobs are set only by scopes,
+        # so a memo of values derived from knobs (conv2d's shape classes) keys on this one int instead of
+        # reading every knob on every call (0.24-0.4 us a read on the dev box).
+        self.generation = 0
 
     def _overrides(self) -> dict[str, Any]:
         return self._stack[-1]
@@ -247,19 +355,26 @@ class Config:
     @contextlib.contextmanager
     def scope(self, **values: Any) -> Iterator[None]:
         """Override settings inside a `with` block (tests, tools), without touching os.environ."""
-        for key in values:
-            if not isinstance(getattr(type(self), key, None), Setting):
-                raise ConfigError(f"config.scope(): unknown setting {key!r}; known: {', '.join(settings())}")
+        values = dict(values)
+        for key, value in values.items():
+            declared = vars(type(self)).get(key)
+            if isinstance(declared, Knob):
+                values[key] = declared.check(key, value)
+            elif not isinstance(declared, Setting):
+                raise ConfigError(f"config.scope(): unknown setting {key!r}; known: "
+                                  f"{', '.join(settings() + tuning_knobs())}")
         with self._lock:
             merged = dict(self._stack[-1])
             merged.update(values)
             self._stack.append(merged)
+            self.generation += 1
         try:
             yield
         finally:
             with self._lock:  # by identity: two scopes may hold equal dicts
                 index = next(i for i in range(len(self._stack) - 1, 0, -1) if self._stack[i] is merged)
                 del self._stack[index]
+                self.generation += 1
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(variable, current value, meaning) for every setting: for `cache_tools info` and the README."""
@@ -277,6 +392,10 @@ class Config:
 
 def settings() -> list[str]:
     return [name for name, value in vars(Config).items() if isinstance(value, Setting)]
+
+
+def tuning_knobs() -> list[str]:
+    return [name for name, value in vars(Config).items() if isinstance(value, Knob)]
 
 
 config = Config()

@@ -12,8 +12,8 @@ The declaration is registered once with torch.library (so autograd, torch.compil
 torch.library.opcheck see a real op) and returns the public Python function.
 
 Routes.  Going through the dispatcher costs 8.5 us a call with a Python kernel, 13.7 us once an autograd
-kernel is registered, 10.6 us as an autograd.Function, where torch.add costs 6.4 us (lent H100, 2026-11-22,
-benchmarks/probe_launch_paths.py).  So the public function, generated per op:
+kernel is registered, 10.6 us as an autograd.Function, where torch.add costs 6.4 us (lent H100, 2026-11-22).
+So the public function, generated per op:
   - compiling, a torch function/dispatch mode, the profiler, or a tensor subclass -> torch.ops.<ns>.<name>;
   - a gradient to record -> the op's own autograd.Function (same setup_context and backward as registered);
   - otherwise -> the device implementation directly (7.7 us in the same probe).

@@ -2,7 +2,6 @@
 their kernels (forward and backward) on a machine without a GPU, so the lent GPU compiles nothing."""
 from __future__ import annotations
 
-import importlib
 import itertools
 from dataclasses import dataclass, replace
 
@@ -95,7 +94,7 @@ def requests(case: Case, target) -> dict:
     """Every kernel build a call of `case` needs on `target`, its backward's included (label -> BuildRequest).
     Mirrors jitops.gemm's forward (the gelu split when a gradient is needed) and backward."""
     import jitops
-    G = importlib.import_module("jitops.ops.gemm")
+    from jitops.ops import gemm as G
 
     found: dict = {}
 

@@ -3,7 +3,6 @@ promotion and Python numbers against torch.add, every dtype, gradients, opcheck,
 call still on add.cu's kernel."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from jitops.testing import check_op
 from test_ops_cpu import PROMOTION, add_positional, broadcast_samples
 
 pytestmark = pytest.mark.gpu
-add_module = importlib.import_module("jitops.ops.add")
+from jitops.ops import add as add_module
 CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 

@@ -143,11 +143,9 @@ def _exported_signatures(text: str) -> dict[str, tuple[tuple[str, ...], str]]:
 def test_every_cuda_library_declares_the_c_signatures_its_source_exports():
     """ctypes cannot check a call against the C function: a Python-side signature that lags the source (an
     argument added in the .cu, say) would pass the wrong stack and crash on the GPU.  Compare them here."""
-    import importlib
+    from jitops.ops import conv2d, gemm, grouped_gemm
 
-    libraries = [importlib.import_module("jitops.ops.gemm").SM90_GEMM_REFERENCE,
-                 importlib.import_module("jitops.ops.grouped_gemm").GROUPED_GEMM,
-                 *importlib.import_module("jitops.ops.conv2d").CONV_SPECS.values()]
+    libraries = [gemm.SM90_GEMM_REFERENCE, grouped_gemm.GROUPED_GEMM, *conv2d.CONV_SPECS.values()]
     for library in libraries:
         exported = _exported_signatures(library.source.read())
         for name, (args, ret) in library.functions.items():

@@ -4,7 +4,6 @@ split-K wgrad, output views) run against a CPU stand-in for the CUTLASS library;
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import random
 import time
@@ -16,7 +15,9 @@ import torch.nn.functional as F
 
 import jitops
 from jitops.backends import toolkit
-conv_module = importlib.import_module("jitops.ops.conv2d")  # jitops.ops.conv2d is the function
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan
+from jitops.ops import conv2d_run as conv_run
 from jitops.specs import Target
 from jitops.testing import check_compile, check_op
 
@@ -297,7 +298,7 @@ def test_cuda_dtypes_are_fp16_and_bf16():
     with pytest.raises(TypeError, match="argument 'x' has dtype float32 on meta; supported there: float16, bfloat16"):
         conv_module.shape_class(x, w, None, 1, 1, 1)
     cls = conv_module.shape_class(x.half(), w.half(), None, 1, 1, 1)
-    assert cls.kernel == (3, 3) and cls.aligned and cls.tile in conv_module.TILES
+    assert cls.kernel == (3, 3) and cls.aligned and cls.tile in conv_plan.TILES
 
 
 def test_shape_class_names_the_geometry_and_alignment():
@@ -310,7 +311,7 @@ def test_shape_class_names_the_geometry_and_alignment():
 
 
 def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten():
-    cls = conv_module.ConvClass(torch.float16, (3, 3), (1, 1), (1, 1), (1, 1), True, "128x128")
+    cls = conv_plan.ConvClass(torch.float16, (3, 3), (1, 1), (1, 1), (1, 1), True, "128x128")
     assert conv_module.cuda_kernels(cls, Target.parse("sm_80")) == {}
     [request] = conv_module.cuda_kernels(cls, Target.parse("sm_90a")).values()
     assert dict(request.params)["TILE_N"] == "128" and request.arch(Target.parse("sm_90")) == "sm_90a"
@@ -318,7 +319,7 @@ def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten():
     assert dict(split.params)["SPLIT_K"] == "1" and split.kernel == "conv2d_fprop_splitk"
     x, w, b, *geometry = make_args(CASES[1], torch.float32, "cpu")
     kern = SimpleNamespace(shape_class=conv_module.shape_class(x, w, b, *geometry))  # no library: sm_80
-    y = conv_module.run_cuda(kern, x, w, b, *geometry)
+    y = conv_run.run_cuda(kern, x, w, b, *geometry)
     assert y.stride() == channels_last_strides(y.shape)
     torch.testing.assert_close(y, reference(x, w, b, *geometry))
 
@@ -329,7 +330,7 @@ def run_phase_plan(dy, weight, input_size, stride, padding, dilation):
     asymmetrically padded unit-stride conv)."""
     n, c, h, w = input_size
     r, s = weight.shape[2:]
-    phases, full = conv_module.dgrad_phases((h, w), tuple(dy.shape[2:]), (r, s), stride, padding, dilation)
+    phases, full = conv_plan.dgrad_phases((h, w), tuple(dy.shape[2:]), (r, s), stride, padding, dilation)
     dx = torch.full((n, c, h, w), float("nan"), dtype=dy.dtype)
     if not full:
         dx.zero_()
@@ -353,8 +354,8 @@ def test_strided_dgrad_phases_reproduce_torch_on_random_geometries():
         dilation = (rng.randint(1, 3), rng.randint(1, 3))
         padding = (rng.randint(0, 4), rng.randint(0, 4))
         h, w = rng.randint(1, 14), rng.randint(1, 14)
-        p = conv_module.output_size(h, r, stride[0], padding[0], dilation[0])
-        q = conv_module.output_size(w, s, stride[1], padding[1], dilation[1])
+        p = conv_plan.output_size(h, r, stride[0], padding[0], dilation[0])
+        q = conv_plan.output_size(w, s, stride[1], padding[1], dilation[1])
         if p < 1 or q < 1:
             continue
         weight = torch.randn(3, 2, r, s, dtype=torch.float64)
@@ -363,16 +364,16 @@ def test_strided_dgrad_phases_reproduce_torch_on_random_geometries():
                                           dilation=dilation)
         got = run_phase_plan(dy, weight, (2, 2, h, w), stride, padding, dilation)
         torch.testing.assert_close(got, want, msg=lambda m: f"{(h, w, r, s, stride, padding, dilation)}: {m}")
-        for rows, cols in conv_module.dgrad_phases((h, w), (p, q), (r, s), stride, padding, dilation)[0]:
+        for rows, cols in conv_plan.dgrad_phases((h, w), (p, q), (r, s), stride, padding, dilation)[0]:
             assert min(rows.lower, rows.upper, cols.lower, cols.upper) >= 0
         checked += 1
 
 
 def test_unit_stride_dgrad_is_one_phase_with_the_whole_filter():
-    phases, full = conv_module.dgrad_phases((56, 56), (56, 56), (3, 3), (1, 1), (1, 1), (1, 1))
+    phases, full = conv_plan.dgrad_phases((56, 56), (56, 56), (3, 3), (1, 1), (1, 1), (1, 1))
     assert full and len(phases) == 1
     rows, cols = phases[0]
-    assert rows == conv_module.Phase1D(0, 56, (0, 1, 2), 1, 1, 1)
+    assert rows == conv_plan.Phase1D(0, 56, (0, 1, 2), 1, 1, 1)
 
 
 # ---- the CUDA run functions against a CPU stand-in for the CUTLASS library --------------------------------------
@@ -513,7 +514,7 @@ class FakeIm2colKernel:
         self.calls.append(dict(rows=rows, taps_c=taps_c, log_rows=log_rows))
         n = x.shape[0]
         assert grid << log_rows >= rows == n * p * q and 0 <= log_rows <= 6 and out.is_contiguous()
-        assert shared_mem == conv_module._im2col_shared_bytes(1 << log_rows, columns, x.element_size()) <= 48 * 1024
+        assert shared_mem == conv_plan._im2col_shared_bytes(1 << log_rows, columns, x.element_size()) <= 48 * 1024
         assert tuple(out.shape) == (n, p, q, columns) and columns % 8 == 0 and (sn, sc, sh, sw) == x.stride()
         assert tuple(x.shape) == (n, c, h, w) and taps_c % c == 0 and (taps_c // c) % s == 0
         r = taps_c // c // s
@@ -549,7 +550,7 @@ STAND_INS = {"fprop": lambda: FakeConvLibrary(0), "dgrad": lambda: FakeConvLibra
 
 @pytest.fixture
 def cuda_path_on_cpu(monkeypatch):
-    monkeypatch.setattr(conv_module, "_launch_args", lambda t: (0, 132, 0))
+    monkeypatch.setattr(conv_run, "_launch_args", lambda t: (0, 132, 0))
 
     def kernels(fn, args, op_name, tile=None, splits=None):
         """Kernels as the CUDA path gets them: the class planned for fp16 CUDA tensors of these shapes (meta
@@ -574,7 +575,7 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     if layout == "strided":
         x = x.transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
     kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop", splits=splits)
-    y = conv_module.run_cuda(kern, x, w, b, *geometry)
+    y = conv_run.run_cuda(kern, x, w, b, *geometry)
     assert bool(getattr(kern, "im2col", None) and kern.im2col.calls) == kern.shape_class.im2col
     assert y.stride() == channels_last_strides(y.shape)
     torch.testing.assert_close(y, reference(x, w, b, *geometry), rtol=1e-4, atol=1e-4)
@@ -584,7 +585,7 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     dw_want = torch.nn.grad.conv2d_weight(x, w.shape, grad, *geometry)
     args = (grad, w, list(x.shape), *geometry)
     kern = cuda_path_on_cpu(jitops.conv2d_input_grad, args, "dgrad", splits=splits)
-    dx = conv_module.run_input_grad_cuda(kern, *args)
+    dx = conv_run.run_input_grad_cuda(kern, *args)
     assert dx.stride() == channels_last_strides(x.shape)
     torch.testing.assert_close(dx, dx_want, rtol=1e-4, atol=1e-4)
     assert all(call["stride"] == (1, 1) for call in (getattr(kern, "dgrad", None) or kern.fprop).calls)
@@ -592,7 +593,7 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
 
     args = (grad, x, list(w.shape), *geometry)
     kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, args, "wgrad", splits=splits)
-    dw = conv_module.run_weight_grad_cuda(kern, *args)
+    dw = conv_run.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
     reduced = kern.reduce.calls if hasattr(kern, "reduce") else []
@@ -600,13 +601,10 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     assert [call["splits"] for call in reduced] == [call["splits"] for call in library.calls if call["splits"] > 1]
     # one slice of aligned channels: the kernel writes dw itself (no slice, no copy)
     (c, k), (r, s) = (x.shape[1], w.shape[0]), w.shape[2:]
-    im2col = c <= conv_module.IM2COL_MAX_CHANNELS and r * s > 1
+    im2col = c <= conv_plan.IM2COL_MAX_CHANNELS and r * s > 1
     assert hasattr(kern, "wgrad_direct") == (splits == 1 and c % 8 == 0 and k % 8 == 0 and not im2col)
-    conv_module.WGRAD_REDUCE_KERNEL = False  # the torch reduction the benchmarks compare it with
-    try:
-        dw = conv_module.run_weight_grad_cuda(kern, *args)
-    finally:
-        conv_module.WGRAD_REDUCE_KERNEL = True
+    with jitops.config.scope(conv2d_wgrad_reduce_kernel=False):  # the torch reduction the benchmarks compare
+        dw = conv_run.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
 
@@ -618,7 +616,7 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
     w, b = torch.randn(64, 3, 7, 7) / 12, torch.randn(64)
     kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, 2, 3, 1), "fprop")
     assert kern.shape_class.fold == 2
-    y = conv_module.run_cuda(kern, x, w, b, (2, 2), (3, 3), (1, 1))
+    y = conv_run.run_cuda(kern, x, w, b, (2, 2), (3, 3), (1, 1))
     [im2col], [conv] = kern.im2col.calls, kern.fprop.calls
     assert im2col["taps_c"] == 42 and im2col["rows"] == 115 * 112
     assert (conv["r"], conv["s"], conv["c"], conv["h"], conv["stride"]) == (4, 1, 48, 115, (1, 1))
@@ -628,7 +626,7 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
     grad = torch.randn_like(y)
     kern = cuda_path_on_cpu(jitops.conv2d_weight_grad, (grad, x, list(w.shape), 2, 3, 1), "wgrad")
     assert kern.shape_class.fold == 2
-    dw = conv_module.run_weight_grad_cuda(kern, grad, x, list(w.shape), (2, 2), (3, 3), (1, 1))
+    dw = conv_run.run_weight_grad_cuda(kern, grad, x, list(w.shape), (2, 2), (3, 3), (1, 1))
     [conv] = kern.wgrad.calls
     assert (conv["r"], conv["s"], conv["c"], conv["h"]) == (4, 1, 48, 115)
     assert dw.stride() == channels_last_strides(w.shape)
@@ -641,102 +639,101 @@ def test_strided_few_channel_fprop_folds_filter_rows_into_the_matrix(cuda_path_o
             ((2, 4, 10, 10), (8, 3, 3), (2, 2), (0, 1), (1, 1), 2)):
         x = torch.randn(n, c, h, wd).contiguous(memory_format=torch.channels_last)
         w, b = torch.randn(k, c, r, s), torch.randn(k)
-        conv_module.FOLD_OVERRIDE = fold
-        try:
+        with jitops.config.scope(conv2d_fold=fold):
             kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, stride, padding, dilation), "fprop")
             grad = torch.randn_like(reference(x, w, b, stride, padding, dilation))
             grad_kerns = [cuda_path_on_cpu(jitops.conv2d_weight_grad, (grad, x, list(w.shape), stride, padding,
                                                                          dilation), "wgrad", splits=splits)
                           for splits in (1, 3)]
-        finally:
-            conv_module.FOLD_OVERRIDE = None
         assert kern.shape_class.fold == fold and all(g.shape_class.fold == fold for g in grad_kerns)
-        y = conv_module.run_cuda(kern, x, w, b, stride, padding, dilation)
+        y = conv_run.run_cuda(kern, x, w, b, stride, padding, dilation)
         [conv] = kern.fprop.calls
-        assert conv["r"] == -(-r // fold) and conv["c"] == conv_module.round_up(fold * s * c)
+        assert conv["r"] == -(-r // fold) and conv["c"] == conv_plan.round_up(fold * s * c)
         torch.testing.assert_close(y, reference(x, w, b, stride, padding, dilation), rtol=1e-4, atol=1e-4)
         for kern in grad_kerns:
-            dw = conv_module.run_weight_grad_cuda(kern, grad, x, list(w.shape), stride, padding, dilation)
+            dw = conv_run.run_weight_grad_cuda(kern, grad, x, list(w.shape), stride, padding, dilation)
             torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, grad, stride, padding, dilation),
                                        rtol=1e-4, atol=1e-3)
 
 
 def test_few_channel_layers_go_through_im2col_while_its_tables_fit_shared_memory():
-    assert conv_module._uses_im2col(3, 7, 7) and conv_module._uses_im2col(16, 11, 11)
-    assert not conv_module._uses_im2col(3, 1, 1) and not conv_module._uses_im2col(24, 3, 3)
-    assert not conv_module._uses_im2col(16, 15, 15)  # 3600 columns: its table alone would pass 40 KB
+    assert conv_plan._uses_im2col(3, 7, 7) and conv_plan._uses_im2col(16, 11, 11)
+    assert not conv_plan._uses_im2col(3, 1, 1) and not conv_plan._uses_im2col(24, 3, 3)
+    assert not conv_plan._uses_im2col(16, 15, 15)  # 3600 columns: its table alone would pass 40 KB
 
 
 def test_plans_give_every_split_work_and_follow_the_gemm_shape():
     for k_tiles in (1, 2, 7, 25, 1568):
         for splits in (1, 2, 3, 8, 98, 300):
-            n = conv_module.normalize_splits(k_tiles, splits)
+            n = conv_plan.normalize_splits(k_tiles, splits)
             per_split = -(-k_tiles // n)
             assert 1 <= n <= splits and (n - 1) * per_split < k_tiles
     # layer1 1x1 64->64 at 56x56, batch 32: narrow N -> a 64-wide tile (two along M sharing the filter tile),
     # no split (one k-tile)
-    assert conv_module.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64c2x1", 1)
+    assert conv_plan.plan_gemm("fprop", 32 * 56 * 56, 64, 1) == ("128x64c2x1", 1)
     # layer4 3x3 512->512 at 7x7: few M tiles, long k-loops -> 128x64 pairs sharing the activation tile; fprop
     # never splits K unless forced (it measured slower)
-    assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64c1x2", 1)
-    conv_module.SPLIT_OVERRIDE["fprop"] = 2
-    try:
-        assert conv_module.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_module.SPLIT_TILE, 2)
-    finally:
-        conv_module.SPLIT_OVERRIDE["fprop"] = None
+    assert conv_plan.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == ("128x64c1x2", 1)
+    with jitops.config.scope(conv2d_splits={"fprop": 2}):
+        assert conv_plan.plan_gemm("fprop", 32 * 7 * 7, 512, 72) == (conv_plan.SPLIT_TILE, 2)
     # wgrad (the fitted cost model): a 64-output-channel 3x3 layer over 64 channels takes the tile of a whole
     # filter row (3 taps x 64 channels: 3 work tiles per slice) and splits its 1568 k-steps to fill the SMs;
     # short k-loops (the 7x7 layers) do not split, and a 1x1 one takes a cluster; the 3x3 256 reference layer
     # keeps its large tile
-    tile, splits, flat = conv_module.plan_wgrad(64, 64, (3, 3), 1568)
+    tile, splits, flat = conv_plan.plan_wgrad(64, 64, (3, 3), 1568)
     assert tile == "64x192t3" and flat and 100 <= splits * 3 <= 2 * 132
-    assert conv_module.plan_wgrad(2048, 512, (1, 1), 25) == ("128x64c1x2", 1, True)
-    assert conv_module.plan_wgrad(512, 512, (3, 3), 25)[1] == 1
-    assert conv_module.plan_wgrad(256, 256, (3, 3), 1568) == ("128x256", 7, True)
+    assert conv_plan.plan_wgrad(2048, 512, (1, 1), 25) == ("128x64c1x2", 1, True)
+    assert conv_plan.plan_wgrad(512, 512, (3, 3), 25)[1] == 1
+    assert conv_plan.plan_wgrad(256, 256, (3, 3), 1568) == ("128x256", 7, True)
     # the model's terms: more slices cost reduction traffic, fewer leave SMs idle
-    cost = functools.partial(conv_module.wgrad_cost_us, "128x64", k=512, channels=128, filter_rs=(1, 1),
+    cost = functools.partial(conv_plan.wgrad_cost_us, "128x64", k=512, channels=128, filter_rs=(1, 1),
                              k_tiles=392)
     assert cost(16) < cost(1) and cost(16) < cost(131)
     for name in ("fprop", "dgrad"):
-        conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = "128x256", 1
-        try:
-            assert conv_module.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
-        finally:
-            conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
-    conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "128x256", 1
-    try:
-        assert conv_module.plan_wgrad(256, 256, (3, 3), 36) == ("128x256", 1, True)
-        # a tile over a filter row of 3 taps x 64 channels cannot run a 1x1 filter or 128 channels
-        conv_module.TILE_OVERRIDE["wgrad"] = "64x192t3"
+        with jitops.config.scope(conv2d_tile={name: "128x256"}, conv2d_splits={name: 1}):
+            assert conv_plan.plan_gemm(name, 100352, 256, 36) == ("128x256", 1)
+    with jitops.config.scope(conv2d_tile={"wgrad": "128x256"}, conv2d_splits={"wgrad": 1}):
+        assert conv_plan.plan_wgrad(256, 256, (3, 3), 36) == ("128x256", 1, True)
+    # a tile over a filter row of 3 taps x 64 channels cannot run a 1x1 filter or 128 channels
+    with jitops.config.scope(conv2d_tile={"wgrad": "64x192t3"}, conv2d_splits={"wgrad": 1}):
         for channels, filter_rs in ((64, (1, 1)), (128, (3, 3)), (64, (3, 5))):
             with pytest.raises(ValueError, match="64x192t3.*3 taps x 64 channels"):
-                conv_module.plan_wgrad(64, channels, filter_rs, 36)
-        assert conv_module.plan_wgrad(64, 64, (3, 3), 36)[0] == "64x192t3"
-    finally:
-        conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
+                conv_plan.plan_wgrad(64, channels, filter_rs, 36)
+        assert conv_plan.plan_wgrad(64, 64, (3, 3), 36)[0] == "64x192t3"
+    # a tile the plan does not have, and malformed overrides, are refused by name
+    with jitops.config.scope(conv2d_tile={"fprop": "96x96"}):
+        with pytest.raises(ValueError, match=r"config.conv2d_tile\['fprop'\] is '96x96'"):
+            conv_plan.plan_gemm("fprop", 100352, 256, 36)
+    for bad in ({"fpropp": "128x64"}, {"fprop": 128}, ["fprop"]):
+        with pytest.raises(jitops.ConfigError, match="conv2d_tile"):
+            with jitops.config.scope(conv2d_tile=bad):
+                pass
+    with pytest.raises(jitops.ConfigError, match="conv2d_splits"):
+        with jitops.config.scope(conv2d_splits={"wgrad": 0}):
+            pass
 
 
 def test_wgrad_work_tiles_count_the_filter_mode_as_the_kernel_tiles_it():
     # CUTLASS tiles wgrad's (C,S,R) mode by channels of one tap: a 128-wide tile over 64 channels of a 3x3
     # filter runs 9 half-empty work tiles (not 576 / 128 = 5), a 64-wide one 9 full ones, a tile over the 3
     # taps of a filter row 3; over 256 channels a 128-wide tile runs 2 per tap.
-    work = conv_module.wgrad_work_tiles
+    work = conv_plan.wgrad_work_tiles
     assert work("64x128", 64, 64, (3, 3), 1) == 9 and work("64x64", 64, 64, (3, 3), 1) == 9
     assert work("64x192t3", 64, 64, (3, 3), 2) == 6 and work("128x128", 256, 256, (3, 3), 1) == 2 * 18
     assert work("128x64c1x2", 2048, 512, (1, 1), 1) == 16 * 8 and work("128x256", 64, 64, (3, 3), 1) == 9
     # which tiles a layer can take, and which of them store dw flat
-    assert "64x192t3" in conv_module.wgrad_candidates(64, (3, 3))
-    assert not {"64x192t3", "128x64c1x2"} & set(conv_module.wgrad_candidates(128, (3, 3)))
-    assert "64x192t3" not in conv_module.wgrad_candidates(64, (1, 1))
-    assert conv_module.wgrad_flat("64x192t3", 64, (3, 3)) and not conv_module.wgrad_flat("64x128", 64, (1, 3))
+    assert "64x192t3" in conv_plan.wgrad_candidates(64, (3, 3))
+    assert not {"64x192t3", "128x64c1x2"} & set(conv_plan.wgrad_candidates(128, (3, 3)))
+    assert "64x192t3" not in conv_plan.wgrad_candidates(64, (1, 1))
+    assert conv_plan.wgrad_flat("64x192t3", 64, (3, 3)) and not conv_plan.wgrad_flat("64x128", 64, (1, 3))
 
 
 def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
     # A tile's columns are a flat range of dw's R*S*C only for a 1x1 filter, C a multiple of the tile width, or
     # a tile over a whole filter row: a 128-wide tile over 64 channels of a 3x3 filter covers the 64 channels
     # of one tap and 64 empty columns.
-    assert conv_module.wgrad_flat("128x64", 64, (3, 3)) and not conv_module.wgrad_flat("64x128", 64, (3, 3))
-    assert conv_module.wgrad_flat("64x128", 64, (1, 1)) and conv_module.wgrad_flat("128x256", 512, (3, 3))
+    assert conv_plan.wgrad_flat("128x64", 64, (3, 3)) and not conv_plan.wgrad_flat("64x128", 64, (3, 3))
+    assert conv_plan.wgrad_flat("64x128", 64, (1, 1)) and conv_plan.wgrad_flat("128x256", 512, (3, 3))
     # The plan takes a tile that stores through TMA where one exists: a flat one, or a 64-row tile (which stores
     # from registers either way); a layer whose channels no tile width divides stores from registers, as does
     # the stem's wgrad over its folded matrix (a 4x1 filter of 48 channels: _plan_fold).
@@ -746,13 +743,13 @@ def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
                                                 (64, 256, 3, 1, 1, True), (64, 64, 1, 1, 0, True),
                                                 (3, 64, 7, 2, 3, False), (24, 256, 3, 1, 1, False)):
         x = torch.empty(32, c, 56, 56, device="meta", dtype=torch.float16)
-        out = conv_module.output_size(56, kernel, stride, padding, 1)
+        out = conv_plan.output_size(56, kernel, stride, padding, 1)
         dy = torch.empty(32, k, out, out, device="meta", dtype=torch.float16)
         cls = op.shape_class(dy, x, (k, c, kernel, kernel), stride, padding, 1)
         assert cls.flat == flat, (c, k, kernel, cls)
         if not cls.im2col:
-            assert cls.flat == conv_module.wgrad_flat(cls.tile, c, (kernel, kernel))
-            assert cls.flat or conv_module.TILES[cls.tile].m == 64 or c % 64, cls
+            assert cls.flat == conv_plan.wgrad_flat(cls.tile, c, (kernel, kernel))
+            assert cls.flat or conv_plan.TILES[cls.tile].m == 64 or c % 64, cls
         [request] = [r for name, r in conv_module.weight_grad_cuda_kernels(cls, sm90a).items() if "wgrad" in name]
         assert dict(request.params)["WGRAD_FLAT"] == str(int(flat))
 
@@ -761,13 +758,10 @@ def test_overrides_reach_the_shape_class():
     x = torch.empty(32, 256, 56, 56, device="meta", dtype=torch.float16)
     w = torch.empty(256, 256, 3, 3, device="meta", dtype=torch.float16)
     seen = set()
-    for tile in conv_module.OPERATOR_TILES["fprop"]:
-        conv_module.TILE_OVERRIDE["fprop"] = tile
-        try:
+    for tile in conv_plan.OPERATOR_TILES["fprop"]:
+        with jitops.config.scope(conv2d_tile={"fprop": tile}):
             seen.add(conv_module.shape_class(x, w, None, 1, 1, 1).tile)
-        finally:
-            conv_module.TILE_OVERRIDE["fprop"] = None
-    assert seen == set(conv_module.OPERATOR_TILES["fprop"])
+    assert seen == set(conv_plan.OPERATOR_TILES["fprop"])
 
 
 # ---- one real nvcc build of a representative sm_90a configuration ----------------------------------------------

@@ -5,7 +5,6 @@ Set JITOPS_TEST_CACHE_PATH (tests/conftest.py) to a cache root of prebuilt kerne
 --prewarm) to read them there, so that nvcc does not run on the GPU machine (benchmarks/gpu_session.sh)."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -20,7 +19,9 @@ from test_conv2d import CASES, IDS, channels_last_strides, make_args
 # point JITOPS_TEST_CACHE_PATH at that cache (conftest.py); without it the tests compile what they need (slow, but
 # they run).
 pytestmark = pytest.mark.gpu
-conv_module = importlib.import_module("jitops.ops.conv2d")
+from jitops.ops import conv2d as conv_module
+from jitops.ops import conv2d_plan as conv_plan
+from jitops.ops import conv2d_run as conv_run
 DTYPES = [torch.float16, torch.bfloat16]
 # Relative Frobenius error against the fp32 reference: half-precision outputs and operands.
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
@@ -93,21 +94,18 @@ def test_every_tile_and_split_configuration_is_correct(case):
              "dgrad": (lambda: jitops.conv2d_input_grad(grad, w, x.shape, *geometry), dx_ref),
              "wgrad": (lambda: jitops.conv2d_weight_grad(grad, x, w.shape, *geometry), dw_ref)}
     for name, (call, want) in calls.items():
-        configs = [(t, None) for t in conv_module.OPERATOR_TILES[name]
-                   if name != "wgrad" or conv_module.wgrad_tile_serves(t, 64, w.shape[2:])]
+        configs = [(t, None) for t in conv_plan.OPERATOR_TILES[name]
+                   if name != "wgrad" or conv_plan.wgrad_tile_serves(t, 64, w.shape[2:])]
         # wgrad: the plan runs one slice here (written directly into dw); force slices too
-        configs += [(conv_module.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5), ("128x64", 2)]
+        configs += [(conv_plan.SPLIT_TILE, 3)] if name != "wgrad" else [("128x128", 5), ("128x64", 2)]
         for tile, splits in configs:
-            conv_module.TILE_OVERRIDE[name], conv_module.SPLIT_OVERRIDE[name] = tile, splits
-            try:
+            with jitops.config.scope(conv2d_tile={name: tile}, conv2d_splits={name: splits}):
                 if name == "wgrad":
                     cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
-                    assert cls.flat == conv_module.wgrad_flat(tile, 64, w.shape[2:]), cls
-                    assert cls.flat == (w.shape[2] == 1 or conv_module.TILES[tile].channels == 64), cls
+                    assert cls.flat == conv_plan.wgrad_flat(tile, 64, w.shape[2:]), cls
+                    assert cls.flat == (w.shape[2] == 1 or conv_plan.TILES[tile].channels == 64), cls
                 error = relative_error(call(), want)
-                assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
-            finally:
-                conv_module.TILE_OVERRIDE[name] = conv_module.SPLIT_OVERRIDE[name] = None
+            assert error < 2e-3, f"{name} {tile}/{splits}: relative error {error:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
@@ -122,13 +120,10 @@ def test_tap_tile_wgrad_on_strided_dilated_and_ragged_layers(dtype):
         grad = torch.randn_like(F.conv2d(x.float(), w.float(), None, *geometry)).to(dtype)
         _, (_, dw_ref) = fp32_reference(x, w, None, *geometry, grad=grad)
         for splits in (1, 2):
-            conv_module.TILE_OVERRIDE["wgrad"], conv_module.SPLIT_OVERRIDE["wgrad"] = "64x192t3", splits
-            try:
+            with jitops.config.scope(conv2d_tile={"wgrad": "64x192t3"}, conv2d_splits={"wgrad": splits}):
                 cls = jitops.find("conv2d_weight_grad").shape_class(grad, x, w.shape, *geometry)
                 assert (cls.tile, cls.splits, cls.flat) == ("64x192t3", splits, True), cls
                 dw = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-            finally:
-                conv_module.TILE_OVERRIDE["wgrad"] = conv_module.SPLIT_OVERRIDE["wgrad"] = None
             assert relative_error(dw, dw_ref) < TOLERANCE[dtype], (case, splits)
 
 
@@ -141,14 +136,11 @@ def test_one_slice_wgrad_writes_dw_directly_and_bit_for_bit_like_the_slice_and_c
     grad = torch.randn(4, 128, 7, 7, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
     op = jitops.find("conv2d_weight_grad")
     cls = op.shape_class(grad, x, w.shape, *geometry)
-    assert cls.splits == 1 and conv_module.wgrad_direct(cls)
+    assert cls.splits == 1 and conv_plan.wgrad_direct(cls)
     direct = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-    conv_module.WGRAD_DIRECT_OUTPUT = False  # the shape class carries it: no kernel memo to clear
-    try:
-        assert not conv_module.wgrad_direct(op.shape_class(grad, x, w.shape, *geometry))
+    with jitops.config.scope(conv2d_wgrad_direct=False):  # the shape class carries it: no kernel memo to clear
+        assert not conv_plan.wgrad_direct(op.shape_class(grad, x, w.shape, *geometry))
         copied = jitops.conv2d_weight_grad(grad, x, w.shape, *geometry)
-    finally:
-        conv_module.WGRAD_DIRECT_OUTPUT = True
     assert direct.stride() == channels_last_strides(w.shape)
     assert torch.equal(direct, copied)
     _, (_, want_dw) = fp32_reference(x, w, None, *geometry, grad=grad)
@@ -174,9 +166,9 @@ def test_im2col_kernel_matches_unfold_for_any_layout(dtype):
         for layout, x in (("nchw", base[..., :w].contiguous()),
                           ("channels_last", base[..., :w].contiguous(memory_format=torch.channels_last)),
                           ("strided", base[..., ::2])):
-            p = conv_module.output_size(h, r, stride[0], padding[0], dilation[0])
-            q = conv_module.output_size(w, s, stride[1], padding[1], dilation[1])
-            got = conv_module._im2col(kern, x, r, s, stride, padding, dilation, p, q)
+            p = conv_plan.output_size(h, r, stride[0], padding[0], dilation[0])
+            q = conv_plan.output_size(w, s, stride[1], padding[1], dilation[1])
+            got = conv_run._im2col(kern, x, r, s, stride, padding, dilation, p, q)
             want = im2col_reference(x.cpu(), r, s, stride, padding, dilation, p, q, got.shape[-1])
             assert torch.equal(got.cpu(), want), f"{layout} c={c} {r}x{s}"
 
@@ -205,14 +197,11 @@ def test_stem_fprop_and_wgrad_over_folded_rows_match_fp32_reference(dtype):
     x = torch.randn(2, 5, 33, 29, device="cuda").to(dtype)
     weight = torch.randn(16, 5, 5, 3, device="cuda").to(dtype)
     geometry = ((3, 2), (2, 1), (1, 2))
-    conv_module.FOLD_OVERRIDE = 3
-    try:
+    with jitops.config.scope(conv2d_fold=3):
         assert jitops.find("conv2d").shape_class(x, weight, None, *geometry).fold == 3
         y = jitops.conv2d(x, weight, None, *geometry)
         grad = torch.randn_like(y)
         dw = jitops.conv2d_weight_grad(grad, x, weight.shape, *geometry)
-    finally:
-        conv_module.FOLD_OVERRIDE = None
     assert relative_error(y, F.conv2d(x.float(), weight.float(), None, *geometry)) < TOLERANCE[dtype]
     want = torch.nn.grad.conv2d_weight(x.float(), weight.shape, grad.float(), *geometry)
     assert relative_error(dw, want) < TOLERANCE[dtype]
@@ -325,10 +314,10 @@ def test_wgrad_reduce_kernel_sums_slices_exactly_in_every_warp_split(dtype):
             dw = torch.full((k, c, 1, taps), float("nan"), dtype=dtype, device="cuda").contiguous(
                 memory_format=torch.channels_last)
             if splits == 1:  # the run function copies a single slice with torch; the kernel handles it too
-                reduce.launch(-(-k * taps * c // conv_module.REDUCE_BLOCK), conv_module.REDUCE_BLOCK, partial, dw,
+                reduce.launch(-(-k * taps * c // conv_run.REDUCE_BLOCK), conv_run.REDUCE_BLOCK, partial, dw,
                               1, partial[0].numel(), k * taps, c, c8)
             else:
-                conv_module._reduce_into(kern, partial, dw)
+                conv_run._reduce_into(kern, partial, dw)
             want = partial.double().sum(0)[:k, :, :c]                      # [k, taps, c]
             got = dw.permute(0, 2, 3, 1).reshape(k, taps, c).double()
             assert not torch.isnan(got).any(), (splits, k, taps, c)

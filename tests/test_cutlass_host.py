@@ -7,7 +7,6 @@ that CUTLASS sets, every descriptor's encode arguments and every grid must come 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import struct
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 
 from jitops import cutlass_host as H
 
-G = importlib.import_module("jitops.ops.gemm")
+from jitops.ops import gemm as G
 FIXTURES = json.loads((Path(__file__).parent / "cutlass_host" / "sm90_gemm_fixtures.json").read_text())
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -39,9 +39,8 @@ def test_gelu_backward_op_matches_torch_in_bf16():
 def test_short_path_shape_class_matches_the_checked_one(dtype):
     """gelu's shape class takes a short path for a contiguous CUDA tensor: it must give what the general
     checks give, for every alignment, and leave everything else to them."""
-    import importlib
+    from jitops.ops import gelu as gelu_module
 
-    gelu_module = importlib.import_module("jitops.ops.gelu")
     base = torch.randn(4096 + 16, device="cuda", dtype=dtype)
     for x in (base[:1], base[:4096], base[1:4001], base[2:], base[3:7], base[:4096].view(64, 64).t(), base[:0]):
         for approximate in ("none", "tanh"):

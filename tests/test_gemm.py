@@ -19,7 +19,7 @@ import jitops
 from jitops.specs import Target
 from jitops.testing import check_op
 
-G = importlib.import_module("jitops.ops.gemm")  # the module (jitops.ops.gemm is the public function)
+from jitops.ops import gemm as G
 
 
 def gemm_positional(a, b, bias, activation, out_dtype):

@@ -20,7 +20,9 @@ from jitops.testing import check_op
 
 DTYPES = [torch.float32, torch.float64]
 SM90 = Target.parse("sm_90a")
-gg = importlib.import_module("jitops.ops.grouped_gemm")  # the module (jitops.ops.grouped_gemm is the function)
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan
+from jitops.ops import grouped_gemm_run as gg_run
 
 
 # ---- references ------------------------------------------------------------------------------------------------
@@ -301,16 +303,16 @@ def test_moe_forward_and_gradients_use_three_layouts_of_the_same_kernel():
     forward = gg.ragged_shape_class(x, w, offsets).kernel
     dx = gg.ragged_shape_class(dy, w.mT, offsets)
     dw = gg.ragged_shape_class(x.mT, dy, offsets)
-    assert forward == gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT)
-    assert dx.kernel == gg.GemmKernelClass(torch.bfloat16, True, False, gg.DEFAULT) and dx.copy_b is None
-    assert dw.mode == "K" and dw.kernel == gg.GemmKernelClass(torch.bfloat16, False, True, gg.DEFAULT)
+    assert forward == gg_plan.GemmKernelClass(torch.bfloat16, True, True, gg_plan.DEFAULT)
+    assert dx.kernel == gg_plan.GemmKernelClass(torch.bfloat16, True, False, gg_plan.DEFAULT) and dx.copy_b is None
+    assert dw.mode == "K" and dw.kernel == gg_plan.GemmKernelClass(torch.bfloat16, False, True, gg_plan.DEFAULT)
     assert dw.copy_a is None and dw.copy_b is None  # no transposed copies in the backward
 
 
 def test_list_layouts_from_strides():
     As, Bs = [meta((2048, 4096))] * 8, [meta((4096, 4096))] * 8
     forward = gg.list_shape_class(As, Bs)
-    assert forward.kernel == gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT)
+    assert forward.kernel == gg_plan.GemmKernelClass(torch.bfloat16, True, True, gg_plan.DEFAULT)
     assert not any(forward.copy_a + forward.copy_b)
     dc = [meta((2048, 4096))] * 8
     assert gg.list_shape_class(dc, [b.mT for b in Bs]).kernel.b_row is False
@@ -320,24 +322,24 @@ def test_list_layouts_from_strides():
 
 def test_unreadable_layouts_are_copied_and_misaligned_sizes_fall_back_to_aten():
     x, w, offsets = meta((100, 64)), meta((4, 64, 32)), meta((4,), dtype=torch.int32)
-    assert gg.ragged_shape_class(x.mT.contiguous().mT, w, offsets).copy_a == gg.ROW  # ragged dim contiguous
+    assert gg.ragged_shape_class(x.mT.contiguous().mT, w, offsets).copy_a == gg_plan.ROW  # ragged dim contiguous
     strided = meta((100, 64), (128, 2))  # neither dimension contiguous
-    assert gg.ragged_shape_class(strided, w, offsets).copy_a == gg.ROW
-    assert gg.ragged_shape_class(meta((100, 60)), meta((4, 60, 32)), offsets).kernel.config == gg.ATEN  # K % 8
-    assert gg.ragged_shape_class(meta((100, 64)), meta((4, 64, 30)), offsets).kernel.config == gg.ATEN  # N % 8
+    assert gg.ragged_shape_class(strided, w, offsets).copy_a == gg_plan.ROW
+    assert gg.ragged_shape_class(meta((100, 60)), meta((4, 60, 32)), offsets).kernel.config == gg_plan.ATEN  # K % 8
+    assert gg.ragged_shape_class(meta((100, 64)), meta((4, 64, 30)), offsets).kernel.config == gg_plan.ATEN  # N % 8
     # Expanded gradients (stride 0) are copied.
     expanded = meta((100, 32), (0, 0))
-    assert gg.ragged_shape_class(expanded, w.mT.contiguous().mT.mT, offsets).copy_a == gg.ROW
+    assert gg.ragged_shape_class(expanded, w.mT.contiguous().mT.mT, offsets).copy_a == gg_plan.ROW
 
 
 def test_no_kernel_for_empty_problems_or_non_hopper_targets():
     empty = gg.ragged_shape_class(meta((0, 64)), meta((4, 64, 32)), meta((4,), dtype=torch.int32))
-    assert empty.kernel.config == gg.NOTHING and gg._kernels(empty, SM90) == {}
+    assert empty.kernel.config == gg_plan.NOTHING and gg._kernels(empty, SM90) == {}
     cls = gg.ragged_shape_class(meta((100, 64)), meta((4, 64, 32)), meta((4,), dtype=torch.int32))
     assert gg._kernels(cls, Target.parse("sm_80")) == {}
     request = gg._kernels(cls, SM90)["gemm"]
     assert request.arch(SM90) == "sm_90a"
-    assert dict(request.defines) == {"JG_A_ROW": "1", "JG_B_ROW": "1", "JG_CONFIG": gg.DEFAULT,
+    assert dict(request.defines) == {"JG_A_ROW": "1", "JG_B_ROW": "1", "JG_CONFIG": gg_plan.DEFAULT,
                                      "JG_ELEMENT": "cutlass::bfloat16_t"}
 
 
@@ -351,7 +353,7 @@ def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels():
             args = entry.example_args(item["dtypes"][0], shapes, kwargs, strides)
             classes |= {op.shape_class(*a).kernel for op, a in public.calls(entry, args)}
     layouts = {(c.a_row, c.b_row, c.config) for c in classes}
-    assert layouts == {(True, True, gg.DEFAULT), (True, False, gg.DEFAULT), (False, True, gg.DEFAULT)}
+    assert layouts == {(True, True, gg_plan.DEFAULT), (True, False, gg_plan.DEFAULT), (False, True, gg_plan.DEFAULT)}
 
 
 def test_backward_kernels_are_requested_in_the_background(monkeypatch):
@@ -374,7 +376,7 @@ def test_backward_kernels_are_requested_in_the_background(monkeypatch):
 
 # ---- nvcc builds an sm_90a kernel here (no GPU) ------------------------------------------------------------------
 def _build(fresh_cache, kernel_class):
-    request = gg._kernels(gg.RaggedClass("M", kernel_class, None, None), SM90)["gemm"]
+    request = gg._kernels(gg_plan.RaggedClass("M", kernel_class, None, None), SM90)["gemm"]
     assert runtime.prewarm(request, SM90) == "compiled"
     key, _ = runtime.key_for(request, SM90)
     entry = runtime.find_entry(key, any_toolchain=False)
@@ -388,11 +390,11 @@ def _build(fresh_cache, kernel_class):
 
 @pytest.mark.skipif(toolkit.nvcc_path() is None, reason="needs nvcc")
 def test_nvcc_builds_the_moe_forward_kernel_for_sm90a(fresh_cache):
-    entry = _build(fresh_cache, gg.GemmKernelClass(torch.bfloat16, True, True, gg.DEFAULT))
+    entry = _build(fresh_cache, gg_plan.GemmKernelClass(torch.bfloat16, True, True, gg_plan.DEFAULT))
     assert entry.meta["compile_seconds"] > 0
 
 
-SWEEP = [gg.GemmKernelClass(dtype, a_row, b_row, config) for dtype in gg.CUDA_DTYPES for config in gg.CONFIGS
+SWEEP = [gg_plan.GemmKernelClass(dtype, a_row, b_row, config) for dtype in gg.CUDA_DTYPES for config in gg_plan.CONFIGS
          for a_row in (True, False) for b_row in (True, False)]
 
 
@@ -405,9 +407,9 @@ def test_nvcc_builds_every_configuration(fresh_cache, kernel_class):
 
 def test_every_tile_configuration_is_a_struct_in_the_kernel_source():
     source = (kernels_root() / "grouped_gemm" / "grouped_gemm.cu").read_text()
-    for config in gg.CONFIGS:
+    for config in gg_plan.CONFIGS:
         assert f"struct {config} :" in source
-        tile_m, tile_n, cluster_m, cluster_n = gg._tiling(config)
+        tile_m, tile_n, cluster_m, cluster_n = gg_plan._tiling(config)
         assert f"Shape<_{tile_m}, _{tile_n}, _64>" in source and cluster_m * cluster_n in (1, 2)
 
 
@@ -427,9 +429,9 @@ class FakeLibrary:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    monkeypatch.setattr(gg, "_workspace", lambda lib, groups, device: (torch.empty(0), 4096))
-    monkeypatch.setattr(gg, "sm_count", lambda device: 132)
-    monkeypatch.setattr(gg, "current_stream", lambda device: 7)
+    monkeypatch.setattr(gg_run, "_workspace", lambda lib, groups, device: (torch.empty(0), 4096))
+    monkeypatch.setattr(gg_run, "sm_count", lambda device: 132)
+    monkeypatch.setattr(gg_run, "current_stream", lambda device: 7)
     library = FakeLibrary()
 
     def run(runner, shape_class, *args):
@@ -456,7 +458,7 @@ def test_moe_forward_and_gradients_pass_strides_not_copies(fake_cuda):
                         "d_step": K * N, "d_ld": N})):
         cls = gg.ragged_shape_class(*(meta(t.shape, t.stride()) for t in (a, b)), meta((G,), dtype=torch.int32))
         assert cls.copy_a is None and cls.copy_b is None
-        out, calls = fake_cuda(gg.run_ragged_cuda, cls, a, b, offsets)
+        out, calls = fake_cuda(gg_run.run_ragged_cuda, cls, a, b, offsets)
         args = dict(zip(RAGGED_ARGS, calls[-1][1]))
         assert {key: args[key] for key in expected} == expected
         assert args["a"].data_ptr() == a.data_ptr() and args["b"].data_ptr() == b.data_ptr()  # no copies
@@ -467,7 +469,7 @@ def test_moe_forward_and_gradients_pass_strides_not_copies(fake_cuda):
 def test_ragged_n_runs_as_ragged_m_on_the_transposes(fake_cuda):
     a, b = torch.randn(3, 16, 8, dtype=torch.bfloat16), torch.randn(8, 40, dtype=torch.bfloat16)
     cls = gg.ragged_shape_class(meta(a.shape), meta(b.shape), meta((3,), dtype=torch.int32))
-    out, calls = fake_cuda(gg.run_ragged_cuda, cls, a, b, offsets_of([10, 20, 10]))
+    out, calls = fake_cuda(gg_run.run_ragged_cuda, cls, a, b, offsets_of([10, 20, 10]))
     args = dict(zip(RAGGED_ARGS, calls[-1][1]))
     assert args["mode"] == 0 and args["n"] == 16 and args["k"] == 8 and args["total"] == 40
     assert out.shape == (16, 40) and out.stride() == (1, 16) and args["d"].data_ptr() == out.data_ptr()
@@ -477,13 +479,13 @@ def test_list_rows_and_tile_order(fake_cuda):
     As = [torch.randn(2048, 64, dtype=torch.bfloat16) for _ in range(2)]
     Bs = [torch.randn(64, 1024, dtype=torch.bfloat16) for _ in range(2)]
     cls = gg.list_shape_class([meta(t.shape) for t in As], [meta(t.shape) for t in Bs])
-    outs, calls = fake_cuda(gg.run_list_cuda, cls, As, Bs)
+    outs, calls = fake_cuda(gg_run.run_list_cuda, cls, As, Bs)
     groups, rows, host, _, _, _, raster, swizzle, stream = calls[-1][1]
-    assert groups == 2 and (raster, swizzle) == (0, gg.LIST_SWIZZLE)  # 16 x 4 tiles per group: nothing padded
+    assert groups == 2 and (raster, swizzle) == (0, gg_plan.LIST_SWIZZLE)  # 16 x 4 tiles per group: nothing padded
     assert rows.view(2, 9)[0, :3].tolist() == [2048, 1024, 64]
     assert rows.view(2, 9)[1].tolist() == [2048, 1024, 64, As[1].data_ptr(), 64, Bs[1].data_ptr(), 1024,
                                            outs[1].data_ptr(), 1024]
     small = [torch.randn(100, 64, dtype=torch.bfloat16)], [torch.randn(64, 32, dtype=torch.bfloat16)]
     cls = gg.list_shape_class([meta(t.shape) for t in small[0]], [meta(t.shape) for t in small[1]])
-    _, calls = fake_cuda(gg.run_list_cuda, cls, *small)
+    _, calls = fake_cuda(gg_run.run_list_cuda, cls, *small)
     assert calls[-1][1][6:8] == (0, 1)  # swizzling would pad this group's tiles

@@ -3,7 +3,6 @@ for every input, ragged edge cases, layouts from strides, no host sync with devi
 opcheck and torch.compile.  Every kernel class used here is in bench_grouped_gemm.py's --prebuild list."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -12,7 +11,8 @@ import jitops
 from jitops.testing import check_compile, check_op
 
 pytestmark = pytest.mark.gpu
-gg = importlib.import_module("jitops.ops.grouped_gemm")
+from jitops.ops import grouped_gemm as gg
+from jitops.ops import grouped_gemm_plan as gg_plan
 # nvcc takes ~50 s a kernel: the GPU session reads them prebuilt (bench_grouped_gemm.py --prebuild) from the
 # read-only roots in JITOPS_TEST_CACHE_PATH (conftest.py).
 DTYPES = [torch.bfloat16, torch.float16]
@@ -166,7 +166,7 @@ def test_bad_device_offsets_are_caught_when_asked():
 def test_misaligned_sizes_fall_back_to_aten():
     x = torch.randn(20, 7, device="cuda", dtype=torch.bfloat16)  # K = 7: not 16-byte rows
     w = torch.randn(3, 7, 5, device="cuda", dtype=torch.bfloat16)
-    assert gg.ragged_shape_class(x, w, offsets_of([4, 0, 16])).kernel.config == gg.ATEN
+    assert gg.ragged_shape_class(x, w, offsets_of([4, 0, 16])).kernel.config == gg_plan.ATEN
     y = jitops.grouped_gemm(x, w, sizes=[4, 0, 16])
     assert relative_error(y, ragged_reference(x.double().cpu(), w.double().cpu(), [4, 4, 20])) < 1e-2
 

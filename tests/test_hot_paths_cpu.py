@@ -3,15 +3,16 @@ tensor type that reports is_cuda) and the small-grid arithmetic of add's and lay
 tensors, a kernel that records its launch).  The GPU tests check the same paths against the general ones."""
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 
-gelu_module = importlib.import_module("jitops.ops.gelu")
-ln = importlib.import_module("jitops.ops.layer_norm")
-add_module = importlib.import_module("jitops.ops.add")
+from jitops.ops import gelu as gelu_module
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
+from jitops.ops import layer_norm_run as ln_run
+from jitops.ops import add as add_module
 from jitops.launch import UNCAPPED_GRID  # noqa: E402
 
 
@@ -47,9 +48,9 @@ def test_layer_norm_short_path_class(monkeypatch, n, w_address, vec):
     monkeypatch.setattr(ln, "_Tensor", CudaLike)
     x = CudaLike((4, n), torch.bfloat16, 0x1000)
     w, b = CudaLike((n,), torch.bfloat16, w_address), CudaLike((n,), torch.bfloat16, 0x3000)
-    expected = ln.forward_class(torch.bfloat16, n, vec, 4, "int")
+    expected = ln_plan.forward_class(torch.bfloat16, n, vec, 4, "int")
     assert ln.shape_class(x, [n], w, b, 1e-5) == expected
-    assert ln.shape_class(x, [n], None, None, 1e-5) == ln.forward_class(torch.bfloat16, n, 8 if n % 8 == 0 else
+    assert ln.shape_class(x, [n], None, None, 1e-5) == ln_plan.forward_class(torch.bfloat16, n, 8 if n % 8 == 0 else
                                                                         (1 if n % 2 else 2), 4, "int")
 
 
@@ -81,10 +82,10 @@ def test_add_small_grids_skip_the_device_query(n, grid):
 
 def test_layer_norm_run_launches_with_and_without_statistics():
     x, w = torch.randn(6, 64), torch.randn(64)
-    cls = ln.forward_class(torch.float32, 64, 4, 6, "int")
+    cls = ln_plan.forward_class(torch.float32, 64, 4, 6, "int")
     forward = Recorder()
     kernels = FakeKernels(cls, forward=forward)
-    y, stats = ln.run_cuda(kernels, x, [64], w, None, 1e-5)
+    y, stats = ln_run.run_cuda(kernels, x, [64], w, None, 1e-5)
     assert stats.shape == (2, 6) and y.shape == x.shape
     threads = max(cls.tpr, 128)
     assert forward.calls[0][:2] == (-(-6 // (threads // cls.tpr)), threads)

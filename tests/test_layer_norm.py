@@ -3,7 +3,6 @@ float64, gradients, gradcheck, opcheck, torch.compile; the error messages; the s
 compiling every CUDA kernel variant for sm_80 and sm_90a."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -14,7 +13,8 @@ from jitops.runtime import runtime
 from jitops.specs import Target
 from jitops.testing import check_op
 
-ln = importlib.import_module("jitops.ops.layer_norm")
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
 
 DTYPES = [torch.float32, torch.float64]
 # (x shape, normalized_shape): hidden sizes 1, 7, 1000, 4097, two trailing dims, no rows at all.
@@ -196,7 +196,7 @@ def test_few_rows_spread_each_row_over_more_threads(n, expected):
     assert (cls.tpr, cls.iters) == expected
     back = ln.backward_shape_class(meta((64, n)), meta((64, n)), meta((2, 64), torch.float32), None, [n], True,
                                    True, True)
-    assert back.tpr <= ln.BACKWARD_MAX_TPR and back.params == 3  # 64 rows: dweight/dbias by columns
+    assert back.tpr <= ln_plan.BACKWARD_MAX_TPR and back.params == 3  # 64 rows: dweight/dbias by columns
 
 
 def test_vector_width_follows_alignment_of_every_pointer():
@@ -215,7 +215,7 @@ def test_vector_width_follows_alignment_of_every_pointer():
 def test_backward_buckets(n, dtype, params):
     x = meta((4096, n), dtype)
     cls = ln.backward_shape_class(x, x, meta((2, 4096), torch.float32), None, [n], True, True, True)
-    assert cls.params == params and cls.tpr <= ln.BACKWARD_MAX_TPR
+    assert cls.params == params and cls.tpr <= ln_plan.BACKWARD_MAX_TPR
 
 
 @pytest.mark.parametrize("rows, params", [(1, 1), (2, 3), (64, 3), (65, 1), (4096, 1)])

@@ -3,7 +3,6 @@ sizes and row counts, every backward strategy (dweight/dbias in registers, in sh
 kernel), non-contiguous and misaligned inputs, determinism, gradcheck in float64, opcheck, torch.compile."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -13,7 +12,8 @@ import jitops
 from jitops.testing import check_op
 
 pytestmark = pytest.mark.gpu
-ln = importlib.import_module("jitops.ops.layer_norm")
+from jitops.ops import layer_norm as ln
+from jitops.ops import layer_norm_plan as ln_plan
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # (x shape, normalized_shape): hidden 1, 7, 128, 1000, 4097, 8192, two trailing dims; 0 and 1 rows.
 CASES = [((3, 1), [1]), ((9, 7), [7]), ((33, 128), [128]), ((4, 1000), [1000]), ((3, 4097), [4097]),
@@ -149,8 +149,8 @@ def test_backward_grid_comes_from_the_drivers_occupancy_calculator():
     jitops.layer_norm_backward(x, x, stats, w, [8192], True, True, True)
     cls = ln.backward_shape_class(x, x, stats, w, [8192], True, True, True)
     kernels = jitops.layer_norm_backward.op._memo[(0, cls)]
-    blocks = kernels.backward.max_active_blocks(ln._threads(cls.tpr), 0)
-    assert 1 <= blocks <= 2048 // ln._threads(cls.tpr)
+    blocks = kernels.backward.max_active_blocks(ln_plan._threads(cls.tpr), 0)
+    assert 1 <= blocks <= 2048 // ln_plan._threads(cls.tpr)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

@@ -225,6 +225,34 @@ def test_config_rejects_bad_values_by_name(monkeypatch):
             pass
 
 
+def test_tuning_knobs_are_typed_scoped_and_nested():
+    """The ops' plan overrides (conv2d tiles, grouped_gemm configurations...) are config knobs: a scope sets
+    them, a nested scope overrides and restores them, and a bad value names the knob."""
+    config = jitops.config
+    assert config.conv2d_tile == {} and config.conv2d_wgrad_direct is True and config.grouped_gemm_schedule is None
+    with config.scope(conv2d_tile={"wgrad": "64x64", "fprop": None}, grouped_gemm_schedule=[1, 4]):
+        assert config.conv2d_tile == {"wgrad": "64x64"}          # None entries: the plan's choice
+        assert config.grouped_gemm_schedule == (1, 4)
+        with config.scope(conv2d_wgrad_direct=False):
+            assert config.conv2d_wgrad_direct is False and config.conv2d_tile == {"wgrad": "64x64"}
+        assert config.conv2d_wgrad_direct is True
+    assert config.conv2d_tile == {} and config.grouped_gemm_schedule is None
+    seen = [config.generation]  # what memos of knob-derived values key on: new at every scope change
+    with config.scope(conv2d_fold=0):
+        seen.append(config.generation)
+    seen.append(config.generation)
+    assert len(set(seen)) == 3
+    for knob, bad, message in (("conv2d_fold", -1, "conv2d_fold=-1"), ("conv2d_wgrad_direct", 1, "True or False"),
+                               ("grouped_gemm_schedule", (2, 1), "raster 0"), ("grouped_gemm_config", 3, "str"),
+                               ("conv2d_splits", {"dgrad": 1.5}, r"conv2d_splits\['dgrad'\]")):
+        with pytest.raises(jitops.ConfigError, match=message):
+            with config.scope(**{knob: bad}):
+                pass
+    from jitops.config import tuning_knobs  # (jitops.config is the Config object; this is its module)
+
+    assert {"conv2d_tile", "grouped_gemm_config"} <= set(tuning_knobs())
+
+
 def test_read_only_root_builds_by_another_toolchain_are_used_even_with_a_compiler(echo, tmp_path):
     """A cache prewarmed on a build box (another host compiler or NVRTC release) and shipped read-only is used
     as is; only the writable root insists on this machine's exact toolchain."""

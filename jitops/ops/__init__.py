@@ -1,25 +1,15 @@
-"""jitops' built-in ops, one file each.  Importing this package registers them with torch.library.
+"""jitops' built-in ops, one module each (jitops.ops.gelu is the module; the public functions are jitops.gelu,
+jitops.conv2d, ...).  Importing this package registers them with torch.library.
+
+An op module declares its op(s) and reads top to bottom; a larger op keeps its plan (tile and bucket tables,
+cost models and their fitted constants) in <op>_plan.py and its launch code in <op>_run.py.
 
 Each op module also defines PREWARM: manifest items (the format of cache_tools manifests and JITOPS_RECORD
 lines) naming its common shape classes; `python -m jitops` and `cache_tools prewarm --all-builtin` use them.
 """
-from . import add as _add_module
-from . import conv2d as _conv2d_module
-from . import gelu as _gelu_module
-from . import gemm as _gemm_module
-from . import grouped_gemm as _grouped_gemm_module
-from . import layer_norm as _layer_norm_module
-from .add import add
-from .conv2d import conv2d, conv2d_input_grad, conv2d_weight_grad
-from .gelu import gelu, gelu_backward
-from .gemm import gemm
-from .grouped_gemm import grouped_gemm
-from .layer_norm import layer_norm, layer_norm_backward, layer_norm_forward, layer_norm_inference
-from .linear import linear
+from . import add, conv2d, gelu, gemm, grouped_gemm, layer_norm, linear
 
-PREWARM: list[dict] = [*_add_module.PREWARM, *_gelu_module.PREWARM, *_layer_norm_module.PREWARM,
-                       *_conv2d_module.PREWARM, *_grouped_gemm_module.PREWARM, *_gemm_module.PREWARM]
+PREWARM: list[dict] = [*add.PREWARM, *gelu.PREWARM, *layer_norm.PREWARM, *conv2d.PREWARM, *grouped_gemm.PREWARM,
+                       *gemm.PREWARM]
 
-__all__ = ["add", "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gelu", "gelu_backward", "gemm",
-           "grouped_gemm", "layer_norm", "linear", "layer_norm_forward", "layer_norm_backward", "layer_norm_inference",
-           "PREWARM"]
+__all__ = ["add", "conv2d", "gelu", "gemm", "grouped_gemm", "layer_norm", "linear", "PREWARM"]

@@ -27,7 +27,7 @@ CPU, and `sizes` given as a list, are always validated.
 Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
 needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
 multiple of 8) the call falls back to an ATen loop over the groups, which for the ragged form reads the offsets
-on the host (one sync).  Benchmarks and the measured tile configurations: docs/benchmarks_grouped_gemm.md.
+on the host (one sync).  Benchmarks: docs/benchmarks.md; the tile configurations: grouped_gemm_plan.py.
 
 CPU (fp32, fp64, bf16, fp16): ATen matmuls in a loop over the groups, for CI and gradcheck.
 
@@ -36,49 +36,26 @@ while the forward kernel compiles, so the first backward waits for at most the s
 """
 from __future__ import annotations
 
-import ctypes
-import logging
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .. import shapes
-from ..launch import current_stream, sm_count
+from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaLibrary, Source, Target
+from .grouped_gemm_plan import (ALIGN_BYTES, ATEN, COL, NOTHING, ROW, GemmKernelClass, ListClass, RaggedClass, _as_is,
+                                _config, _decide)
+from .grouped_gemm_run import (OFFSET_DTYPES, _check_offsets_dtype, _group_bounds, _ragged_out, run_list_cpu,
+                               run_list_cuda, run_ragged_cpu, run_ragged_cuda)
 
-log = logging.getLogger("jitops")
 
 CUDA_DTYPES = (torch.bfloat16, torch.float16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-OFFSET_DTYPES = (torch.int32, torch.int64)
 ELEMENTS = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t"}
-ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
 
-# Tile configurations: structs in grouped_gemm.cu.  One is used: each configuration is a ~50 s nvcc compile per
-# (dtype, layout of A, layout of B), and on the lent H100 (2026-11-22, bench_grouped_gemm.py --sweep-only) the
-# 128x256 cooperative tile with a 2x1 cluster was the fastest of nine on the mixture-of-experts case (291
-# TFLOP/s; 64x256 ping-pong 290, 256x128 1x2 287, 128x128 277) and on 8 x 2048x4096x4096 (648-670; 256x128
-# 1x2 639-655, 128x256 1x1 643).  With one configuration the mixture-of-experts forward, dx and dW and the
-# list form's forward, dA and dB share three kernels.  The others stay for the sweep.
-DEFAULT = "coop_128x256x64_c2x1"
-CONFIGS = (DEFAULT, "coop_128x128x64_c1x1", "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
-           "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
-ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
-NOTHING = "nothing"              # no kernel: the result is empty or zeros
-# Tile order inside each group: (raster, swizzle), raster 0 = M tiles first, 1 = N tiles first.  M first was
-# faster for every configuration on the mixture-of-experts case (the M tiles of one expert's N tile share its
-# weight panel).  Swizzle s pads each group's M and N tile counts up to multiples of s x cluster (CUTLASS's group
-# scheduler), which costs idle tiles on small groups, so the list form swizzles by 4 (648 -> 670 TFLOP/s on 8 x
-# 2048x4096x4096 in the sweep) only where that pads nothing.
-SCHEDULE = (0, 1)
-LIST_SWIZZLE = 4
-# Benchmarks set these to time one configuration or tile order against another; None picks by the rules above.
-config_override: str | None = None
-schedule_override: tuple[int, int] | None = None
 
-ROW, COL = "row", "col"
-
+# ---- kernels -----------------------------------------------------------------------------------------------------
 GROUPED_GEMM = CudaLibrary(
     "grouped_gemm", Source.file("grouped_gemm/grouped_gemm.cu"),
     functions={
@@ -89,14 +66,6 @@ GROUPED_GEMM = CudaLibrary(
         "jg_error_string": (("i32",), "ptr"),
     },
     arch_specific=True)
-
-
-class GemmKernelClass(NamedTuple):
-    """What a compiled grouped GEMM is specialized on."""
-    dtype: torch.dtype
-    a_row: bool     # A row-major (K contiguous), else column-major (M contiguous)
-    b_row: bool     # B row-major (N contiguous), else column-major (K contiguous)
-    config: str     # a tile configuration, or ATEN
 
 
 def _kernels(cls: Any, target: Target) -> dict:
@@ -110,114 +79,7 @@ def _kernels(cls: Any, target: Target) -> dict:
                                       JG_CONFIG=kernel.config)}
 
 
-def _config() -> str:
-    return config_override or DEFAULT
-
-
-_TILINGS: dict[str, tuple[int, int, int, int]] = {}
-
-
-def _tiling(config: str) -> tuple[int, int, int, int]:
-    """(tile M, tile N, cluster M, cluster N) from a configuration's name, e.g. coop_128x256x64_c2x1."""
-    tiling = _TILINGS.get(config)
-    if tiling is None:
-        _, tile, cluster = config.split("_")
-        tile_m, tile_n, _ = (int(v) for v in tile.split("x"))
-        cluster_m, cluster_n = (int(v) for v in cluster[1:].split("x"))
-        tiling = _TILINGS[config] = (tile_m, tile_n, cluster_m, cluster_n)
-    return tiling
-
-
-# ---- layouts -------------------------------------------------------------------------------------------------
-def _pad(n: int, elements: int) -> int:
-    return max((n + elements - 1) // elements * elements, elements)
-
-
-def _leading_dim(layout: str, rows: int, cols: int, s_rows: int, s_cols: int, elements: int) -> int | None:
-    """The leading dimension with which the kernel reads a (rows, cols) matrix with these strides in `layout`
-    (ROW: cols contiguous; COL: rows contiguous), or None if it cannot.  A dimension of extent 1 has no
-    meaningful stride: it gets a padded one."""
-    if layout == ROW:
-        if (s_cols == 1 or cols <= 1) and (rows <= 1 or s_rows >= cols):
-            return s_rows if rows > 1 else _pad(cols, elements)
-        return None
-    if (s_rows == 1 or rows <= 1) and (cols <= 1 or s_cols >= rows):
-        return s_cols if cols > 1 else _pad(rows, elements)
-    return None
-
-
-def _as_is(t: torch.Tensor, rows: int, cols: int, elements: int, grouped: bool = False) -> tuple[str, ...]:
-    """The layouts in which the kernel reads `t` (a matrix, or a stack of them if `grouped`) without a copy:
-    16-byte aligned start, leading dimension, group step and contiguous extent."""
-    s = t.stride()
-    if shapes._address(t) % ALIGN_BYTES or grouped and t.shape[0] > 1 and s[0] % elements:
-        return ()
-    readable = []
-    for layout in (ROW, COL):
-        ld = _leading_dim(layout, rows, cols, s[-2], s[-1], elements)
-        if ld is not None and ld % elements == 0 and (cols if layout == ROW else rows) % elements == 0:
-            readable.append(layout)
-    return tuple(readable)
-
-
-def _decide(readable: Sequence[tuple[str, ...] | None], copyable: dict[str, bool],
-            required: str | None = None) -> tuple[str | None, tuple[bool, ...]]:
-    """One layout for an operand of every group (None marks a group that is not launched), and which groups
-    must be copied to it: a layout every group has as is, else one every group can be copied to (a copy's
-    contiguous extent must be a multiple of 16 bytes).  `required` fixes the layout: a ragged operand's
-    ragged dimension must be the strided one.  (None, ()) if no layout works."""
-    candidates = (required,) if required else (ROW, COL)
-    for layout in candidates:
-        if all(r is None or layout in r for r in readable):
-            return layout, (False,) * len(readable)
-    for layout in candidates:
-        if copyable[layout]:
-            return layout, tuple(r is not None and layout not in r for r in readable)
-    return None, ()
-
-
-def _copy_to(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """A copy in ROW (contiguous) or COL (transposed-contiguous) layout, for matrices and stacks of them."""
-    return t.contiguous() if layout == ROW else t.mT.contiguous().mT
-
-
-def _leading(t: torch.Tensor, layout: str, elements: int) -> int:
-    s = t.stride()
-    ld = _leading_dim(layout, t.shape[-2], t.shape[-1], s[-2], s[-1], elements)
-    assert ld is not None, "the shape class promised this layout"
-    return ld
-
-
-def _check_call(lib: Any, status: int, what: str) -> None:
-    if status:
-        message = ctypes.string_at(lib.jg_error_string(status)).decode()
-        raise RuntimeError(f"jitops.grouped_gemm: the CUTLASS grouped GEMM failed ({what}): {message} "
-                           f"(code {status})")
-
-
-_WORKSPACE: dict[tuple[int, int, int], int] = {}
-
-
-def _workspace(lib: Any, groups: int, device_index: int) -> tuple[torch.Tensor, int]:
-    sms = sm_count(device_index)
-    key = (id(lib), groups, sms)
-    size = _WORKSPACE.get(key)
-    if size is None:
-        size = _WORKSPACE[key] = int(lib.jg_workspace_bytes(groups, sms))
-    return torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", device_index)), size
-
-
 # ---- ragged form: jitops::grouped_gemm_ragged ----------------------------------------------------------------
-MODES = {"M": 0, "K": 1}  # ragged N runs as ragged M on the transposed problem
-
-
-class RaggedClass(NamedTuple):
-    mode: str                 # "M", "K" or "N"
-    kernel: GemmKernelClass
-    copy_a: str | None        # layout to copy the kernel's A operand to, if any
-    copy_b: str | None
-
-
 def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                  name: str = "offsets") -> tuple[str, int, int, int, int, int]:
     """(mode, G, T, M, N, K) with the argument checks; errors name the argument (`name`: 'offsets', or 'sizes'
@@ -251,13 +113,6 @@ def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
     return mode, groups, total, m, n, k
 
 
-def _check_offsets_dtype(offsets: torch.Tensor) -> None:
-    # Not in the shape class: manifest items (JITOPS_RECORD, prewarm) give every tensor of a call one dtype.
-    if offsets.dtype not in OFFSET_DTYPES:
-        raise TypeError(f"jitops.grouped_gemm: argument 'offsets' has dtype "
-                        f"{str(offsets.dtype).removeprefix('torch.')}; use int32 or int64")
-
-
 # Shape classes of plain tensors, by the facts they depend on (shapes, strides, dtype, device kind, 16-byte
 # alignment of the data): computing one walks every operand's strides (~10 us for the ragged form, ~5 us a group
 # for the list form); looking it up costs ~1 us plus ~0.5 us a group.
@@ -276,7 +131,7 @@ def _remember(key: tuple, cls: Any) -> Any:
 def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
     if type(a) is _Tensor and type(b) is _Tensor and type(offsets) is _Tensor:  # not fake: sizes are ints
         key = (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.shape, b.stride(), offsets.shape,
-               (a.data_ptr() | b.data_ptr()) & 15, config_override)
+               (a.data_ptr() | b.data_ptr()) & 15, config.grouped_gemm_config)
         cls = _CLASSES.get(key)
         return cls if cls is not None else _remember(key, _ragged_shape_class(a, b, offsets))
     return _ragged_shape_class(a, b, offsets)
@@ -311,104 +166,9 @@ def _ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor)
     return RaggedClass(mode, kernel, layout_a if copy_a[0] else None, layout_b if copy_b[0] else None)
 
 
-def _ragged_out(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
-    if mode == "M":
-        return torch.empty((a.shape[0], b.shape[2]), dtype=a.dtype, device=a.device)
-    if mode == "K":
-        return torch.empty((offsets.shape[0], a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    return torch.empty((b.shape[1], a.shape[1]), dtype=a.dtype, device=a.device).mT
-
-
 def ragged_fake(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     _check_offsets_dtype(offsets)
     return _ragged_out(a, b, offsets, ragged_shape_class(a, b, offsets).mode)
-
-
-def _group_bounds(offsets: torch.Tensor, total: int, name: str = "offsets") -> list[tuple[int, int]]:
-    """[(start, end)] per group from host offsets, validated: non-decreasing, >= 0, last == total."""
-    values = offsets.tolist()
-    bounds, start = [], 0
-    for g, end in enumerate(values):
-        if end < start:
-            raise ValueError(f"jitops.grouped_gemm: argument '{name}' decreases at group {g} "
-                             f"({start} -> {end}); offsets are cumulative group ends and must not decrease")
-        bounds.append((start, end))
-        start = end
-    if start != total:
-        must = "the sizes must add up to it" if name == "sizes" else "offsets[-1] must equal it"
-        raise ValueError(f"jitops.grouped_gemm: argument '{name}' does not add up: the groups end at {start} "
-                         f"but the ragged dimension has {total} ({must})")
-    return bounds
-
-
-def _ragged_aten(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, mode: str) -> torch.Tensor:
-    """The ATen loop over groups (CPU, and shapes the kernel cannot read).  Reads the offsets on the host."""
-    out = _ragged_out(a, b, offsets, mode)
-    if mode == "M":
-        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[0])):
-            torch.mm(a[s:e], b[g], out=out[s:e])
-    elif mode == "K":
-        for g, (s, e) in enumerate(_group_bounds(offsets, a.shape[1])):
-            torch.mm(a[:, s:e], b[s:e], out=out[g])
-    else:
-        for g, (s, e) in enumerate(_group_bounds(offsets, b.shape[1])):
-            out[:, s:e] = torch.mm(a[g], b[:, s:e])
-    return out
-
-
-def run_ragged_cpu(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    _check_offsets_dtype(offsets)
-    return _ragged_aten(a, b, offsets, k.shape_class.mode)
-
-
-def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    cls: RaggedClass = k.shape_class
-    if offsets.dtype is not torch.int32:
-        _check_offsets_dtype(offsets)
-    lib = getattr(k, "gemm", None)
-    if cls.kernel.config == NOTHING:
-        return _ragged_out(a, b, offsets, cls.mode).zero_()
-    if lib is None:
-        return _ragged_aten(a, b, offsets, cls.mode)
-    out = _ragged_out(a, b, offsets, cls.mode)
-    if cls.mode == "N":  # out (M, T) is the transposed view of d (T, M) = bᵀ @ aᵀ
-        a, b, d, mode = b.mT, a.mT, out.mT, "M"
-    else:
-        d, mode = out, cls.mode
-    if cls.copy_a is not None:
-        a = _copy_to(a, cls.copy_a)
-    if cls.copy_b is not None:
-        b = _copy_to(b, cls.copy_b)
-    elements = ALIGN_BYTES // a.element_size()
-    kernel = cls.kernel
-    layout_a = ROW if kernel.a_row else COL
-    layout_b = ROW if kernel.b_row else COL
-    groups = offsets.shape[0]
-    if mode == "M":  # a (T, K) ragged rows, b (G, K, N), d (T, N)
-        total, kk = a.shape
-        m, n = 0, b.shape[2]
-        a_ld = _leading(a, ROW, elements)
-        a_step, b_step, b_ld = a_ld, b.stride(0), _leading(b, layout_b, elements)
-        d_ld = d_step = n
-        fill = 1
-    else:  # a (M, T) ragged columns, b (T, N) ragged rows, d (G, M, N)
-        m, total = a.shape
-        n, kk = b.shape[1], 0
-        a_ld = a_step = _leading(a, COL, elements)
-        b_ld = b_step = _leading(b, ROW, elements)
-        d_ld, d_step = n, m * n
-        fill = min(max(m * n // 65536, 1), 16)
-    if offsets.dtype != torch.int32:
-        offsets = offsets.to(torch.int32)
-    offsets = offsets.contiguous()
-    device_index = a.get_device()
-    workspace, size = _workspace(lib, groups, device_index)
-    raster, swizzle = schedule_override or SCHEDULE
-    status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
-                               d, d_step, d_ld, workspace, size, sm_count(device_index), fill, raster, swizzle,
-                               current_stream(device_index))
-    _check_call(lib, status, f"ragged {cls.mode}, {groups} groups, layouts {layout_a}/{layout_b}")
-    return out
 
 
 def ragged_setup_context(ctx, inputs, output) -> None:
@@ -458,16 +218,10 @@ grouped_gemm_ragged = op(
 
 
 # ---- list form: jitops::grouped_gemm_list --------------------------------------------------------------------
-class ListClass(NamedTuple):
-    kernel: GemmKernelClass
-    copy_a: tuple[bool, ...]   # per group: copy A_i to the kernel's layout
-    copy_b: tuple[bool, ...]
-
-
 def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
     if len(As) == len(Bs) and all(type(t) is _Tensor for t in As) and all(type(t) is _Tensor for t in Bs):
         address = 0
-        facts: list[Any] = [config_override]
+        facts: list[Any] = [config.grouped_gemm_config]
         for a, b in zip(As, Bs):
             address |= a.data_ptr() | b.data_ptr()
             facts += (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.is_cpu, b.shape, b.stride())
@@ -535,57 +289,6 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
 
 def list_fake(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [a.new_empty((a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
-
-
-def run_list_cpu(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [torch.mm(a, b) for a, b in zip(As, Bs)]
-
-
-def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    cls: ListClass = k.shape_class
-    kernel = cls.kernel
-    lib = getattr(k, "gemm", None)
-    if lib is None:  # ATen loop, or nothing to launch (every product is empty or has K = 0)
-        return [torch.mm(a, b) for a, b in zip(As, Bs)]
-    layout_a = ROW if kernel.a_row else COL
-    layout_b = ROW if kernel.b_row else COL
-    elements = ALIGN_BYTES // As[0].element_size()
-    device = As[0].device
-    outs, rows, keep = [], [], []
-    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config)
-    pad_free = True  # every launched group's tile counts are multiples of LIST_SWIZZLE x cluster
-    for i, (a, b) in enumerate(zip(As, Bs)):
-        (m, kk), n = a.shape, b.shape[1]
-        out = torch.empty((m, n), dtype=a.dtype, device=device)
-        outs.append(out)
-        if m == 0 or n == 0:
-            continue
-        if kk == 0:
-            out.zero_()
-            continue
-        if cls.copy_a[i]:
-            a = _copy_to(a, layout_a)
-            keep.append(a)
-        if cls.copy_b[i]:
-            b = _copy_to(b, layout_b)
-            keep.append(b)
-        rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
-                 _leading(b, layout_b, elements), out.data_ptr(), n)
-        pad_free &= (-(-m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
-                     -(-n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0)
-    groups = len(rows) // 9
-    if groups:
-        host = torch.tensor(rows, dtype=torch.int64)
-        if device.type == "cuda":
-            host = host.pin_memory()  # an asynchronous copy: no wait for the stream
-        rows_device = host.to(device, non_blocking=True)
-        device_index = As[0].get_device()
-        workspace, size = _workspace(lib, groups, device_index)
-        raster, swizzle = schedule_override or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
-        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
-                                 swizzle, current_stream(device_index))
-        _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
-    return outs
 
 
 def list_setup_context(ctx, inputs, output) -> None:

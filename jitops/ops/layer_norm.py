@@ -16,8 +16,9 @@ a second kernel adds them in a fixed order (no floating-point atomics), so the s
 give the same bits.  Double backward is not supported.
 
 Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU the same through
-load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).  weight and bias must have x's dtype.  n may be anything from 1 up (1, 7,
-4097, 65536...), rows anything from 0 up.
+load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).
+weight and bias must have x's dtype.  n may be anything from 1 up (1, 7, 4097, 65536...), rows anything from 0
+up.
 
 Non-contiguous inputs: x, weight, bias (and the gradient in the backward) that are not contiguous are copied
 to contiguous tensors first (one extra read and write of that tensor); the outputs are always contiguous.
@@ -38,130 +39,20 @@ lent H100: docs/benchmarks.md.  See kernels/layer_norm.cu.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
 from .. import shapes
-from ..launch import UNCAPPED_GRID, sm_count
 from ..op import Impl, op, public
 from ..specs import CppExtension, CudaKernel, Source, Target
+from .layer_norm_plan import (_ITEMSIZE, CPU_COMPUTE, FEW_ROWS, INT32_LIMIT, SMALL_ROWS, BackwardClass, ForwardClass,
+                              _vector_width, backward_class, forward_class)
+from .layer_norm_run import (STATS_DTYPE, _forward_cuda, _rows, run_backward_cpu, run_backward_cuda, run_cpu,
+                             run_cuda, torch_backward, torch_forward)
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-CPU_COMPUTE = shapes.CPU_COMPUTE
-STATS_DTYPE = {torch.float32: torch.float32, torch.float16: torch.float32, torch.bfloat16: torch.float32,
-               torch.float64: torch.float64}
-INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid offsets never pass 2^31)
-
-# Tuning (the hidden-size buckets; benchmarks/bench_layer_norm.py --sweep): bytes of its row each thread keeps
-# in registers, and the most threads per row.  The backward also keeps dweight/dbias sums for its columns, hence
-# at most 512 threads (<= 128 registers each).  Fewer than SMALL_ROWS rows leave the GPU mostly idle and the
-# time is one row's latency: then a row is spread one 16-byte vector per thread when it fits in one block.
-# Sweep on the lent H100 (2026-11-22, bench_layer_norm.py --sweep, us ours/torch): forward tiles of 128 bytes
-# against 64: (65536, 1024) bf16 98.8 vs 104.5 (torch 154.6), (4096, 4097) bf16 61.6 vs 72.2 (torch 97.5), the
-# headline (16384, 8192) bf16 equal (198); backward tiles of 32 bytes against 64: the headline 356 vs 294 (torch
-# 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.  But 128-byte forward tiles
-# leave short rows too few threads (second run, graph-timed): (4096, 128) bf16 5.7 us against 3.8 with 64 bytes,
-# (65536, 128) bf16 14.3 against 12.9, (4096, 1024) bf16 8.1 against 7.1, where (4096, 1024) fp32 (32 threads a
-# row, 131072 in all) gained, 11.7 against 12.9: hence FORWARD_BUSY_THREADS and FORWARD_MIN_WIDE_TPR.
-FORWARD_TILE_BYTES = 128
-FORWARD_BUSY_THREADS = 2**17  # 128-byte tiles need this many threads (rows x threads per row) and at least
-FORWARD_MIN_WIDE_TPR = 8      # this many threads per row; otherwise 64-byte tiles
-BACKWARD_TILE_BYTES = 64
-FORWARD_MAX_TPR = 1024
-BACKWARD_MAX_TPR = 512
-SMALL_ROWS = 256
-# From 2 to FEW_ROWS rows the backward's dweight/dbias come from layer_norm_param_grads (reads dy and x again,
-# column-wise) instead of per-block partial sums plus their reduction (writes and re-reads 2 x rows x n floats).
-# The last H100 run before it: (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only rows of
-# the benchmark set slower than torch.  One row keeps its one-kernel path (the row kernel writes them itself).
-FEW_ROWS = 64
-# dweight/dbias sums in shared memory ([2][n] of float) up to this size; sm_80 allows 163 KB a block.
-PARAMS_SMEM_LIMIT = 160 * 1024
-FORWARD_BLOCKS_PER_SM = 16  # grid cap of the (grid-stride) forward, in blocks per SM
-REDUCE_ROWS = 16            # kernels/layer_norm.cu: layer_norm_reduce_partials threads down a column
-COLUMN_THREADS = 128        # kernels/layer_norm.cu: layer_norm_backward_columns block
-
-
-class ForwardClass(NamedTuple):
-    dtype: torch.dtype
-    vec: int      # elements per access
-    tpr: int      # threads per row
-    iters: int    # vectors per thread per row tile
-    index: str    # "int" or "long long"
-
-
-class BackwardClass(NamedTuple):
-    dtype: torch.dtype
-    vec: int
-    tpr: int
-    iters: int
-    index: str
-    params: int   # where dweight/dbias are summed: 1 registers, 2 shared memory, 0 layer_norm_backward_columns
-    #               (all three + layer_norm_reduce_partials), 3 layer_norm_param_grads (few rows)
-
-
-def _threads(tpr: int) -> int:
-    return max(tpr, 128)
-
-
-def _bucket(n: int, vec: int, itemsize: int, tile_bytes: int, max_tpr: int, small: bool) -> tuple[int, int]:
-    """(threads per row, vectors per thread) for rows of n elements: as few threads (a power of two) as hold the
-    row in `tile_bytes` each, then just enough vectors per thread; rows longer than max_tpr tiles stream."""
-    chunks = n // vec
-    if small and chunks <= max_tpr:
-        return shapes.next_pow2(chunks), 1
-    if itemsize == 8:  # float64 (correctness, not speed): registers for 64 bytes at most
-        tile_bytes = min(tile_bytes, 64)
-    iters_max = max(1, tile_bytes // max(vec * itemsize, 4))  # a 16-bit element alone still takes a register
-    tpr = min(max_tpr, shapes.next_pow2(-(-chunks // iters_max)))
-    return tpr, max(1, min(iters_max, -(-chunks // tpr)))
-
-
-_ITEMSIZE = shapes.CUDA_ITEMSIZE
 _Tensor = torch.Tensor
-_FORWARD_CLASSES: dict[tuple, tuple["ForwardClass", "ForwardClass"]] = {}
-_BACKWARD_CLASSES: dict[tuple, "BackwardClass"] = {}
-
-
-def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -> ForwardClass:
-    """The class for `rows` rows of n: fewer than SMALL_ROWS rows take the few-rows bucket; otherwise 128-byte
-    tiles when that leaves enough threads (FORWARD_BUSY_THREADS, FORWARD_MIN_WIDE_TPR), else 64-byte tiles."""
-    small = rows < SMALL_ROWS
-    key = (dtype, n, vec, small, index)
-    pair = _FORWARD_CLASSES.get(key)
-    if pair is None:
-        itemsize = _ITEMSIZE[dtype]
-        pair = _FORWARD_CLASSES[key] = tuple(
-            ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, tile, FORWARD_MAX_TPR, small), index)
-            for tile in (FORWARD_TILE_BYTES, FORWARD_TILE_BYTES // 2))
-    wide = small or (pair[0].tpr >= FORWARD_MIN_WIDE_TPR and rows * pair[0].tpr >= FORWARD_BUSY_THREADS)
-    return pair[0] if wide else pair[1]
-
-
-def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str, few: bool = False) -> BackwardClass:
-    key = (dtype, n, vec, small, index, few)
-    cls = _BACKWARD_CLASSES.get(key)
-    if cls is None:
-        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], BACKWARD_TILE_BYTES, BACKWARD_MAX_TPR, small)
-        acc_size = 8 if dtype == torch.float64 else 4
-        if few:
-            params = 3
-        elif n // vec <= tpr * iters:
-            params = 1
-        elif 2 * (_threads(tpr) // tpr) * n * acc_size <= PARAMS_SMEM_LIMIT:
-            params = 2
-        else:
-            params = 0
-        cls = _BACKWARD_CLASSES[key] = BackwardClass(dtype, vec, tpr, iters, index, params)
-    return cls
-
-
-def clear_buckets() -> None:
-    """Forget the memoized classes (after changing the tuning constants above)."""
-    _FORWARD_CLASSES.clear()
-    _BACKWARD_CLASSES.clear()
 
 
 # ---- input checks (every error names the argument) -----------------------------------------------------------
@@ -189,18 +80,6 @@ def _check_dtype(op_name: str, name: str, t: torch.Tensor) -> None:
     allowed = CPU_DTYPES if t.is_cpu else CUDA_DTYPES
     if t.dtype not in allowed:
         shapes.check_dtype(op_name, name, t, allowed)
-
-
-def _vector_width(n: int, itemsize: int, tensors: list[torch.Tensor]) -> int:
-    """Elements per access that n and every tensor's start allow (tensors that will be copied are left out:
-    fresh allocations are 16-byte aligned)."""
-    width = 16 // itemsize
-    address = 0
-    for t in tensors:  # plain CUDA tensors: their address; fake and meta ones: shapes' rule (storage offset)
-        address |= t.data_ptr() if type(t) is torch.Tensor and t.is_cuda else shapes.byte_alignment(t) % 16
-    while width > 1 and (n % width or address % (width * itemsize)):
-        width //= 2
-    return width
 
 
 def _check_inputs(op_name: str, x: torch.Tensor, normalized_shape, params) -> int:
@@ -286,6 +165,7 @@ LN_REDUCE = CudaKernel("layer_norm_reduce_partials", Source.file("layer_norm.cu"
                        "jitops::layer_norm_reduce_partials<{T}>", "ptr ptr ptr i64 i64")
 LN_PARAM_GRADS = CudaKernel("layer_norm_param_grads", Source.file("layer_norm.cu"),
                             "jitops::layer_norm_param_grads<{T}>", "ptr ptr ptr ptr ptr i64 i64")
+
 # -ffp-contract=off: dx subtracts mean(g) from g = dy * w, and a fused multiply-add there leaves the product's
 # rounding error where the difference is exactly 0 (all of dx when n == 1).  x86-64's baseline has no FMA, but
 # where it is (aarch64, -march=native) GCC fuses by default.
@@ -301,68 +181,6 @@ def cuda_kernels(cls: ForwardClass, target: Target):
 def cpu_kernels(cls, target: Target):
     compute = CPU_COMPUTE[cls.dtype]
     return {"cpu": LN_CPU.bind(shapes.dtype_name(compute), SCALAR_T=shapes.CPU_TYPES[compute])}
-
-
-def _cpu_operand(t, compute: torch.dtype):
-    return t.contiguous().to(compute) if t is not None else None
-
-
-def _rows(x: torch.Tensor, n: int, k: int) -> int:
-    return x.numel() // n if n else math.prod(x.shape[:x.dim() - k])
-
-
-def _row_length_unchecked(normalized_shape) -> int:
-    return normalized_shape[0] if len(normalized_shape) == 1 else math.prod(normalized_shape)
-
-
-def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool):
-    """y, and the statistics if save_stats (else None: the kernel skips writing them)."""
-    cls = k.shape_class
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if weight is not None and not weight.is_contiguous():
-        weight = weight.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    if len(normalized_shape) == 1:
-        n = normalized_shape[0]
-        rows = x.numel() // n if n else _rows(x, n, 1)
-    else:
-        n = math.prod(normalized_shape)
-        rows = _rows(x, n, len(normalized_shape))
-    y = torch.empty_like(x)
-    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[cls.dtype]) if save_stats else None
-    if rows and n:
-        tpr = cls.tpr
-        threads = tpr if tpr > 128 else 128  # _threads(tpr), inline
-        grid = -(-rows // (threads // tpr))
-        if grid > UNCAPPED_GRID:
-            grid = min(grid, sm_count(x.get_device()) * FORWARD_BLOCKS_PER_SM)
-        k.forward.launch(grid, threads, x, weight, bias, y, stats, rows, n, eps)
-    return y, stats
-
-
-def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    return _forward_cuda(k, x, normalized_shape, weight, bias, eps, True)
-
-
-def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
-    x, weight, bias = (_cpu_operand(t, compute) for t in (x, weight, bias))
-    n = _row_length_unchecked(normalized_shape)
-    rows = _rows(x, n, len(normalized_shape))
-    y = torch.empty_like(x)
-    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[dtype])
-    if rows and n:
-        k.cpu.layer_norm_forward(x, weight, bias, y, stats, rows, n, eps)
-    return y.to(dtype), stats
-
-
-def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    """(y, stats) through ATen, stats laid out as the kernels write them: background mode's fallback."""
-    y, mean, rstd = torch.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
-    stats = torch.stack((mean.reshape(-1), rstd.reshape(-1))).to(STATS_DTYPE[x.dtype])
-    return y.contiguous(), stats
 
 
 def fake(x: torch.Tensor, normalized_shape, weight, bias, eps: float):
@@ -427,117 +245,6 @@ def backward_cuda_kernels(cls: BackwardClass, target: Target):
     return kernels
 
 
-_OCCUPANCY: dict[tuple[int, int, int], int] = {}
-
-
-def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
-    """The backward's persistent grid is this times the SM count: one wave, every block summing many rows."""
-    key = (id(kernel), threads, shared_mem)
-    blocks = _OCCUPANCY.get(key)
-    if blocks is None:
-        try:
-            blocks = kernel.max_active_blocks(threads, shared_mem)
-        except Exception:  # noqa: BLE001 - a sizing hint: CuPy's binding of the same query (imports CuPy)
-            from cupy_backends.cuda.api import driver
-
-            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, shared_mem)
-        blocks = _OCCUPANCY[key] = max(1, blocks)
-    return blocks
-
-
-def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                      need_dx: bool, need_dweight: bool, need_dbias: bool):
-    cls = k.shape_class
-    if not grad.is_contiguous():
-        grad = grad.contiguous()
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if weight is not None and not weight.is_contiguous():
-        weight = weight.contiguous()
-    n = _row_length_unchecked(normalized_shape)
-    rows = _rows(x, n, len(normalized_shape))
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
-    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
-    params = need_dweight or need_dbias
-    if not rows or not n:
-        if params:  # sums over no rows
-            dw.zero_()
-            db.zero_()
-        return dx, dw, db
-    device = x.get_device()
-    threads = _threads(cls.tpr)
-    rpb = threads // cls.tpr
-    fused = params and cls.params in (1, 2)  # dweight/dbias summed by the main kernel
-    partial, parts = None, 0
-    if need_dx or fused:
-        shared = 2 * rpb * n * stats.element_size() if fused and (cls.params == 2 or rpb > 1) else 0
-        grid = min(-(-rows // rpb), sm_count(device) * _blocks_per_sm(k.backward, threads, shared))
-        direct = fused and grid == 1  # one block: it writes dweight/dbias itself, no second kernel
-        if fused and not direct:
-            parts = grid
-            partial = x.new_empty((2, parts, n), dtype=stats.dtype)
-        k.backward.launch(grid, threads, grad, x, stats, weight, dx if need_dx else None, partial,
-                          dw if direct and need_dweight else None, db if direct and need_dbias else None, rows, n,
-                          shared_mem=shared)
-    if params and cls.params == 3:
-        k.param_grads.launch(-(-n // 32), 32 * REDUCE_ROWS, grad, x, stats, dw if need_dweight else None,
-                             db if need_dbias else None, rows, n)
-        return dx, dw, db
-    if params and not cls.params:
-        column_blocks = -(-(n // cls.vec) // COLUMN_THREADS)
-        parts = max(1, min(rows, 65535, -(-4 * sm_count(device) // column_blocks)))
-        rows_per_part = -(-rows // parts)
-        parts = -(-rows // rows_per_part)
-        partial = x.new_empty((2, parts, n), dtype=stats.dtype)
-        k.columns.launch((column_blocks, parts), COLUMN_THREADS, grad, x, stats, partial, rows, n, rows_per_part)
-    if partial is not None:
-        k.reduce.launch(-(-n // 32), 32 * REDUCE_ROWS, partial, dw if need_dweight else None,
-                        db if need_dbias else None, parts, n)
-    return dx, dw, db
-
-
-def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                     need_dx: bool, need_dweight: bool, need_dbias: bool):
-    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
-    grad, x, weight = (_cpu_operand(t, compute) for t in (grad, x, weight))
-    stats = stats.contiguous()
-    n = _row_length_unchecked(normalized_shape)
-    rows = _rows(x, n, len(normalized_shape))
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
-    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
-    if rows and n:
-        k.cpu.layer_norm_backward(grad, x, stats, weight, dx if need_dx else None, dw if need_dweight else None,
-                                  db if need_dbias else None, rows, n)
-    elif need_dweight or need_dbias:
-        dw.zero_()
-        db.zero_()
-    return dx.to(dtype), dw.to(dtype), db.to(dtype)
-
-
-def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                   need_dx: bool, need_dweight: bool, need_dbias: bool):
-    """The backward through torch ops from the saved statistics, in their precision: background mode's
-    fallback."""
-    dims = len(normalized_shape)
-    lead = x.dim() - dims
-    row_dims, norm_dims = tuple(range(lead)), tuple(range(lead, x.dim()))
-    view = (*x.shape[:lead], *([1] * dims))
-    mean, rstd = stats[0].reshape(view), stats[1].reshape(view)
-    g = grad.to(stats.dtype)
-    xhat = (x.to(stats.dtype) - mean) * rstd
-    empty = x.new_empty((0,))
-    dw = (g * xhat).sum(row_dims).to(x.dtype) if need_dweight else empty
-    db = g.sum(row_dims).to(x.dtype) if need_dbias else empty
-    dx = empty
-    if need_dx:
-        gw = g * weight.to(stats.dtype) if weight is not None else g
-        dx = (rstd * (gw - gw.mean(norm_dims, keepdim=True) - xhat * (gw * xhat).mean(norm_dims, keepdim=True)))
-        dx = dx.to(x.dtype).contiguous()
-    return dx, dw, db
-
-
 def backward_fake(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias):
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty((0,)),
             x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,)),
@@ -554,6 +261,7 @@ layer_norm_backward = op(
     doc="Gradients of jitops.layer_norm: (dx, dweight, dbias); the ones not asked for are empty tensors.",
     fallback=torch_backward,
 )
+
 
 def companions(x, normalized_shape, weight, bias, eps, *, needs):
     """The backward's call (see backward above), for manifests and prefetching: dy like y (contiguous), the
@@ -619,6 +327,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
 
 layer_norm.__doc__ = __doc__
 layer_norm.op = layer_norm_forward.op  # type: ignore[attr-defined]
+
 
 # One public name for the three ops: what the function above calls with a gradient recorded and without one.
 def _bind(x, normalized_shape, weight=None, bias=None, eps=1e-5):

@@ -9,7 +9,6 @@ code.  Needs nvcc; takes about 40 s a configuration on 2 cores.  Rerun after a C
 from __future__ import annotations
 
 import argparse
-import importlib
 import concurrent.futures
 import json
 import subprocess
@@ -24,7 +23,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jitops.backends import nvcc as nvcc_backend, toolkit  # noqa: E402
-G = importlib.import_module("jitops.ops.gemm")
+from jitops.ops import gemm as G  # noqa: E402
 
 A, B, D, BIAS = 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000
 

@@ -1,0 +1,401 @@
+"""How jitops.conv2d picks its kernels: the tile table, the cost models fitted to the op's benchmark sweeps
+and their constants, the split-K and im2col-fold choices, and the phases of a strided dgrad.
+
+Pure Python on integers (no GPU, no torch tensors): the shape classes in jitops/ops/conv2d.py call plan_gemm,
+plan_wgrad and _plan_fold, and tests check the plans on the CPU.  Benchmarks force a plan with
+config.scope(conv2d_tile=..., conv2d_splits=..., conv2d_fold=...) (jitops/config.py).  The fitters of the cost
+models are tools/fit_conv_gemm_cost.py and tools/fit_wgrad_cost.py, over the sweeps in tools/data/; the op's
+latest figures are in docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from ..config import config
+
+
+ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
+TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
+HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
+
+
+# Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a cost model (plan_gemm)
+# fitted to measurements on the lent H100 (tools/data/conv2d-*.json).  wgrad splits GEMM-K (N*P*Q) into fp32
+# partial sums where that pays.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and used only
+# when forced with config.conv2d_splits: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer: 32 us split
+# 2 x 128x128, 27 us unsplit 128x64).
+class Tile(NamedTuple):
+    m: int                      # TILE_M x TILE_N of the implicit GEMM
+    n: int
+    cluster_m: int = 1          # thread block cluster: CTAs side by side along M share (TMA multicast) the B
+    cluster_n: int = 1          # operand's loads, along N the A operand's
+    taps: int = 1               # wgrad: filter taps (consecutive s) per tile, n / taps channels each
+
+    @property
+    def channels(self) -> int:
+        """wgrad: the channels of one tap a tile covers."""
+        return self.n // self.taps
+
+
+# Names: "MxN", "MxNcAxB" for a cluster of A x B CTAs, "MxNtT" for a wgrad tile over T filter taps.
+# A wgrad tile covers channels of one filter tap (CUTLASS's loads), so on a 64-channel 3x3 layer a 128-wide tile
+# is half zeros; 64x64 has none, and 64x192t3 covers a whole filter row (3 taps x 64 channels) and loads dy once
+# for the three (kernels/conv/conv_sm90.cuh, WgradTapSpanning).
+TILES = {"64x64": Tile(64, 64), "64x192t3": Tile(64, 192, taps=3),
+         "64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
+         "128x256": Tile(128, 256), "128x64c1x2": Tile(128, 64, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
+         # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22):
+         # the 128x128 ones within 1-3 us of 128x128; 64x128c2x1 up to 2x slower than 64x128 on the 64-channel
+         # 3x3 layer.
+         "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
+         "128x256c2x1": Tile(128, 256, 2, 1), "128x256c1x2": Tile(128, 256, 1, 2), "64x256c1x2": Tile(64, 256, 1, 2)}
+
+# wgrad's 128x64 clusters are planned for 1x1 filters only (wgrad_candidates).
+OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
+                  "dgrad": ("128x64", "128x128", "128x256", "128x64c1x2", "128x64c2x1"),
+                  "wgrad": ("64x64", "64x192t3", "64x128", "128x64", "128x128", "128x256", "64x256", "128x64c1x2",
+                            "128x64c2x1")}
+SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
+
+# fprop/dgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles, per tile (a cluster
+# tile has its own: its CTAs share the loads of the operand they have in common), fitted by least squares
+# (relative error) by tools/fit_conv_gemm_cost.py to every ResNet-50 layer and the reference layer at each
+# tile, one slice (lent H100, 2026-11-22, tools/data/conv2d-fprop-dgrad-tiles.json; dgrad on its unit-stride
+# layers): median error 8.5% (fprop), 7.9% (dgrad).  It replaced relative tile efficiencies set
+# by hand, whose plans measured 0.852x of cuDNN's fprop in that run against 0.894x for this model's (the best
+# tile per layer: 0.899x).  The 128x128-per-two-SMs cluster (128x64c1x2, the activation tile multicast) is what
+# the 7x7 layers lacked: L18 and L20 28.5 -> 21.2 us.
+GEMM_TILE_US = {
+    "fprop": {"128x64": (0.357, 1.26), "128x128": (0.394, 2.65), "128x256": (0.672, 4.45),
+              "128x64c1x2": (0.266, 1.40), "128x64c2x1": (0.355, 1.26)},
+    "dgrad": {"128x64": (0.364, 0.84), "128x128": (0.403, 2.15), "128x256": (0.658, 3.59),
+              "128x64c1x2": (0.270, 0.99), "128x64c2x1": (0.358, 0.87)}}
+
+# wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue;
+# a cluster tile costs as its tile, less the operand bytes it multicasts; work tiles counted as the kernel's
+# scheduler does, wgrad_work_tiles), fitted by least squares (relative error) by tools/fit_wgrad_cost.py
+# to 1322 timings of ResNet-50's wgrad layers at batch 32 and the 3x3 reference layer, every candidate tile at
+# 1 to 131 slices (lent H100, 2026-11-22, tools/data/conv2d-wgrad-tiles-*.json): median error 6.8%, 90th
+# percentile 19%.
+# The fit also has a term for the bytes of dy and x (170 us per GB from DRAM), the same for every plan of a
+# layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 0.9 us against
+# 128x256's 3.3, and more work tiles fill the 132 SMs with fewer fp32 slices.
+WGRAD_TILE_US = {"64x64": (0.139, 1.46), "64x192": (0.258, 7.42), "64x128": (0.145, 3.34), "128x64": (0.144, 0.93),
+                 "128x128": (0.244, 1.68), "128x256": (0.491, 3.28), "64x256": (0.252, 6.42)}
+WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
+
+# Two or more slices: the reduction kernel and the split path.  The fit says 2.3 us; with it the plans split
+# the 14x14 and 28x28 3x3 layers (128x128 in 3 slices), 6-8 us slower than one slice, because a second kernel
+# in the stream and the fp32 slices cost more there than the model's terms.  4.5 us is where the plans of the
+# measured layers are best (`fit_wgrad_cost.py --score-split-us` on the same timings: ResNet-50's weighted wgrad
+# against cuDNN 0.941 at 2.3-3 us, 0.973 at 4.5, 0.966 at 5.5-7), the one constant set by the plans rather
+# than by the fit.
+WGRAD_SPLIT_US = 4.5
+WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
+
+
+# ---- the shape class: the plan of one layer -----------------------------------------------------------------
+class ConvClass(NamedTuple):
+    """What a compiled conv kernel is chosen by.  Only dtype, operator, tile and whether it splits K change the
+    compiled code; the geometry rides along so that one class is one kind of layer (and the memo key says so)."""
+
+    dtype: torch.dtype
+    kernel: tuple[int, int]     # R, S
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    aligned: bool               # C and K multiples of 8: no channel padding
+    tile: str                   # key of TILES ("" on the CPU)
+    splits: int = 1             # slices of GEMM-K reduced separately (fp32 partial sums) when > 1; wgrad: >= 1
+    im2col: bool = False        # few channels (the 7x7 stem, C=3): explicit im2col, then a 1x1 conv, see below
+    flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
+    fold: int = 0               # fprop/wgrad over im2col: filter rows per matrix row (0: all, 1x1; _plan_fold)
+    direct: bool = False        # wgrad: a one-slice plan writes dw itself (config.conv2d_wgrad_direct)
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def round_up(n: int, multiple: int = ALIGN) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+# ---- tiles and split-K ---------------------------------------------------------------------------------------
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def normalize_splits(k_tiles: int, splits: int) -> int:
+    """The split count the kernel runs: every split owns at least one k-tile (its slice is written)."""
+    splits = max(1, min(splits, k_tiles))
+    return _ceil(k_tiles, _ceil(k_tiles, splits))
+
+
+def plan_gemm(operator: str, m: int, n: int, k_tiles: int, tiles=None) -> tuple[str, int]:
+    """(tile, splits) for an fprop or dgrad M x N implicit GEMM with k_tiles 64-deep k-steps: the cheapest by
+    gemm_cost_us among `tiles` (default: the operator's).  wgrad plans with plan_wgrad."""
+    forced_tile, forced_splits = _forced_tile(operator), config.conv2d_splits.get(operator)
+    tiles = (forced_tile,) if forced_tile else tiles or OPERATOR_TILES[operator]
+    candidates = [(t, 1) for t in tiles]
+    if forced_splits and forced_splits > 1:
+        candidates = [(forced_tile or SPLIT_TILE, forced_splits)]
+    elif forced_splits:
+        candidates = [(t, forced_splits) for t, _ in candidates]
+    return _plan_best(operator, candidates, m, n, k_tiles)
+
+
+def _forced_tile(operator: str) -> str | None:
+    tile = config.conv2d_tile.get(operator)
+    if tile is not None and tile not in TILES:
+        raise ValueError(f"jitops.conv2d: config.conv2d_tile[{operator!r}] is {tile!r}, which is no tile of "
+                         f"jitops/ops/conv2d_plan.py; use one of {', '.join(TILES)}")
+    return tile
+
+
+def wgrad_flat(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
+    """Whether the wgrad kernel with this tile can store dw (or its fp32 slices) as the flat K x (R*S*C) matrix
+    through TMA (WGRAD_FLAT in kernels/conv/conv2d_sm90.cu): only when its tiles of the (C,S,R) mode are flat
+    column ranges, i.e. a 1x1 filter, C a multiple of a one-tap TILE_N, or a tile over a whole filter row.  The
+    other kernels store from registers, element by element (3-11 us slower on ResNet-50's one-slice layers,
+    lent H100, 2026-11-22)."""
+    t = TILES[tile]
+    if t.taps > 1:
+        return wgrad_tile_serves(tile, channels, filter_rs)
+    return filter_rs == (1, 1) or channels % t.n == 0
+
+
+def wgrad_tile_serves(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
+    """Whether a wgrad tile can run this layer: a tile over T taps is one whole filter row, exactly its channels
+    and its S = T taps (kernels/conv/conv_sm90.cuh, WgradTapSpanning::can_implement)."""
+    t = TILES[tile]
+    return t.taps == 1 or (channels == t.channels and filter_rs[1] == t.taps)
+
+
+def wgrad_candidates(channels: int, filter_rs: tuple[int, int]) -> tuple[str, ...]:
+    """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
+    64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
+    1x1 filters, and tiles over several taps where the filter's width takes them.  Clusters (multicast of the
+    shared operand) were the fastest tile on 12 of the 14 1x1 layers of ResNet-50 and slower on 5 of the 7 3x3
+    ones (lent H100, 2026-11-22, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json)."""
+    one_by_one = filter_rs == (1, 1)
+    tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
+                  (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
+                  (one_by_one or TILES[t].cluster_m * TILES[t].cluster_n == 1))
+    return tiles or tuple(t for t in OPERATOR_TILES["wgrad"] if TILES[t].taps == 1)
+
+
+def plan_wgrad(k: int, channels: int, filter_rs: tuple[int, int], k_tiles: int) -> tuple[str, int, bool]:
+    """(tile, splits, flat) of the weight gradient dw (K x R*S*C) over k_tiles 64-deep k-steps: the cheapest by
+    wgrad_cost_us among wgrad_candidates, each at its best split count."""
+    forced_tile, forced_splits = _forced_tile("wgrad"), config.conv2d_splits.get("wgrad")
+    if forced_tile and not wgrad_tile_serves(forced_tile, channels, filter_rs):
+        raise ValueError(f"jitops: wgrad tile {forced_tile!r} (config.conv2d_tile) covers a filter row of "
+                         f"{TILES[forced_tile].taps} taps x {TILES[forced_tile].channels} channels; this layer's "
+                         f"is {filter_rs[1]} x {channels}")
+    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs)
+    plans = [(t, normalize_splits(k_tiles, s)) for t in tiles
+             for s in ((forced_splits,) if forced_splits else range(1, 257))]
+    tile, splits = min(plans, key=lambda plan: wgrad_cost_us(plan[0], plan[1], round_up(k), channels, filter_rs,
+                                                             k_tiles))
+    return tile, splits, wgrad_flat(tile, channels, filter_rs)
+
+
+def _work_tiles(tile: str, m: int, n: int, splits: int) -> int:
+    """Work tiles the kernel's scheduler runs for an M x N GEMM in `splits` slices (whole clusters)."""
+    t = TILES[tile]
+    return _ceil(_ceil(m, t.m), t.cluster_m) * t.cluster_m * _ceil(_ceil(n, t.n), t.cluster_n) * t.cluster_n * splits
+
+
+def wgrad_work_tiles(tile: str, k: int, channels: int, filter_rs: tuple[int, int], splits: int) -> int:
+    """Work tiles of a wgrad kernel: its N mode is the filter's (C,S,R), tiled by channels of one tap (or of
+    `taps` taps along S) as CUTLASS's scheduler does (cute::ceil_div by mode), not as the flat R*S*C."""
+    t = TILES[tile]
+    n_tiles = _ceil(channels, t.channels) * _ceil(filter_rs[1], t.taps) * filter_rs[0]
+    return _ceil(_ceil(k, t.m), t.cluster_m) * t.cluster_m * _ceil(n_tiles, t.cluster_n) * t.cluster_n * splits
+
+
+def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tuple[int, int],
+                  k_tiles: int) -> float:
+    """Predicted microseconds of a wgrad plan (WGRAD_TILE_US and the constants after it)."""
+    t = TILES[tile]
+    step_us, wave_us = WGRAD_TILE_US.get(f"{t.m}x{t.n}", WGRAD_TILE_US["128x128"])
+    work = wgrad_work_tiles(tile, k, channels, filter_rs, splits)
+    steps = _ceil(k_tiles, splits)
+    cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
+    # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
+    rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
+    cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
+    if splits > 1:
+        cost += WGRAD_SPLIT_US + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * WGRAD_US_PER_MB_SLICES
+    return cost
+
+
+def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
+    """Predicted microseconds of an fprop or dgrad plan (GEMM_TILE_US; a tile without constants, only ever
+    forced, costs as 128x128)."""
+    costs = GEMM_TILE_US[operator]
+    step_us, wave_us = costs.get(tile, costs["128x128"])
+    return _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS) * (_ceil(k_tiles, splits) * step_us + wave_us)
+
+
+def _plan_best(operator: str, candidates, m: int, n: int, k_tiles: int):
+    tile, splits = min(candidates, key=lambda plan: gemm_cost_us(operator, plan[0], plan[1], m, n, k_tiles))
+    return tile, normalize_splits(k_tiles, splits)
+
+
+# ---- strided dgrad as unit-stride phases (pure; tested on the CPU) --------------------------------------------
+class Phase1D(NamedTuple):
+    start: int                  # first dx row of this phase; it writes rows start, start + stride, ...
+    count: int                  # rows written
+    taps: tuple[int, ...]       # filter taps (ascending) of the unit-stride sub-filter
+    lower: int                  # its padding before ...
+    upper: int                  # ... and after (so that its output extent is exactly dy's)
+    dilation: int               # its dilation (in dy rows)
+
+
+def dgrad_phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int,
+                    dilation: int) -> tuple[list[Phase1D], bool]:
+    """Phases of one spatial dimension and whether they write every dx row (if not, dx must be zeroed first).
+
+    dx[h] = sum over taps r, outputs o with h = o*stride - padding + r*dilation of dy[o] * w[r].  For
+    h = a + stride*i the taps are those with (a + padding - r*dilation) % stride == 0, spaced stride/g apart
+    (g = gcd(stride, dilation)), and o = i + e0 - j*(dilation/g) for the j-th tap: a unit-stride dgrad with
+    lower padding e0, dilation dilation/g.  Rows that no tap reaches are left out (and are zero)."""
+    phases = []
+    written = 0
+    sub_dilation = dilation // math.gcd(stride, dilation)
+    for a in range(stride):
+        rows = len(range(a, size, stride))
+        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
+        if rows == 0 or not taps:
+            continue
+        e0 = (a + padding - taps[0] * dilation) // stride
+        span = (len(taps) - 1) * sub_dilation
+        first = max(0, -e0)                               # rows before this read only dy[< 0]
+        end = min(rows, out_size - e0 + span)             # rows from here read only dy[>= out_size]
+        if end <= first:
+            continue
+        lower = e0 + first
+        upper = out_size - end - e0 + span
+        phases.append(Phase1D(a + stride * first, end - first, taps, lower, upper,
+                              sub_dilation if len(taps) > 1 else 1))
+        written += end - first
+    return phases, written == size
+
+
+@functools.lru_cache(maxsize=1024)
+def dgrad_phases(input_hw: tuple[int, int], output_hw: tuple[int, int], kernel: tuple[int, int],
+                 stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]):
+    """2-D phases (row phase, column phase) and whether together they write all of dx."""
+    rows, rows_full = dgrad_phases_1d(input_hw[0], output_hw[0], kernel[0], stride[0], padding[0], dilation[0])
+    cols, cols_full = dgrad_phases_1d(input_hw[1], output_hw[1], kernel[1], stride[1], padding[1], dilation[1])
+    return tuple((r, c) for r in rows for c in cols), rows_full and cols_full
+
+
+# ---- few input channels: an explicit im2col matrix, and how many filter rows it folds -------------------------
+# Few input channels: each 64-deep k-step of the implicit GEMM covers one filter tap's channels, so C=3 (padded
+# to 8) uses 8/64 of every step: the 7x7 stem would do 8x its work.  Up to this many (padded) channels, fprop and
+# wgrad materialise the im2col matrix [N, P, Q, R*S*C] (C fastest, padded to a multiple of 8) and run it as a 1x1
+# conv: 147 -> 152 columns in 3 k-steps for the stem instead of 49.
+IM2COL_MAX_CHANNELS = 16
+
+
+def _uses_im2col(c: int, r: int, s: int) -> bool:
+    # The im2col kernel keeps a table of the columns and at least one row in shared memory (under 40 KB: a
+    # filter of up to ~2200 taps x channels, e.g. 11x11 at 16 channels); larger filters run directly.
+    return round_up(c) <= IM2COL_MAX_CHANNELS and r * s > 1 and \
+        _im2col_shared_bytes(1, round_up(c * r * s), 2) <= IM2COL_SHARED_BYTES
+
+
+IM2COL_SHARED_BYTES = 40 * 1024   # a block's rows and tables stay under the 48 KB that needs no opt-in
+
+
+def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> int:
+    """kernels/conv/im2col.cu's shared memory: the rows, then 16 bytes a column (an offset and two ints)."""
+    return block_rows * columns * element_size + 16 * columns
+
+
+# A strided few-channel fprop need not materialise every filter row: the matrix of a `fold` x S filter at stride
+# (fold, stride_w), one row per `fold` input rows, holds fold*S*C columns, and a conv of ceil(R/fold) taps over
+# it at unit stride is the layer (row p reads matrix rows p .. p + R/fold - 1, i.e. input rows p*fold - pad + r).
+# For the stem (7x7 stride 2, C=3, 224x224, batch 32) that is a 40 MB matrix of 48 columns and 4 k-steps a tile
+# instead of 122 MB, 152 columns, 3 k-steps.  The weight gradient is the same wgrad over the folded matrix, its
+# (R/fold, 1) filter of fold*S*C channels unfolded into dw.  _plan_fold picks by writing and reading the matrix
+# at the im2col kernel's measured rate (122 MB in 81.5 us on the lent H100, 2026-11-22) plus the GEMM's fitted
+# cost.
+IM2COL_MB_PER_US = 122 / 81.5
+
+
+def _fold_matrix(n: int, p: int, q: int, c: int, r: int, s: int, fold: int) -> tuple[int, int, int, float]:
+    """(rows per image, columns, taps of the conv over it, megabytes at 2 bytes) of the im2col matrix that
+    folds `fold` filter rows (0: all of them; the conv is then 1x1)."""
+    if fold == 0:
+        rows, columns, taps = p, round_up(c * r * s), 1
+    else:
+        rows, columns, taps = p + _ceil(r, fold) - 1, round_up(fold * s * c), _ceil(r, fold)
+    return rows, columns, taps, n * rows * q * columns * 2 / 1e6
+
+
+def _plan_fold(operator: str, n: int, p: int, q: int, k: int, c: int, r: int, s: int, stride,
+               dilation) -> tuple[int, str, int, bool]:
+    """(fold, tile, splits, flat) of a few-channel fprop or wgrad: fold 0 is the whole im2col matrix and a 1x1
+    conv; fold f (f = stride_h, unit dilation along H) folds f filter rows into the matrix and convolves
+    ceil(R/f) taps over it."""
+    def plan(fold: int) -> tuple[float, str, int, bool]:
+        _, columns, taps, matrix_mb = _fold_matrix(n, p, q, c, r, s, fold)
+        if operator == "wgrad":
+            k_tiles = _ceil(n * p * q, TILE_K)
+            tile, splits, flat = plan_wgrad(k, columns, (taps, 1), k_tiles)
+            cost = wgrad_cost_us(tile, splits, round_up(k), columns, (taps, 1), k_tiles)
+        else:
+            k_tiles = _ceil(columns, TILE_K) * taps
+            (tile, splits), flat = plan_gemm("fprop", n * p * q, round_up(k), k_tiles), False
+            cost = gemm_cost_us("fprop", tile, splits, n * p * q, round_up(k), k_tiles)
+        return 2 * matrix_mb / IM2COL_MB_PER_US + cost, tile, splits, flat
+    folds = [0] + ([stride[0]] if 1 < stride[0] < r and dilation[0] == 1 else [])
+    forced = config.conv2d_fold
+    if forced is not None:
+        if forced and dilation[0] != 1:
+            raise ValueError(f"jitops.conv2d: config.conv2d_fold={forced} cannot serve this layer (a fold > 0 "
+                             f"needs unit dilation along H, here {dilation[0]}); use 0 or None")
+        folds = [forced]
+    plans = {fold: plan(fold) for fold in folds}
+    fold = min(plans, key=lambda f: plans[f][0])
+    return (fold, *plans[fold][1:])
+
+
+# One slice and channel counts that need no padding: the wgrad kernel writes dw (KRSC, in its dtype) itself, no
+# fp32 slice and no copy (2-4 us a layer on ResNet-50's 7x7 layers).  config.conv2d_wgrad_direct=False: the slice
+# and torch's copy (the benchmark's A/B).  Read when a layer is planned: the shape class carries it
+# (ConvClass.direct), so the op's kernel memo follows a change.
+def wgrad_direct(cls: ConvClass) -> bool:
+    return cls.direct and cls.splits == 1  # planned only for aligned layers without im2col (_grad_class)
+
+
+# ---- ResNet-50 at batch 32 (torchvision v1.5: stride in the 3x3): the shape classes the benchmarks and the
+# deployment prewarm use.  (in channels, out channels, input size, kernel, stride, padding)
+RESNET50 = [
+    (3, 64, 224, 7, 2, 3),                                                    # stem (C=3: channel-padded)
+    (64, 64, 56, 1, 1, 0), (64, 64, 56, 3, 1, 1), (64, 256, 56, 1, 1, 0), (256, 64, 56, 1, 1, 0),    # layer1
+    (256, 128, 56, 1, 1, 0), (128, 128, 56, 3, 2, 1), (256, 512, 56, 1, 2, 0),                        # layer2 in
+    (128, 128, 28, 3, 1, 1), (128, 512, 28, 1, 1, 0), (512, 128, 28, 1, 1, 0),                        # layer2
+    (512, 256, 28, 1, 1, 0), (256, 256, 28, 3, 2, 1), (512, 1024, 28, 1, 2, 0),                       # layer3 in
+    (256, 256, 14, 3, 1, 1), (256, 1024, 14, 1, 1, 0), (1024, 256, 14, 1, 1, 0),                      # layer3
+    (1024, 512, 14, 1, 1, 0), (512, 512, 14, 3, 2, 1), (1024, 2048, 14, 1, 2, 0),                     # layer4 in
+    (512, 512, 7, 3, 1, 1), (512, 2048, 7, 1, 1, 0), (2048, 512, 7, 1, 1, 0),                         # layer4
+]
+
+
+def _prewarm_items(batch: int = 32) -> list[dict]:
+    """One public conv2d item per layer: it builds fprop, dgrad and wgrad (the op's companions)."""
+    items = []
+    for c, k, size, kernel, stride, padding in RESNET50:
+        kwargs = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1]}
+        x, wt = [batch, c, size, size], [k, c, kernel, kernel]
+        items.append({"op": "conv2d", "dtypes": ["fp16", "bf16"], "shapes": [[x, wt, None]], "kwargs": kwargs})
+    return items

@@ -1,0 +1,375 @@
+"""jitops.conv2d's launch code: layouts (NHWC views, channel padding, im2col matrices), the calls into the
+CUTLASS conv library, strided dgrad phases on side streams, and the wgrad reduction.  The op's declarations,
+shape classes and kernel specs are in jitops/ops/conv2d.py, the plans in jitops/ops/conv2d_plan.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+import torch
+
+from ..config import config
+from ..launch import current_stream, sm_count
+from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _im2col_shared_bytes,
+                          dgrad_phases, normalize_splits, output_size, round_up)
+
+CHANNELS_LAST = torch.channels_last
+_STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)",
+           2: "the kernel launch failed", 3: "raising the kernel's shared-memory limit failed"}
+
+
+# ---- the CUTLASS conv library's entry point ---------------------------------------------------------------------
+def _raw_entry(library):
+    """The library's jitops_conv2d as a bare ctypes function: called with data pointers it skips HostFunction's
+    per-argument conversion loop (27 arguments; ~3 us a call)."""
+    fn = _RAW_ENTRIES.get(library.path)
+    if fn is None:
+        fn = ctypes.CDLL(library.path, mode=ctypes.RTLD_LOCAL).jitops_conv2d  # the same handle: already loaded
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 15 + [ctypes.c_longlong] * 3 + \
+            [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _RAW_ENTRIES[library.path] = fn
+    return fn
+
+
+_RAW_ENTRIES: dict[str, object] = {}
+
+
+def _call(library, op_name: str, a, b, d, bias, *args) -> None:
+    if hasattr(library, "path"):  # a loaded kernel library (the CPU tests pass a stand-in that takes tensors)
+        status = _raw_entry(library)(a.data_ptr(), b.data_ptr(), d.data_ptr(),
+                                     None if bias is None else bias.data_ptr(), *args)
+    else:
+        status = library.jitops_conv2d(a, b, d, bias, *args)
+    if status:
+        args = (a, b, d, bias, *args)
+        raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
+                           f"(n, h, w, c, k, r, s, pads, strides, dilations) = {args[4:19]}")
+
+
+# ---- layouts ---------------------------------------------------------------------------------------------------
+IM2COL_BLOCK = 256
+
+
+def _folded_im2col(kern, x: torch.Tensor, cls: ConvClass, p: int, q: int) -> tuple[torch.Tensor, int]:
+    """The matrix of cls.fold filter rows [N, P + taps - 1, Q, round_up(fold*S*C)] for a conv of `taps` =
+    ceil(R/fold) taps at unit stride (_plan_fold), and that tap count."""
+    fold, (r, s), c = cls.fold, cls.kernel, x.shape[1]
+    rows, _, taps, _ = _fold_matrix(x.shape[0], p, q, c, r, s, fold)
+    matrix = _im2col(kern, x, fold, s, (fold, cls.stride[1]), cls.padding, (1, cls.dilation[1]), rows, q)
+    return matrix, taps
+
+
+def _fold_weight(weight: torch.Tensor, fold: int, k8: int, columns: int) -> torch.Tensor:
+    """w [K, C, R, S] -> [k8, ceil(R/fold), 1, columns] (KRSC): tap j's channels are filter rows j*fold ..
+    j*fold + fold - 1 in (row, s, c) order, as the folded matrix's columns; missing rows and padding zero."""
+    k, c, r, s = weight.shape
+    taps, per_tap = _ceil(r, fold), fold * s * c
+    out = torch.zeros((k8, taps, 1, columns), dtype=weight.dtype, device=weight.device)
+    krsc = weight.permute(0, 2, 3, 1)
+    whole = r // fold  # taps with all `fold` rows; a last one may have fewer
+    out[:k, :whole, 0, :per_tap].copy_(krsc[:, :whole * fold].reshape(k, whole, per_tap))
+    if whole < taps:
+        rest = r - whole * fold
+        out[:k, whole, 0, :rest * s * c].copy_(krsc[:, whole * fold:].reshape(k, rest * s * c))
+    return out
+
+
+def _im2col(kern, x: torch.Tensor, r: int, s: int, stride, padding, dilation, p: int, q: int) -> torch.Tensor:
+    """x [N, C, H, W] (any strides) -> [N, P, Q, round_up(R*S*C)] (order r, s, c; extra columns zero)."""
+    n, c, h, w = x.shape
+    columns = round_up(r * s * c)
+    out = torch.empty((n, p, q, columns), dtype=x.dtype, device=x.device)
+    rows = n * p * q
+    if rows == 0:
+        return out
+    # Rows per block: a power of two, at most 64, whose rows and tables fit IM2COL_SHARED_BYTES.
+    log_rows = 6
+    while log_rows and _im2col_shared_bytes(1 << log_rows, columns, x.element_size()) > IM2COL_SHARED_BYTES:
+        log_rows -= 1
+    kern.im2col.launch(-(-rows >> log_rows), IM2COL_BLOCK, x, out, rows, columns, log_rows, p, q, h, w, c,
+                       *x.stride(), s, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
+                       r * s * c, shared_mem=_im2col_shared_bytes(1 << log_rows, columns, x.element_size()))
+    return out
+
+
+def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """t [N, C, H, W] (any strides) as an NHWC tensor [N, H, W, channels], channel-contiguous and 16-byte
+    aligned; channels beyond C are zero.  A channels_last, aligned t with channels == C is returned as a view."""
+    n, c, h, w = t.shape
+    view = t.permute(0, 2, 3, 1)
+    if channels == c and view.is_contiguous() and t.data_ptr() % 16 == 0:
+        return view
+    out = torch.empty((n, h, w, channels), dtype=t.dtype, device=t.device)
+    out[..., :c].copy_(view)
+    if channels > c:
+        out[..., c:].zero_()
+    return out
+
+
+def _channels_last_like(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=CHANNELS_LAST)
+
+
+def _launch_args(t: torch.Tensor):
+    index = t.get_device()
+    return index, sm_count(index), current_stream(index)
+
+
+# ---- dgrad ---------------------------------------------------------------------------------------------------
+def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "dgrad") and not hasattr(kern, "col2im"):  # not a Hopper GPU
+        return run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation)
+    cls = kern.shape_class
+    n, c, h, w = (int(v) for v in input_size)
+    k, _, r, s = weight.shape
+    dx = _channels_last_like((n, c, h, w), grad)
+    if dx.numel() == 0:
+        return dx
+    if k == 0 or grad.numel() == 0:
+        return dx.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    dy = _nhwc(grad, k8)
+    if cls.im2col:
+        return _input_grad_through_columns(kern, dy, weight, dx, k8)
+    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC with C and K padded.
+    w_krsc = weight.permute(0, 2, 3, 1)
+    if (c8, k8) != (c, k) or not w_krsc.is_contiguous():
+        padded = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        padded[:k, :, :, :c].copy_(w_krsc)
+        w_krsc = padded
+    out = dx.permute(0, 2, 3, 1) if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)
+    stride, padding, dilation = cls.stride, cls.padding, cls.dilation
+    p, q = grad.shape[2], grad.shape[3]
+    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), stride, padding, dilation)
+    if not full:
+        out.zero_()
+    device, sms, stream = _launch_args(grad)
+    # A strided dgrad's phases write disjoint pixels of dx: each runs on a side stream of its own, forked from and
+    # joined back into the caller's stream, so that their short kernels overlap instead of each leaving the SMs
+    # to drain (config.conv2d_dgrad_phase_streams).
+    side = _side_streams(device, len(phases)) if (config.conv2d_dgrad_phase_streams and len(phases) > 1 and
+                                                  dx.is_cuda) else None
+    main = torch.cuda.current_stream(device) if side else None
+    for index, (rows, cols) in enumerate(phases):
+        with torch.cuda.stream(side[index]) if side else contextlib.nullcontext():
+            if side:
+                side[index].wait_stream(main)
+                stream = side[index].cuda_stream
+            _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, (n, h, w, c8, k8, r, s), device, sms, stream)
+    for other in side or ():
+        main.wait_stream(other)
+    if c8 != c:
+        dx.permute(0, 2, 3, 1).copy_(out[..., :c])
+    return dx
+
+
+def _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, dims, device, sms, stream) -> None:
+    """One phase of a dgrad (all of it at unit stride): dx's pixels of these rows and columns from the taps
+    that reach them."""
+    n, h, w, c8, k8, r, s = dims
+    stride = cls.stride
+    # The taps of a phase are evenly spaced: a sliced view of the filter (no index tensor, so CUDA graphs can
+    # capture this), made contiguous for TMA.
+    sub = w_krsc
+    if len(rows.taps) != r or len(cols.taps) != s:
+        sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
+    if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
+        view = out
+    else:
+        view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+    problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
+               cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
+    if cls.splits > 1:
+        k_tiles = _ceil(k8, TILE_K) * len(rows.taps) * len(cols.taps)
+        splits = normalize_splits(k_tiles, cls.splits)
+        partial = torch.empty((splits, n, rows.count, cols.count, c8), dtype=torch.float32, device=out.device)
+        _call(kern.dgrad, "conv2d_input_grad", dy, sub, partial, None, *problem, 0, 0, 0, splits, device, sms,
+              stream)
+        view.copy_(partial[0] if splits == 1 else partial.sum(0))
+    else:
+        sn, sh, sw, _ = view.stride()
+        _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, *problem, sn, sh, sw, 1, device, sms, stream)
+
+
+# Side streams per device for a strided dgrad's phases (at most 4 in flight; more phases share them).
+_SIDE_STREAMS: dict[int, list] = {}
+
+
+def _side_streams(device: int, count: int) -> list:
+    streams = _SIDE_STREAMS.get(device)
+    if streams is None:
+        streams = _SIDE_STREAMS[device] = [torch.cuda.Stream(device) for _ in range(4)]
+    return [streams[i % len(streams)] for i in range(count)]
+
+
+def _taps_slice(taps: tuple[int, ...]) -> slice:
+    step = taps[1] - taps[0] if len(taps) > 1 else 1
+    return slice(taps[0], taps[-1] + 1, step)
+
+
+def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx: torch.Tensor, k8: int):
+    """Few input channels (the stem): columns [N, P, Q, R*S*C padded] = dy . W, a 1x1 conv with the filter as
+    R*S*C output channels over K input channels (one k-step for K=64, where the direct dgrad's 64-wide tile
+    carries 8 padded channels: 963 us for the stem against cuDNN's 474), then col2im sums them into dx."""
+    cls = kern.shape_class
+    n, c, h, w = dx.shape
+    k, _, r, s = weight.shape
+    p, q = dy.shape[1], dy.shape[2]
+    width = round_up(r * s * c)
+    w_columns = torch.zeros((width, 1, 1, k8), dtype=weight.dtype, device=weight.device)
+    w_columns[:r * s * c, 0, 0, :k].copy_(weight.permute(2, 3, 1, 0).reshape(r * s * c, k))  # rows (r, s, c)
+    columns = torch.empty((n, p, q, width), dtype=dx.dtype, device=dx.device)
+    _call(kern.fprop, "conv2d_input_grad", dy, w_columns, columns, None, n, p, q, k8, width, 1, 1, 0, 0, 0, 0,
+          1, 1, 1, 1, 0, 0, 0, 1, *_launch_args(dy))
+    elements = dx.numel()
+    kern.col2im.launch(-(-elements // IM2COL_BLOCK), IM2COL_BLOCK, columns, dx.permute(0, 2, 3, 1), elements, h, w,
+                       c, p, q, r, s, width, cls.stride[0], cls.stride[1], cls.padding[0], cls.padding[1],
+                       cls.dilation[0], cls.dilation[1])
+    return dx
+
+
+def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dx = torch.nn.grad.conv2d_input([int(v) for v in input_size], weight, grad, stride=cls.stride,
+                                    padding=cls.padding, dilation=cls.dilation)
+    return dx.contiguous(memory_format=CHANNELS_LAST)
+
+
+# ---- wgrad ---------------------------------------------------------------------------------------------------
+REDUCE_BLOCK = 256
+
+
+def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
+    """dw (channels_last [K, C, R, S], i.e. KRSC memory, seen as [K, taps, channels]) = the sum over partial's
+    slices [splits][K8][taps][padded channels] of its first K rows and `channels` channels per tap."""
+    splits, _, taps, _ = partial.shape
+    k = dw.shape[0]
+    channels = dw.numel() // (k * taps)
+    if not config.conv2d_wgrad_reduce_kernel or splits == 1:
+        total = partial[0] if splits == 1 else partial.sum(0)
+        dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(total[:k, :, :channels])
+        return
+    rows = k * taps
+    if rows * channels >= 2**31:
+        raise ValueError(f"jitops.conv2d_weight_grad: the weight gradient has {rows * channels} elements; the "
+                         "reduction kernel indexes it with 32 bits (at most 2**31 - 1)")
+    kern.reduce.launch(-(-rows * channels // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits, partial[0].numel(),
+                       rows, channels, partial.shape[-1])
+
+
+def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    direct = getattr(kern, "wgrad_direct", None)
+    if not hasattr(kern, "wgrad") and direct is None:  # not a Hopper GPU
+        return run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation)
+    cls = kern.shape_class
+    k, c, r, s = (int(v) for v in weight_size)
+    n, _, h, w = x.shape
+    p, q = grad.shape[2], grad.shape[3]
+    dw = _channels_last_like((k, c, r, s), grad)
+    if dw.numel() == 0:
+        return dw
+    if grad.numel() == 0:
+        return dw.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    device, sms, stream = _launch_args(grad)
+    splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
+    if cls.im2col and cls.fold:  # a wgrad of ceil(R/fold) taps over the folded matrix (_plan_fold), unfolded
+        fold = cls.fold
+        columns, taps = _folded_im2col(kern, x, cls, p, q)
+        width = columns.shape[-1]
+        partial = torch.empty((splits, k8, taps, 1, width), dtype=torch.float32, device=grad.device)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, columns.shape[1], q,
+              width, k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
+        folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
+        _reduce_into(kern, partial.view(splits, k8, taps, width), folded)
+        dw.permute(0, 2, 3, 1).copy_(folded.permute(0, 2, 3, 1).reshape(k, taps * fold, s, c)[:, :r])
+        return dw
+    if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
+        columns = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
+        width = columns.shape[-1]
+        partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
+        _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
+              0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
+        _reduce_into(kern, partial.view(splits, k8, 1, width), dw)  # the columns are (r, s, c): KRSC order
+        return dw
+    geometry = (cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
+                cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
+    if direct is not None:  # one slice, c == c8 and k == k8: dw's KRSC memory is the kernel's output
+        _call(direct, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), dw, None, n, h, w, c8, k8, r, s,
+              *geometry)
+        return dw
+    partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
+    _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
+          *geometry)
+    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw)
+    return dw
+
+
+def run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    dw = torch.nn.grad.conv2d_weight(x, [int(v) for v in weight_size], grad, stride=cls.stride,
+                                     padding=cls.padding, dilation=cls.dilation)
+    return dw.contiguous(memory_format=CHANNELS_LAST)
+
+
+# ---- fprop ---------------------------------------------------------------------------------------------------
+def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    if not hasattr(kern, "fprop"):  # not a Hopper GPU
+        return run_cpu(kern, x, weight, bias, stride, padding, dilation)
+    cls = kern.shape_class
+    n, c, h, w = x.shape
+    k, _, r, s = weight.shape
+    p = output_size(h, r, cls.stride[0], cls.padding[0], cls.dilation[0])
+    q = output_size(w, s, cls.stride[1], cls.padding[1], cls.dilation[1])
+    y = _channels_last_like((n, k, p, q), x)
+    if y.numel() == 0:
+        return y
+    if c == 0:
+        return y.copy_(bias.view(1, k, 1, 1).expand_as(y)) if bias is not None else y.zero_()
+    c8, k8 = round_up(c), round_up(k)
+    w_krsc = None
+    if cls.im2col and cls.fold:  # a conv of ceil(R/fold) taps over the matrix of `fold` filter rows (_plan_fold)
+        x, taps = _folded_im2col(kern, x, cls, p, q)
+        x = x.permute(0, 3, 1, 2)
+        w_krsc = _fold_weight(weight, cls.fold, k8, x.shape[1])
+        c, h, w, r, s, c8 = x.shape[1], x.shape[2], q, taps, 1, x.shape[1]
+        cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    elif cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
+        x = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q).permute(0, 3, 1, 2)
+        weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
+        c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
+        cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    if w_krsc is None and k8 == k:
+        w_krsc = _nhwc(weight, c8)
+    if w_krsc is None:
+        w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        w_krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    if bias is not None and (k8 != k or not bias.is_contiguous() or bias.data_ptr() % 16):
+        padded = torch.zeros(k8, dtype=bias.dtype, device=bias.device)
+        padded[:k].copy_(bias)
+        bias = padded
+    problem = (n, h, w, c8, k8, r, s, cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1],
+               cls.stride[0], cls.stride[1], cls.dilation[0], cls.dilation[1], 0, 0, 0)
+    if cls.splits > 1:  # fp32 partial sums of GEMM-K slices, reduced here (bias added once, at the end)
+        splits = normalize_splits(_ceil(c8, TILE_K) * r * s, cls.splits)
+        partial = torch.empty((splits, n, p, q, k8), dtype=torch.float32, device=x.device)
+        _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, partial, None, *problem, splits, *_launch_args(x))
+        total = partial[0] if splits == 1 else partial.sum(0)
+        if bias is not None:
+            total += bias.float()
+        y.permute(0, 2, 3, 1).copy_(total[..., :k])
+        return y
+    out = y.permute(0, 2, 3, 1) if k8 == k else torch.empty((n, p, q, k8), dtype=x.dtype, device=x.device)
+    _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, out, bias, *problem, 1, *_launch_args(x))
+    if k8 != k:
+        y.permute(0, 2, 3, 1).copy_(out[..., :k])
+    return y
+
+
+def run_cpu(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    cls = kern.shape_class
+    y = torch.nn.functional.conv2d(x, weight, bias, stride=cls.stride, padding=cls.padding, dilation=cls.dilation)
+    return y.contiguous(memory_format=CHANNELS_LAST)

@@ -1,0 +1,191 @@
+"""jitops.layer_norm's launch code: the forward and backward launches on CUDA (grids from the occupancy of
+each kernel), the C++ kernels on the CPU, and torch's own implementation, which runs while the kernels compile.
+Declarations, shape classes and kernel specs are in jitops/ops/layer_norm.py, the buckets in layer_norm_plan.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..launch import UNCAPPED_GRID, sm_count
+from .layer_norm_plan import CPU_COMPUTE, _threads
+
+FORWARD_BLOCKS_PER_SM = 16  # grid cap of the (grid-stride) forward, in blocks per SM
+REDUCE_ROWS = 16            # kernels/layer_norm.cu: layer_norm_reduce_partials threads down a column
+COLUMN_THREADS = 128        # kernels/layer_norm.cu: layer_norm_backward_columns block
+STATS_DTYPE = {torch.float32: torch.float32, torch.float16: torch.float32, torch.bfloat16: torch.float32,
+               torch.float64: torch.float64}
+
+
+def _cpu_operand(t, compute: torch.dtype):
+    return t.contiguous().to(compute) if t is not None else None
+
+
+def _rows(x: torch.Tensor, n: int, k: int) -> int:
+    return x.numel() // n if n else math.prod(x.shape[:x.dim() - k])
+
+
+def _row_length_unchecked(normalized_shape) -> int:
+    return normalized_shape[0] if len(normalized_shape) == 1 else math.prod(normalized_shape)
+
+
+def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool):
+    """y, and the statistics if save_stats (else None: the kernel skips writing them)."""
+    cls = k.shape_class
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    if len(normalized_shape) == 1:
+        n = normalized_shape[0]
+        rows = x.numel() // n if n else _rows(x, n, 1)
+    else:
+        n = math.prod(normalized_shape)
+        rows = _rows(x, n, len(normalized_shape))
+    y = torch.empty_like(x)
+    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[cls.dtype]) if save_stats else None
+    if rows and n:
+        tpr = cls.tpr
+        threads = tpr if tpr > 128 else 128  # _threads(tpr), inline
+        grid = -(-rows // (threads // tpr))
+        if grid > UNCAPPED_GRID:
+            grid = min(grid, sm_count(x.get_device()) * FORWARD_BLOCKS_PER_SM)
+        k.forward.launch(grid, threads, x, weight, bias, y, stats, rows, n, eps)
+    return y, stats
+
+
+def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+    return _forward_cuda(k, x, normalized_shape, weight, bias, eps, True)
+
+
+def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    x, weight, bias = (_cpu_operand(t, compute) for t in (x, weight, bias))
+    n = _row_length_unchecked(normalized_shape)
+    rows = _rows(x, n, len(normalized_shape))
+    y = torch.empty_like(x)
+    stats = x.new_empty((2, rows), dtype=STATS_DTYPE[dtype])
+    if rows and n:
+        k.cpu.layer_norm_forward(x, weight, bias, y, stats, rows, n, eps)
+    return y.to(dtype), stats
+
+
+def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+    """(y, stats) through ATen, stats laid out as the kernels write them: background mode's fallback."""
+    y, mean, rstd = torch.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
+    stats = torch.stack((mean.reshape(-1), rstd.reshape(-1))).to(STATS_DTYPE[x.dtype])
+    return y.contiguous(), stats
+
+
+_OCCUPANCY: dict[tuple[int, int, int], int] = {}
+
+
+def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
+    """The backward's persistent grid is this times the SM count: one wave, every block summing many rows."""
+    key = (id(kernel), threads, shared_mem)
+    blocks = _OCCUPANCY.get(key)
+    if blocks is None:
+        try:
+            blocks = kernel.max_active_blocks(threads, shared_mem)
+        except Exception:  # noqa: BLE001 - a sizing hint: CuPy's binding of the same query (imports CuPy)
+            from cupy_backends.cuda.api import driver
+
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, shared_mem)
+        blocks = _OCCUPANCY[key] = max(1, blocks)
+    return blocks
+
+
+def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
+                      need_dx: bool, need_dweight: bool, need_dbias: bool):
+    cls = k.shape_class
+    if not grad.is_contiguous():
+        grad = grad.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    n = _row_length_unchecked(normalized_shape)
+    rows = _rows(x, n, len(normalized_shape))
+    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
+    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
+    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
+    params = need_dweight or need_dbias
+    if not rows or not n:
+        if params:  # sums over no rows
+            dw.zero_()
+            db.zero_()
+        return dx, dw, db
+    device = x.get_device()
+    threads = _threads(cls.tpr)
+    rpb = threads // cls.tpr
+    fused = params and cls.params in (1, 2)  # dweight/dbias summed by the main kernel
+    partial, parts = None, 0
+    if need_dx or fused:
+        shared = 2 * rpb * n * stats.element_size() if fused and (cls.params == 2 or rpb > 1) else 0
+        grid = min(-(-rows // rpb), sm_count(device) * _blocks_per_sm(k.backward, threads, shared))
+        direct = fused and grid == 1  # one block: it writes dweight/dbias itself, no second kernel
+        if fused and not direct:
+            parts = grid
+            partial = x.new_empty((2, parts, n), dtype=stats.dtype)
+        k.backward.launch(grid, threads, grad, x, stats, weight, dx if need_dx else None, partial,
+                          dw if direct and need_dweight else None, db if direct and need_dbias else None, rows, n,
+                          shared_mem=shared)
+    if params and cls.params == 3:
+        k.param_grads.launch(-(-n // 32), 32 * REDUCE_ROWS, grad, x, stats, dw if need_dweight else None,
+                             db if need_dbias else None, rows, n)
+        return dx, dw, db
+    if params and not cls.params:
+        column_blocks = -(-(n // cls.vec) // COLUMN_THREADS)
+        parts = max(1, min(rows, 65535, -(-4 * sm_count(device) // column_blocks)))
+        rows_per_part = -(-rows // parts)
+        parts = -(-rows // rows_per_part)
+        partial = x.new_empty((2, parts, n), dtype=stats.dtype)
+        k.columns.launch((column_blocks, parts), COLUMN_THREADS, grad, x, stats, partial, rows, n, rows_per_part)
+    if partial is not None:
+        k.reduce.launch(-(-n // 32), 32 * REDUCE_ROWS, partial, dw if need_dweight else None,
+                        db if need_dbias else None, parts, n)
+    return dx, dw, db
+
+
+def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
+                     need_dx: bool, need_dweight: bool, need_dbias: bool):
+    dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
+    grad, x, weight = (_cpu_operand(t, compute) for t in (grad, x, weight))
+    stats = stats.contiguous()
+    n = _row_length_unchecked(normalized_shape)
+    rows = _rows(x, n, len(normalized_shape))
+    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
+    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
+    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
+    if rows and n:
+        k.cpu.layer_norm_backward(grad, x, stats, weight, dx if need_dx else None, dw if need_dweight else None,
+                                  db if need_dbias else None, rows, n)
+    elif need_dweight or need_dbias:
+        dw.zero_()
+        db.zero_()
+    return dx.to(dtype), dw.to(dtype), db.to(dtype)
+
+
+def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
+                   need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """The backward through torch ops from the saved statistics, in their precision: background mode's
+    fallback."""
+    dims = len(normalized_shape)
+    lead = x.dim() - dims
+    row_dims, norm_dims = tuple(range(lead)), tuple(range(lead, x.dim()))
+    view = (*x.shape[:lead], *([1] * dims))
+    mean, rstd = stats[0].reshape(view), stats[1].reshape(view)
+    g = grad.to(stats.dtype)
+    xhat = (x.to(stats.dtype) - mean) * rstd
+    empty = x.new_empty((0,))
+    dw = (g * xhat).sum(row_dims).to(x.dtype) if need_dweight else empty
+    db = g.sum(row_dims).to(x.dtype) if need_dbias else empty
+    dx = empty
+    if need_dx:
+        gw = g * weight.to(stats.dtype) if weight is not None else g
+        dx = (rstd * (gw - gw.mean(norm_dims, keepdim=True) - xhat * (gw * xhat).mean(norm_dims, keepdim=True)))
+        dx = dx.to(x.dtype).contiguous()
+    return dx, dw, db

@@ -1,0 +1,204 @@
+"""The shape of jitops' import graph, read from the sources (nothing is imported to build it).
+
+- No circle: every module of jitops/ can be understood from the modules it imports, and importing one never
+  needs a half-initialised other.  Imports inside functions count (a lazy import that closes a circle is still
+  a circle); imports under `if TYPE_CHECKING:` do not.
+- An op module (jitops/ops/<op>.py, and its <op>_plan.py and <op>_run.py) imports only the declaration API
+  (jitops.op), the pure helpers (shapes, specs), launch, config and errors, and its own plan and run modules.
+  Never the runtime, the cache, the backends or another op, except the exceptions listed below with a reason.
+- Public names do not shadow their modules: jitops.ops.<op> is the module, the functions are jitops.<name>.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import types
+from pathlib import Path
+
+import pytest
+
+import jitops
+
+ROOT = Path(jitops.__file__).parent
+OPS = ROOT / "ops"
+
+# What an op module may import besides its own plan and run modules.
+OP_MAY_IMPORT = {"jitops.op", "jitops.shapes", "jitops.specs", "jitops.launch", "jitops.config", "jitops.errors"}
+
+# The exceptions, each with the reason it is one (remove an entry when its import goes).
+OP_IMPORT_EXCEPTIONS = {
+    ("jitops.ops.gemm", "jitops.cutlass_host"):
+        "the CUTLASS 3 sm90 GEMM's host side (argument packing, TMA descriptors) is Python, shared with its tests",
+    ("jitops.ops.gemm", "jitops.ops.gelu"):
+        "the GELU epilogue: gemm's fallback and backward call the gelu ops for the activation",
+    ("jitops.ops.linear", "jitops.ops.gemm"):
+        "linear is gemm's kernels with a bias and activation epilogue: it shares their shape classes and specs",
+    ("jitops.ops.linear", "jitops.ops.gelu"):
+        "the activation's fallback and backward (as in gemm)",
+}
+
+# Top-level public names that are objects named like their module, on purpose (the module is reached with
+# `from jitops.<module> import ...`, which goes through sys.modules).
+SHADOWING_EXCEPTIONS = {
+    "op": "jitops.op(...) declares an op (the documented API); the module holds Op, Impl and the registry",
+    "config": "jitops.config is the one Config object (config.offline, config.scope()); its module declares it",
+    "runtime": "jitops.runtime is the process's Runtime (cache_tools calls runtime.prewarm, key_for); likewise",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The jitops modules `path` imports: `from .x import y` is x, or x.y when that is a module."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "jitops":
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "jitops":
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in modules else target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    found.discard(name)
+    return {m for m in found if m in modules}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = sorted(ROOT.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports_of(p, modules) for p in paths}
+
+
+def find_circle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = walk(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            found = walk(start)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_of_jitops_has_no_circle():
+    circle = find_circle(graph())
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_finder_can_fail():
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def _op_modules() -> list[Path]:
+    return sorted(p for p in OPS.glob("*.py") if p.name != "__init__.py")
+
+
+def _owner(path: Path) -> str:
+    """The op a module belongs to: conv2d for conv2d.py, conv2d_plan.py and conv2d_run.py."""
+    stem = path.stem
+    for suffix in ("_plan", "_run"):
+        if stem.endswith(suffix) and (OPS / f"{stem.removesuffix(suffix)}.py").exists():
+            return stem.removesuffix(suffix)
+    return stem
+
+
+def test_op_modules_import_only_the_op_api_and_their_own_plan_and_run():
+    edges = graph()
+    wrong, used = [], set()
+    for path in _op_modules():
+        name, owner = module_name(path), _owner(path)
+        own = {f"jitops.ops.{owner}_plan", f"jitops.ops.{owner}_run"}
+        for target in sorted(edges[name]):
+            if target in OP_MAY_IMPORT or target in own:
+                continue
+            if (name, target) in OP_IMPORT_EXCEPTIONS:
+                used.add((name, target))
+                continue
+            wrong.append(f"{name} imports {target}")
+    assert not wrong, ("op modules may import only " + ", ".join(sorted(OP_MAY_IMPORT)) + " and their own "
+                       "<op>_plan / <op>_run; move shared code there, or list the exception with its reason:\n  "
+                       + "\n  ".join(wrong))
+    stale = sorted(set(OP_IMPORT_EXCEPTIONS) - used)
+    assert not stale, f"these listed exceptions no longer happen; remove them: {stale}"
+
+
+def test_plan_modules_are_pure():
+    """A plan decides from sizes and the config: no launches, no torch.library, no runtime."""
+    edges = graph()
+    for path in OPS.glob("*_plan.py"):
+        allowed = {"jitops.shapes", "jitops.config", "jitops.errors"}
+        assert edges[module_name(path)] <= allowed, (path.name, edges[module_name(path)] - allowed)
+
+
+# Op modules still over the limit, each named until it is split (remove the entry then: a stale one fails).
+LENGTH_EXCEPTIONS = {"gemm.py": "its plan (tile tables, the sm80/sm90 family choice) moves to gemm_plan.py next"}
+
+
+def test_no_op_module_is_over_500_lines():
+    lengths = {p.name: len(p.read_text().splitlines()) for p in _op_modules()}
+    long = {name: n for name, n in lengths.items() if n > 500 and name not in LENGTH_EXCEPTIONS}
+    assert not long, f"split the plan (tables, cost models) or the launch code out of: {long}"
+    stale = [name for name in LENGTH_EXCEPTIONS if lengths.get(name, 0) <= 500]
+    assert not stale, f"these modules are no longer over 500 lines; remove them from LENGTH_EXCEPTIONS: {stale}"
+
+
+@pytest.mark.parametrize("path", _op_modules(), ids=lambda p: p.stem)
+def test_jitops_ops_names_are_their_modules(path):
+    module = importlib.import_module(f"jitops.ops.{path.stem}")
+    assert getattr(jitops.ops, path.stem) is module
+
+
+def test_public_functions_live_on_jitops_and_do_not_shadow_modules():
+    for name in jitops.__all__:
+        value = getattr(jitops, name)
+        if (ROOT / f"{name}.py").exists() or (ROOT / name / "__init__.py").exists():
+            if not isinstance(value, types.ModuleType):
+                assert name in SHADOWING_EXCEPTIONS, f"jitops.{name} is {value!r}, shadowing jitops/{name}.py"
+    for name in ("gemm", "conv2d", "grouped_gemm", "layer_norm", "gelu", "add", "linear"):
+        assert callable(getattr(jitops, name)) and not isinstance(getattr(jitops, name), types.ModuleType)
