@@ -26,8 +26,9 @@ from jitops.config import Config
 from jitops.errors import ConfigError
 
 from . import archive, entries, explain, info, manifest, prewarm, remote
-from .common import (UsageError, check_archs_supported, check_writable, compact_shape_class, format_age,
-                     format_size, os_error_message, parse_age, parse_archs, parse_size, print_json, print_table)
+from .common import (UsageError, WriteError, check_archs_supported, check_writable, compact_shape_class,
+                     format_age, format_size, os_error_message, parse_age, parse_archs, parse_size, print_json,
+                     print_table)
 
 PROG = "jitops-cache"
 
@@ -244,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OSError as exc:  # a full disk, a read-only or missing directory: which path, and what to do
         print(f"{prog()} {args.command}: error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
+    except WriteError as exc:  # the same for a file the user named (an export's archive)
+        print(f"{prog()} {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         stopped = processes.stop_all()

@@ -260,6 +260,67 @@ def test_export_into_a_missing_directory_is_bad_input_and_an_empty_export_warns(
     assert code == 0 and "warning: no entries to export" in err and (tmp_path / "empty.tar").is_file()
 
 
+def test_an_export_that_cannot_be_written_where_named_is_bad_input(tmp_path, capsys, monkeypatch):
+    """The archive's directory is checked before any entry is read: a file in its place, a read-only
+    filesystem; the remedy is about the archive's path, not --cache-dir."""
+    from cache_tools import common
+
+    cache = tmp_path / "cache"
+    assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
+               "--cache-dir", cache, "--no-progress")[0] == 0
+    a_file = tmp_path / "m.json"
+    code, out, err = cli(capsys, "export", a_file / "k.tar", "--cache-dir", cache)
+    assert code == 2 and f"cannot write {a_file / 'k.tar'}: {a_file} is a file, not a directory" in err, err
+    assert "mkdir" not in err
+    shipped = tmp_path / "ship"
+    shipped.mkdir()
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path):
+            self.f_flag = real(path).f_flag | (os.ST_RDONLY if Path(path) == shipped else 0)
+
+    monkeypatch.setattr(common.os, "statvfs", ReadOnly)
+    code, out, err = cli(capsys, "export", shipped / "k.tar", "--cache-dir", cache)
+    assert code == 2 and f"{shipped} is on a read-only filesystem; write the file to a writable directory" in err
+    assert "--cache-dir" not in err and list(shipped.iterdir()) == []
+
+
+def test_an_export_that_fails_half_way_names_the_archive_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    from cache_tools import archive
+
+    cache = tmp_path / "cache"
+    assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
+               "--cache-dir", cache, "--no-progress")[0] == 0
+    written = []
+
+    def full_disk(tar, name, data, mtime):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(name)
+
+    monkeypatch.setattr(archive, "_add", full_disk)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, out, err = cli(capsys, "export", out_dir / "k.tar", "--cache-dir", cache)
+    assert code == 1, err
+    assert (f"cannot write {out_dir / 'k.tar'}: No space left on device; the disk is full: free space there or "
+            "write the file to another disk") in err
+    assert "--cache-dir" not in err and "Traceback" not in err and list(out_dir.iterdir()) == []
+
+
+def test_paths_that_are_files_where_a_directory_belongs_or_the_reverse(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    code, out, err = cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM,
+                                                                          archs=["sm_80"]),
+                         "--cache-dir", a_file / "cache")
+    assert code == 2 and f"the cache root {a_file / 'cache'} cannot be made: {a_file} is a file" in err, err
+    code, out, err = cli(capsys, "import", tmp_path, "--cache-dir", tmp_path / "cache")
+    assert code == 2 and f"archive {tmp_path} is a directory; give the archive file `export` wrote" in err, err
+    assert "Errno" not in err and not (tmp_path / "cache").exists()
+
+
 def test_a_read_only_cache_root_is_bad_input_before_anything_changes(tmp_path, capsys, monkeypatch):
     from cache_tools import common
 
