@@ -69,14 +69,16 @@ def prog() -> str:
     return PROG
 
 
-def again(args: argparse.Namespace, command: str, *extra: str, archs: Sequence[str] = ()) -> str:
-    """A remedy command line that repeats the flags in use (--cache-dir, --arch, --import)."""
+def again(args: argparse.Namespace, command: str, *extra: str, archs: Sequence[str] = (),
+          imports: bool = True) -> str:
+    """A remedy command line that repeats the flags in use (--cache-dir, --arch, --import: `imports` is false
+    for a command that takes none)."""
     parts = [prog(), command, *extra]
     if getattr(args, "cache_dir", None) is not None:
         parts += ["--cache-dir", shlex.quote(str(args.cache_dir))]
     for arch in archs:
         parts += ["--arch", arch]
-    for module in getattr(args, "imports", None) or ():
+    for module in (getattr(args, "imports", None) or ()) if imports else ():
         parts += ["--import", shlex.quote(module)]
     return " ".join(parts)
 
@@ -655,8 +657,9 @@ def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
         print(f"  {report.rejected} remote entries were rejected (checksum, signature or key); see the warnings")
     if report.missing and not args.all:
         flag = "--manifest" if args.manifest else "--record"
-        print(f"build them: {PROG} prewarm {flag} {args.manifest or args.record}"
-              + "".join(f" --arch {a}" for a in archs) + f", then `{PROG} push`")
+        push = again(args, "push", imports=False) + (f" --remote {shlex.quote(args.remote)}" if args.remote else "")
+        print(f"build them: {again(args, 'prewarm', flag, shlex.quote(str(args.manifest or args.record)), archs=archs)}"
+              f", then `{push}`")
     return 0 if report.ok else 1
 
 
