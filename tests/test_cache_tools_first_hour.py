@@ -120,6 +120,19 @@ def test_misses_are_recorded_and_explained_under_the_public_name(fresh_cache, tm
     assert [j.request.kernel for j in manifest_module.plan(calls).jobs] == ["layer_norm_cpu"]
 
 
+def test_every_kernel_request_names_the_public_op_and_the_op_that_asked():
+    """The runtime learns who asks for a kernel from a MissContext (what meta.json's op/kernel_op, JITOPS_RECORD
+    lines, progress lines and CacheMissError say); one method makes it, so jitops.prefetch's requests name
+    layer_norm, not layer_norm_forward, as the op's own calls do."""
+    context = jitops.find("layer_norm_backward").miss_context("cls", {"op": "layer_norm"})
+    assert (context.op, context.kernel_op, context.manifest_item) == ("layer_norm", "layer_norm_backward",
+                                                                      {"op": "layer_norm"})
+    made = [path.relative_to(REPO).as_posix() for path in (REPO / "jitops").rglob("*.py")
+            if "MissContext(" in path.read_text().replace("class MissContext(", "")]
+    assert made == ["jitops/op.py"], made
+    assert (REPO / "jitops" / "op.py").read_text().count("MissContext(") == 1
+
+
 def test_list_shows_the_public_op_with_the_internal_op_as_detail(tmp_path, capsys):
     cache = tmp_path / "cache"
     item = {"op": "gelu", "dtypes": ["fp32"], "shapes": [[[64, 64]]], "kwargs": {"approximate": "tanh"}}
