@@ -180,6 +180,7 @@ def test_python_m_jitops_manifest_is_its_own_calls():
     cpu = [i for i in items if i["archs"] == ["cpu"]]
     assert {(i["op"], i["dtypes"][0]) for i in cpu} >= {("add", "fp64"), ("gelu", "fp64"), ("layer_norm", "fp64"),
                                                          ("add", "fp32")}
+    assert {i["op"] for i in cpu} == set(jitops.public_names())  # "every public op", as the README says
     calls = []
     for index, item in enumerate(items):
         calls += manifest_module.parse_item(item, (), f"ops[{index}]")
