@@ -300,7 +300,8 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
     report = prewarm.prewarm(plan, args.jobs, progress=not args.no_progress)
     ok = not report.count("failed") and (args.skip_unbuildable or not report.count("unbuildable"))
     if args.json:
-        print_json(dict(report.as_dict(), ok=ok, cache_dir=str(runtime.disk_cache().writable.path)))
+        print_json(dict(report.as_dict(), ok=ok, cache_dir=str(runtime.disk_cache().writable.path),
+                        no_kernel=plan.no_kernel))
         return 0 if ok else 1
     rows = [[r["arch"], r["compiled"], r["cached"], r["failed"], r["unbuildable"], r["skipped"], f"{r['seconds']:.1f}"]
             for r in report.by_arch()]
@@ -318,6 +319,8 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
             print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}): "
                   f"{result.error}")
     _print_skipped(report.skipped, args.verbose)
+    if plan.no_kernel:
+        print(plan.no_kernel_summary())
     if not ok:
         print(f"\n{prog()} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
               "here" + ("" if args.skip_unbuildable else " (--skip-unbuildable accepts those)"), file=sys.stderr)
@@ -404,7 +407,7 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
         _writable()
     report = entries.verify(archs, args.jobs, args.fix, coverage)
     if args.json:
-        print_json(report.as_dict())
+        print_json(dict(report.as_dict(), no_kernel=coverage.no_kernel if coverage is not None else []))
         return 0 if report.ok else 1
     where = ", ".join(r["path"] for r in entries.roots())
     print(f"checked {report.checked} entries in {where}: {len(report.corrupt)} corrupt")
@@ -421,6 +424,8 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
         for miss in report.missing:
             via = "" if miss["kernel_op"] == miss["op"] else f", through {miss['kernel_op']}"
             print(f"  MISSING {miss['label']} [{miss['arch']}] (op {miss['op']}{via}, {miss['where']})")
+        if coverage.no_kernel:
+            print(coverage.no_kernel_summary())
         if report.missing:
             flag = "--manifest" if args.manifest else "--record"
             print(f"prewarm them: {again(args, 'prewarm', flag, shlex.quote(str(source)), archs=archs)}")
@@ -543,6 +548,8 @@ def cmd_explain(args: argparse.Namespace, archs: list[str]) -> int:
               + "".join(f" {k}={v}" for k, v in call["kwargs"].items()) + f" on {report['arch']}")
         for reason in report["skipped"]:
             print(f"  not built there: {reason}")
+        if report["no_kernel"]:
+            print("  no compiled kernel needed there: torch's code runs this call")
         shown = None
         for kernel in report["kernels"]:
             if (kernel["kernel_op"], kernel["shape_class"]) != shown:  # one header per op call

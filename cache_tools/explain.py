@@ -27,7 +27,8 @@ def explain(calls: Sequence[Call], archs: Sequence[str] = (),
         for arch in list(archs) or list(call.archs) or [""]:
             result = plan([call], [arch] if arch else ())  # raises UsageError for a call the op rejects
             report: dict[str, Any] = {"call": call.item(), "arch": arch, "kernels": [],
-                                      "skipped": [s["reason"] for s in result.skipped]}
+                                      "skipped": [s["reason"] for s in result.skipped],
+                                      "no_kernel": bool(result.no_kernel)}
             for job in result.jobs:
                 report.setdefault("shape_class", job.shape_class)
                 report["kernels"].append(_explain_job(job, by_kernel.get(job.request.kernel, []),

@@ -18,7 +18,7 @@ what to change.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -92,6 +92,21 @@ class Job:
 class Plan:
     jobs: list[Job]
     skipped: list[dict[str, str]]  # calls not built on a target: {"where", "call", "arch", "kind", "reason"}
+    # calls that need no compiled kernel on a target (torch's code runs them there: grouped_gemm on sm_80, gemm on
+    # the CPU): {"where", "call", "op", "arch"}.  Said, so that an item building nothing is not a mystery.
+    no_kernel: list[dict[str, str]] = field(default_factory=list)
+
+    def no_kernel_summary(self) -> str | None:
+        """'grouped_gemm on cpu and sm_80, gemm on cpu: no compiled kernel needed there (torch's code runs them)'."""
+        if not self.no_kernel:
+            return None
+        archs: dict[str, list[str]] = {}
+        for item in self.no_kernel:
+            found = archs.setdefault(item["op"], [])
+            if item["arch"] not in found:
+                found.append(item["arch"])
+        parts = [f"{op} on {' and '.join(sorted(found))}" for op, found in archs.items()]
+        return f"{', '.join(parts)}: no compiled kernel needed there (torch's code runs those calls)"
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
@@ -289,6 +304,7 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
     otherwise (--all-builtin: the common classes are written for the GPU)."""
     jobs: dict[tuple[BuildRequest, str], Job] = {}
     skipped: list[dict[str, str]] = []
+    no_kernel: list[dict[str, str]] = []
     errors: list[str] = []
     for call in calls:
         archs = list(arch_override) or list(call.archs)
@@ -327,6 +343,8 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
                 else:
                     skipped.append(dict(where, kind="rejected", reason=reason))
                 continue
+            if not any(requests for _, _, requests, _ in found):
+                no_kernel.append(dict(where, op=public.name))
             for op_, op_args, requests, shape_class in found:
                 for name, request in requests.items():
                     key = (request, request.arch(target))
@@ -337,4 +355,4 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
         raise UsageError("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
                          "\nFix the items, or give such an item its own \"archs\" list.")
-    return Plan(list(jobs.values()), skipped)
+    return Plan(list(jobs.values()), skipped, no_kernel)
