@@ -33,6 +33,14 @@ ITEM_KEYS = ("op", "kernel_op", "grad", "dtypes", "shapes", "kwargs", "strides",
 MANIFEST_KEYS = ("archs", "ops")
 
 
+class RejectedCalls(UsageError):
+    """Calls the op's own checks reject: `errors` has one line per call and arch."""
+
+    def __init__(self, message: str, errors: list[str]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
 @dataclass(frozen=True)
 class Call:
     """One example call: one op, one dtype, one entry of "shapes"."""
@@ -353,6 +361,6 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
                                         shape_class, call, op_.manifest_item(op_args))
     if errors:
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise UsageError("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
-                         "\nFix the items, or give such an item its own \"archs\" list.")
+        raise RejectedCalls("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
+                            "\nFix the items, or give such an item its own \"archs\" list.", errors)
     return Plan(list(jobs.values()), skipped, no_kernel)

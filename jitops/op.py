@@ -610,8 +610,10 @@ class Op:
                     return _empty(shape, stride, dtype, device)
         tensor_args = [a for a in self.args if a.kind != "value"]
         if len(shapes) != len(tensor_args):
-            raise ValueError(f"{self.label}: a manifest call gives {len(shapes)} shapes, the op takes "
-                             f"{len(tensor_args)} tensor arguments ({', '.join(a.name for a in tensor_args)})")
+            given = f"{len(shapes)} shape{'' if len(shapes) == 1 else 's'}"
+            raise ValueError(f"{self.label}: {given} given for {len(tensor_args)} tensor arguments "
+                             f"({', '.join(a.name for a in tensor_args)}): give one shape per tensor argument, in "
+                             "order (null, or --shape none, for an absent optional one)")
         unknown = set(kwargs) - {a.name for a in self.args if a.kind == "value"}
         if unknown:
             raise ValueError(f"{self.label}: unknown argument(s) {sorted(unknown)} in manifest kwargs")

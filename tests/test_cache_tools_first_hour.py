@@ -185,7 +185,8 @@ def test_errors_name_the_public_op_and_the_argument():
     with pytest.raises(ValueError, match=r"argument 'sizes' does not add up.*the sizes must add up to it"):
         jitops.grouped_gemm(x, w, sizes=[2, 3])
     public = jitops.find_public("layer_norm")
-    with pytest.raises(ValueError, match=r"^jitops.layer_norm: a manifest call gives 1 shapes"):
+    with pytest.raises(ValueError, match=r"^jitops.layer_norm: 1 shape given for 3 tensor arguments \(x, weight, "
+                                         r"bias\): give one shape per tensor argument"):
         public.entries[1].example_args("fp32", [[4, 4]], {"normalized_shape": [4]})
     assert jitops.find("layer_norm_backward").label == "jitops.layer_norm_backward"  # its own arguments
 
@@ -391,6 +392,18 @@ def test_filesystem_errors_name_the_path_and_the_remedy(tmp_path, capsys, monkey
     code, out, err = cli(capsys, "prune", "--max-size", "0", "--cache-dir", cache)
     assert code == 1 and "Permission denied: " + str(cache) in err and "run as the owner" in err
     assert "Errno" not in err
+
+
+def test_explain_of_a_call_the_op_rejects_says_what_to_change_on_the_command_line(tmp_path, capsys):
+    code, out, err = cli(capsys, "explain", "layer_norm_backward", "--dtype", "bf16", "--shape", "4096x1024",
+                         "--arch", "sm_80", "--cache-dir", tmp_path / "c")
+    assert code == 2 and ("explain: error: layer_norm (layer_norm_backward) bf16 [[4096, 1024]] on sm_80: "
+                          "jitops.layer_norm_backward: 1 shape given for 4 tensor arguments (grad, x, stats, weight): "
+                          "give one shape per tensor argument, in order") in err, err
+    assert "nothing was built" not in err and '"archs"' not in err  # a manifest's words, not explain's
+    code, out, err = cli(capsys, "explain", "gelu", "--dtype", "i32", "--shape", "8x8", "--arch", "cpu",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 2 and "gelu i32 [[8, 8]] on cpu: jitops.gelu: argument 'x' has dtype int32 on cpu" in err, err
 
 
 def test_remedy_lines_repeat_the_flags_in_use(tmp_path, capsys):
