@@ -606,8 +606,9 @@ def cmd_info(args: argparse.Namespace, archs: list[str]) -> int:
     for name, value in result["compilers"].items():
         print(f"  {name:<13} {value}")
     print("\nsettings:")
+    width = max((len(setting["variable"]) for setting in result["settings"]), default=0)
     for setting in result["settings"]:
-        print(f"  {setting['variable']:<26} {setting['value']}")
+        print(f"  {setting['variable']:<{width}}  {setting['value']}")
     return 0
 
 

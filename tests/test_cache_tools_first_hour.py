@@ -444,3 +444,11 @@ def test_readme_set_up_gives_times_the_cpu_route_and_the_venv_commands():
     assert len(rows) >= 4 and all(re.search(r"\d+(\.\d+)? (s|min)\b", row) for row in rows), rows
     tools = readme.split("## Cache tools", 1)[1].split("\n## ", 1)[0]
     assert ".venv/bin/jitops-cache" in tools
+
+
+def test_info_lines_its_settings_up(tmp_path, capsys):
+    code, out, err = cli(capsys, "info", "--cache-dir", tmp_path / "c")
+    lines = [line for line in out.split("\nsettings:\n", 1)[1].splitlines() if line.startswith("  JITOPS_")]
+    assert code == 0 and len(lines) > 5
+    starts = {len(line) - len(line.split()[-1]) for line in lines if len(line.split()) == 2}
+    assert len(starts) == 1, lines  # one column of values, even after JITOPS_REMOTE_MAX_ENTRY_SIZE
