@@ -649,7 +649,9 @@ def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
     if args.all:
         report = remote.pull_all(archs)
     else:
-        plan = manifest.plan(_calls(args), archs)  # bad input stops here, before anything is fetched
+        calls = _calls(args)
+        check_archs_supported(_effective_archs(calls, archs))
+        plan = manifest.plan(calls, archs)  # bad input stops here, before anything is fetched
         _writable()
         report = remote.pull(plan, args.any_toolchain)
     if args.json:

@@ -262,13 +262,14 @@ def test_version_and_help_that_points_at_something_that_exists(capsys):
 
 # ---- bad input ----------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAS_CUDA_COMPILER, reason="no NVRTC or nvcc here to ask which archs they support")
-@pytest.mark.parametrize("command", ["prewarm", "verify", "explain", "manifest-archs"])
+@pytest.mark.parametrize("command", ["prewarm", "verify", "explain", "pull", "manifest-archs"])
 def test_an_arch_no_compiler_supports_is_bad_input_and_touches_nothing(command, tmp_path, capsys):
     cache = tmp_path / "cache"
     manifest = write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"])
     argv = {"prewarm": ["prewarm", "--manifest", manifest, "--arch", "sm_999"],
             "verify": ["verify", "--manifest", manifest, "--arch", "sm_999"],
             "explain": ["explain", "gelu", "--dtype", "bf16", "--shape", "8x8", "--arch", "sm_999"],
+            "pull": ["pull", "--manifest", manifest, "--arch", "sm_999", "--remote", "redis://127.0.0.1:1/0"],
             "manifest-archs": ["prewarm", "--manifest", write_manifest(tmp_path / "bad.json", GELU_ITEM,
                                                                         archs=["sm_80", "sm_999"])]}[command]
     code, out, err = cli(capsys, *argv, "--cache-dir", cache)
