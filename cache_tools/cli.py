@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--verbose", action="store_true",
                    help="list every call that was skipped (an op without an implementation on an arch, a dtype "
-                        "the arch does not support), not only their count")
+                        "the arch does not support) and, with --skip-unbuildable, every kernel this machine "
+                        "cannot build, not only their count")
     _imports(p)
 
     p = command("list", "a table of the cached entries")
@@ -310,14 +311,18 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
                 right=range(1, 7))
     print(f"wall time {report.wall_seconds:.1f} s with {report.jobs} jobs (seconds: build time of each kernel, "
           "added up)")
+    # With --skip-unbuildable, kernels this machine cannot build are expected (make run without nvcc): one line.
+    expected = args.skip_unbuildable and not args.verbose
     for result in report.results:
         if result.outcome == "failed":
             print(f"\nFAILED {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}, "
                   f"{result.job.call.where}):")
             print(_head(result.error or "", 30))
-        elif result.outcome == "unbuildable":
+        elif result.outcome == "unbuildable" and not expected:
             print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}): "
                   f"{result.error}")
+    if expected and report.count("unbuildable"):
+        print(unbuildable_summary([r for r in report.results if r.outcome == "unbuildable"]))
     _print_skipped(report.skipped, args.verbose)
     if plan.no_kernel:
         print(plan.no_kernel_summary())
@@ -329,6 +334,16 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
 
 def _op_text(job: manifest.Job) -> str:
     return job.op if job.kernel_op == job.op else f"{job.op}, through {job.kernel_op}"
+
+
+def unbuildable_summary(results: list[prewarm.Result]) -> str:
+    """'4 kernels cannot be built here (skipped): no nvcc ... (4); --verbose lists them'."""
+    reasons: dict[str, int] = {}
+    for result in results:
+        reasons[result.error or "?"] = reasons.get(result.error or "?", 0) + 1
+    parts = [f"{reason} ({n})" if len(reasons) > 1 else reason for reason, n in reasons.items()]
+    return (f"{len(results)} kernel{'s' if len(results) != 1 else ''} cannot be built here (skipped): "
+            f"{'; '.join(parts)}; --verbose lists them")
 
 
 def skip_summary(skipped: list[dict[str, str]]) -> str:

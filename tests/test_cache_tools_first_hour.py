@@ -251,6 +251,24 @@ def test_expected_skips_print_as_one_summary_line(capsys, monkeypatch, tmp_path)
     assert out.count("  skipped gelu") == 2 and "has dtype int32 on cpu" in out
 
 
+def test_kernels_skipped_with_skip_unbuildable_print_as_one_line(capsys, monkeypatch, tmp_path):
+    """make run prewarms with --skip-unbuildable: on a machine whose compilers lack an arch those kernels are
+    expected, so they are one line (as a real failure, without the flag, each is named)."""
+    monkeypatch.setattr(toolkit, "nvrtc_archs", lambda: (75, 80))
+    items = [{"op": "add", "dtypes": ["fp16", "bf16"], "shapes": [[[256], [256]]]}]
+    manifest = write_manifest(tmp_path / "m.json", *items)
+    argv = ["prewarm", "--manifest", manifest, "--arch", "sm_90a", "--cache-dir", tmp_path / "c", "--no-progress"]
+    code, out, err = cli(capsys, *argv, "--skip-unbuildable")
+    assert code == 0
+    assert ("2 kernels cannot be built here (skipped): NVRTC here compiles for sm_75, sm_80, not sm_90; --verbose "
+            "lists them") in out, out
+    assert "cannot build here: jitops::" not in out
+    code, out, err = cli(capsys, *argv, "--skip-unbuildable", "--verbose")
+    assert code == 0 and out.count("cannot build here: jitops::add_forward") == 2, out
+    code, out, err = cli(capsys, *argv)
+    assert code == 1 and out.count("cannot build here: jitops::add_forward") == 2, out
+
+
 def test_version_and_help_that_points_at_something_that_exists(capsys):
     code, out, err = cli(capsys, "--version")
     assert code == 0 and f"jitops {jitops.__version__}" in out
