@@ -328,7 +328,8 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
         print(plan.no_kernel_summary())
     if not ok:
         print(f"\n{prog()} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
-              "here" + ("" if args.skip_unbuildable else " (--skip-unbuildable accepts those)"), file=sys.stderr)
+              "here" + ("" if args.skip_unbuildable or not report.count("unbuildable")
+                        else " (--skip-unbuildable accepts those)"), file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -425,6 +425,41 @@ def test_explain_of_a_call_the_op_rejects_says_what_to_change_on_the_command_lin
     assert code == 2 and "gelu i32 [[8, 8]] on cpu: jitops.gelu: argument 'x' has dtype int32 on cpu" in err, err
 
 
+def test_a_prewarm_that_cannot_store_says_where_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """The disk fills during a prewarm: each kernel's failure names the cache root, the cause and the remedy
+    (it said 'could not store ... in ROOT' alone)."""
+    from jitops.cache import disk
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(disk, "_fsync_path", full)
+    cache = tmp_path / "cache"
+    code, out, err = cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM,
+                                                                          archs=["sm_80"]),
+                         "--cache-dir", cache, "--no-progress")
+    assert code == 1
+    assert out.count("could not store jitops::gelu_forward<") == 2, out
+    assert (f"No space left on device: {cache}; the disk is full: free space there (`prune --max-size SIZE` frees "
+            "cache space) or give a --cache-dir on another disk") in out, out
+    assert entry_dirs(cache) == [] and "--skip-unbuildable" not in err  # nothing was unbuildable
+
+
+def test_a_pull_that_cannot_store_says_where_and_what_to_do(tmp_path):
+    from types import SimpleNamespace
+
+    from cache_tools import remote
+
+    full = SimpleNamespace(store=lambda key, blobs, meta: None, writable=SimpleNamespace(path=tmp_path),
+                           store_error=OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "v1")))
+    found = SimpleNamespace(key=SimpleNamespace(kernel="gelu_forward"), blobs={}, meta={"label": "gelu<bf16>"})
+    with pytest.raises(OSError) as info:
+        remote._store(full, found)
+    assert os_error_message(info.value) == (f"could not store gelu<bf16>: No space left on device: {tmp_path}; the "
+                                            "disk is full: free space there (`prune --max-size SIZE` frees cache "
+                                            "space) or give a --cache-dir on another disk")
+
+
 def test_remedy_lines_repeat_the_flags_in_use(tmp_path, capsys):
     cache = tmp_path / "my cache"
     manifest = write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"])
