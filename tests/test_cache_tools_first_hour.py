@@ -71,6 +71,14 @@ def test_grouped_gemm_items_take_the_list_form_offsets_or_sizes():
     assert {j.request for j in by_offsets.jobs} == {j.request for j in by_sizes.jobs}
     layouts = {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"]) for j in by_offsets.jobs}
     assert layouts == {("1", "1"), ("1", "0"), ("0", "1")}  # y = x @ w, dx = dy @ w^T, dw = x^T @ dy
+    listed = {"op": "grouped_gemm", "dtypes": ["bf16"], "shapes": [[[[32, 64], [96, 64]], [[64, 48], [64, 48]]]]}
+
+    def list_layouts(item):
+        return {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"])
+                for j in plan(item, archs=("sm_90a",)).jobs}
+
+    assert list_layouts(listed) == layouts  # the list form: its forward and both gradients' GEMMs
+    assert list_layouts(dict(listed, grad=False)) == {("1", "1")}  # the no-grad path: the forward alone
 
 
 def test_calls_that_need_no_kernel_on_a_target_say_so(tmp_path, capsys):
