@@ -138,7 +138,8 @@ def test_misses_are_recorded_and_explained_under_the_public_name(fresh_cache, tm
             jitops.layer_norm(x.requires_grad_(), (7,))
     message = str(info.value)
     assert "op 'layer_norm' (through its op layer_norm_inference)" in message
-    assert f"--cache-dir {fresh_cache}" in message
+    assert f"prewarm --cache-dir {fresh_cache} --arch cpu --manifest M.json" in message  # the flags in use
+    assert f"prewarm --cache-dir {fresh_cache} --record misses.jsonl" in message
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert [(line["op"], line["kernel_op"]) for line in lines] == [("layer_norm", "layer_norm_inference"),
                                                                    ("layer_norm", "layer_norm_forward")]
