@@ -393,7 +393,7 @@ def prefetch(model: nn.Module, *args: Any, wait: bool | None = None, **kwargs: A
                                               lambda: ensure_context(device_index)))
     report.submitted = len(futures)
     if futures:
-        log.info("jitops: compiling %d kernels for this step, %d at a time", len(futures), config.jobs)
+        log.info("jitops.prefetch: compiling %d kernels for this step, %d at a time", len(futures), config.jobs)
         if wait if wait is not None else config.compile_mode == "blocking":
             import concurrent.futures
 

@@ -161,6 +161,48 @@ def test_every_kernel_request_names_the_public_op_and_the_op_that_asked():
     assert (REPO / "jitops" / "op.py").read_text().count("MissContext(") == 1
 
 
+def test_prefetch_asks_for_kernels_under_the_public_name(monkeypatch):
+    """jitops.prefetch on a model with fake CUDA parameters (no GPU: the target is given, nothing compiles):
+    its requests name layer_norm, with the op that asked as detail (it named layer_norm_forward as the op)."""
+    import concurrent.futures
+    import sys
+
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jitops import Target
+    from jitops.runtime import runtime
+
+    class Norm(nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return jitops.layer_norm(x, (16,), self.weight)
+
+    with FakeTensorMode():
+        weight = nn.Parameter(torch.empty(16, device="cuda", dtype=torch.bfloat16))
+        x = torch.empty(8, 16, device="cuda", dtype=torch.bfloat16)
+    asked = []
+
+    def submit(request, target, index, context, *rest):
+        asked.append((context.op, context.kernel_op, request.kernel))
+        done = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(sys.modules["jitops.op"].Op, "target", lambda self, device_type, index: Target.parse("sm_90a"))
+    monkeypatch.setattr(runtime, "get_kernel", lambda request, target, index, context, build=True: None)
+    monkeypatch.setattr(runtime, "submit", submit)
+    with jitops.config.scope(offline=False):
+        report = jitops.prefetch(Norm(weight), x, wait=False)
+    assert report.skipped is None and report.submitted == len(asked) == 3, report
+    assert sorted(asked) == [("layer_norm", "layer_norm_backward", "layer_norm_backward"),
+                             ("layer_norm", "layer_norm_backward", "layer_norm_param_grads"),
+                             ("layer_norm", "layer_norm_forward", "layer_norm_forward")]
+
+
 def test_list_shows_the_public_op_with_the_internal_op_as_detail(tmp_path, capsys):
     cache = tmp_path / "cache"
     item = {"op": "gelu", "dtypes": ["fp32"], "shapes": [[[64, 64]]], "kwargs": {"approximate": "tanh"}}
