@@ -224,6 +224,26 @@ def test_list_shows_the_public_op_with_the_internal_op_as_detail(tmp_path, capsy
                                                                            ("gelu", "gelu_backward")]
 
 
+def test_verify_and_explain_name_the_public_op_with_the_op_that_asks(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    manifest = write_manifest(tmp_path / "m.json", LAYER_NORM, archs=["sm_80"])
+    code, out, err = cli(capsys, "verify", "--manifest", manifest, "--cache-dir", cache)
+    missing = [line for line in out.splitlines() if line.startswith("  MISSING")]
+    assert code == 1 and len(missing) == 3, out
+    assert sum("(op layer_norm, through layer_norm_inference, " in line for line in missing) == 1
+    assert sum("(op layer_norm, through layer_norm_backward, " in line for line in missing) == 2
+    argv = ["explain", "layer_norm", "--dtype", "bf16", "--shape", "4096x1024", "--shape", "1024", "--shape", "1024",
+            "--kwarg", "normalized_shape=[1024]", "--arch", "sm_80", "--cache-dir", cache]
+    code, out, err = cli(capsys, *argv)
+    assert code == 0 and out.startswith("layer_norm bf16 shapes [[4096, 1024], [1024], [1024]]"), out
+    headers = [line.split(":")[0].strip() for line in out.splitlines() if "shape class:" in line]
+    assert headers == ["layer_norm_inference", "layer_norm_backward"], out
+    code, reports = cli_json(capsys, *argv)
+    assert [r["call"]["op"] for r in reports] == ["layer_norm"]
+    assert [k["kernel_op"] for k in reports[0]["kernels"]] == ["layer_norm_inference", "layer_norm_backward",
+                                                               "layer_norm_backward"]
+
+
 def test_errors_name_the_public_op_and_the_argument():
     with pytest.raises(ValueError, match=r"jitops.grouped_gemm: arguments 'As' and 'Bs' are empty lists"):
         jitops.grouped_gemm([], [])
