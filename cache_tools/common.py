@@ -126,6 +126,11 @@ def os_error_message(exc: OSError, subject: str = "cache") -> str:
     return f"{text}; {remedy}" if remedy else text
 
 
+def storage_error(exc: OSError) -> bool:
+    """A write refused for lack of space or permission (not, say, a compiler that is not installed)."""
+    return exc.errno in _REMEDIES["cache"]
+
+
 def _nearest_existing(path: Path) -> Path:
     existing = Path(path)
     while not existing.exists() and existing != existing.parent:

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from jitops import MissContext, config, runtime
 from jitops.backends import BACKENDS, processes
 
-from .common import os_error_message
+from .common import os_error_message, storage_error
 from .manifest import Job, Plan
 from .progress import Progress
 
@@ -139,10 +139,10 @@ def _build(index: int, job: Job, display: Progress) -> Result:
         outcome = runtime.prewarm(job.request, job.target,
                                   MissContext(job.op, job.shape_class, job.item, kernel_op=job.kernel_op))
         error = None
-    except OSError as exc:  # could not store it (a full disk, a read-only root): which path, what to do
-        outcome, error = "failed", os_error_message(exc)
-    except Exception as exc:  # noqa: BLE001 - CompileError, ToolchainError: reported per kernel
+    except Exception as exc:  # noqa: BLE001 - CompileError, ToolchainError, OSError: reported per kernel
         outcome, error = "failed", str(exc) or traceback.format_exc(limit=3)
+        if isinstance(exc, OSError) and storage_error(exc):  # a full disk, a read-only root: where, what to do
+            error = os_error_message(exc)
     result = Result(job, outcome, time.perf_counter() - started, error)
     display.finish(index, job.label, outcome, job.arch, result.seconds)
     return result
