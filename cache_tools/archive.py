@@ -243,7 +243,7 @@ def _unpack(archive: Path, staging: Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise UsageError(f"archive {archive} is a directory; give the archive file `export` wrote") from None
     except OSError as exc:
-        raise UsageError(f"cannot read archive {archive}: {os_error_message(exc, 'output')}") from None
+        raise UsageError(f"cannot read archive {archive}: {os_error_message(exc, 'input')}") from None
     seen: set[str] = set()
     index_bytes = None
     if os.fstat(raw.fileno()).st_size == 0:

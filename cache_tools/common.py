@@ -84,8 +84,8 @@ def check_archs_supported(archs: Sequence[str]) -> None:
 
 
 # ---- filesystem errors ---------------------------------------------------------------------------------------------
-# What to do, by errno, when a write into the cache root failed ("cache") or a write of a file the user named
-# (an export's archive: "output").
+# What to do, by errno, when a write into the cache root failed ("cache"), a write of a file the user named
+# (an export's archive: "output") or a read of one (an archive to import: "input").
 _REMEDIES = {
     "cache": {
         errno.EROFS: "the filesystem is read-only: give a writable --cache-dir (a read-only cache is read, never "
@@ -105,6 +105,10 @@ _REMEDIES = {
         errno.EDQUOT: "the disk quota is exhausted: free space there or write the file elsewhere",
         errno.ENAMETOOLONG: "the path is too long: give a shorter file name",
     },
+    "input": {
+        errno.EACCES: "permission denied: run as a user who can read it, or copy it somewhere readable",
+        errno.EPERM: "not permitted: run as a user who can read it, or copy it somewhere readable",
+    },
 }
 _ANY_PATH = {
     errno.ENOENT: "it does not exist: create it, or check the path",
@@ -116,7 +120,7 @@ _ANY_PATH = {
 def os_error_message(exc: OSError, subject: str = "cache") -> str:
     """'Read-only file system: /c/v1/x -> /c/v1/tmp/x.removed; the filesystem is read-only: give a writable
     --cache-dir ...': what failed, on which path, and what to do.  `subject`: "cache" (a write into the cache
-    root) or "output" (a file the user named, such as an export's archive)."""
+    root), "output" or "input" (a file the user named: an export's archive, an archive to import)."""
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     what = exc.strerror or str(exc).removeprefix("jitops: ")
     text = what + (f": {' -> '.join(paths)}" if paths else "")

@@ -471,6 +471,12 @@ def test_filesystem_errors_name_the_path_and_the_remedy(tmp_path, capsys, monkey
                                        "is read-only: give a writable --cache-dir (a read-only cache is read, never "
                                        "changed, through JITOPS_CACHE_PATH)")
     assert "the disk is full" in os_error_message(OSError(errno.ENOSPC, "No space left on device", "/c/x"))
+    # a file the user named gets a remedy about that file, not about --cache-dir
+    denied = OSError(errno.EACCES, "Permission denied", "/ship/k.tar")
+    assert os_error_message(denied, "output") == ("Permission denied: /ship/k.tar; permission denied: write the "
+                                                  "file to a directory you can write")
+    assert os_error_message(denied, "input") == ("Permission denied: /ship/k.tar; permission denied: run as a user "
+                                                 "who can read it, or copy it somewhere readable")
     cache = tmp_path / "cache"
     assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
                "--cache-dir", cache, "--no-progress")[0] == 0
