@@ -29,8 +29,7 @@ def explain(calls: Sequence[Call], archs: Sequence[str] = (),
             try:
                 result = plan([call], [arch] if arch else ())
             except RejectedCalls as exc:  # one call, described on the command line: no manifest words
-                reason = exc.errors[0].split(": ", 2)[-1]
-                raise UsageError(f"{call.describe()} on {arch or 'its archs'}: {reason}") from None
+                raise UsageError(f"{call.describe()} on {arch or 'its archs'}: {exc.reasons[0]}") from None
             report: dict[str, Any] = {"call": call.item(), "arch": arch, "kernels": [],
                                       "skipped": [s["reason"] for s in result.skipped],
                                       "no_kernel": bool(result.no_kernel)}

@@ -34,11 +34,11 @@ MANIFEST_KEYS = ("archs", "ops")
 
 
 class RejectedCalls(UsageError):
-    """Calls the op's own checks reject: `errors` has one line per call and arch."""
+    """Calls the op's own checks reject: `reasons` has the op's reason for each call and arch."""
 
-    def __init__(self, message: str, errors: list[str]) -> None:
+    def __init__(self, message: str, reasons: list[str]) -> None:
         super().__init__(message)
-        self.errors = errors
+        self.reasons = reasons
 
 
 @dataclass(frozen=True)
@@ -314,6 +314,7 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
     skipped: list[dict[str, str]] = []
     no_kernel: list[dict[str, str]] = []
     errors: list[str] = []
+    reasons: list[str] = []  # each error's reason alone, the op's words (explain prints them its own way)
     for call in calls:
         archs = list(arch_override) or list(call.archs)
         if not archs:
@@ -326,7 +327,8 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
             try:
                 entry, shapes, kwargs = public.form(call.shapes, call.kwargs)
             except ValueError as exc:
-                errors.append(f"{call.where}: {call.describe()}: {str(exc).removeprefix('jitops: ')}")
+                reasons.append(str(exc).removeprefix('jitops: '))
+                errors.append(f"{call.where}: {call.describe()}: {reasons[-1]}")
                 continue
         for arch in archs:
             target = Target.parse(arch)
@@ -347,6 +349,7 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
             except Exception as exc:  # noqa: BLE001 - the op's own checks: TypeError, ValueError, KeyError...
                 reason = str(exc).removeprefix("jitops: ") or type(exc).__name__
                 if strict:
+                    reasons.append(reason)
                     errors.append(f"{call.where}: {call.describe()} on {normalize_arch(arch)}: {reason}")
                 else:
                     skipped.append(dict(where, kind="rejected", reason=reason))
@@ -362,5 +365,5 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
     if errors:
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
         raise RejectedCalls("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
-                            "\nFix the items, or give such an item its own \"archs\" list.", errors)
+                            "\nFix the items, or give such an item its own \"archs\" list.", reasons)
     return Plan(list(jobs.values()), skipped, no_kernel)
