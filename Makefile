@@ -2,7 +2,7 @@
 #   make run    set up .venv; prewarm the kernels that `python -m jitops` runs, for $(ARCHS) (its own manifest,
 #               `python -m jitops --manifest`; no GPU needed; kernels that need a compiler this machine lacks are
 #               reported and skipped); then run every public op against torch on the CPU (and the GPU, if there
-#               is one), which compiles nothing.  ARCHS=cpu make run: the CPU only.
+#               is one: all but linear), which compiles nothing.  ARCHS=cpu make run: the CPU only.
 #   make test   set up .venv, run the test suite (GPU tests run where a GPU is, and skip elsewhere)
 ARCHS ?= sm_80,sm_90a,cpu
 PYTHON ?= python3

@@ -30,7 +30,7 @@ from jitops import config, runtime
 from jitops.cache import CacheEntry, CacheRoot, CorruptEntry
 from jitops.keys import FORMAT_VERSION, CacheKey
 
-from .common import UsageError
+from .common import UsageError, WriteError, check_output_file, os_error_message
 from .entries import cache_entries, entry_record, op_names
 
 INDEX = "jitops-archive.json"
@@ -69,13 +69,7 @@ def export(output: str | Path, archs: Sequence[str] = (), zstd: bool = False, jo
     their checksum are left out and reported.  The file appears complete or not at all (written beside, then
     renamed).  The archive is reproducible: sorted members, fixed owners, mtimes from the entries."""
     output = Path(output)
-    directory = output.parent
-    if output.is_dir():
-        raise UsageError(f"{output} is a directory; give the archive's file name, e.g. {output / 'kernels.tar.gz'}")
-    if not directory.is_dir():
-        what = "is a file, not a directory" if directory.exists() else "does not exist"
-        raise UsageError(f"cannot write {output}: the directory {directory} {what}; create it first "
-                         f"(mkdir -p {directory}) or give another path")
+    check_output_file(output)
     compression = compression_for(output, zstd)
     compressor = _zstd_module() if compression == "zstd" else None
     good, bad = cache_entries(archs)
@@ -135,8 +129,10 @@ def export(output: str | Path, archs: Sequence[str] = (), zstd: bool = False, jo
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(partial, output)
-    except BaseException:
+    except BaseException as exc:
         partial.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise WriteError(f"cannot write {output}: {os_error_message(exc, 'output')}") from None
         raise
     report.size = output.stat().st_size
     return report
@@ -244,8 +240,10 @@ def _unpack(archive: Path, staging: Path) -> dict[str, Any]:
         raw = open(archive, "rb")
     except FileNotFoundError:
         raise UsageError(f"archive {archive} not found") from None
+    except IsADirectoryError:
+        raise UsageError(f"archive {archive} is a directory; give the archive file `export` wrote") from None
     except OSError as exc:
-        raise UsageError(f"cannot read archive {archive}: {exc}") from None
+        raise UsageError(f"cannot read archive {archive}: {os_error_message(exc, 'input')}") from None
     seen: set[str] = set()
     index_bytes = None
     if os.fstat(raw.fileno()).st_size == 0:

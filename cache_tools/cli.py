@@ -26,8 +26,9 @@ from jitops.config import Config
 from jitops.errors import ConfigError
 
 from . import archive, entries, explain, info, manifest, prewarm, remote
-from .common import (UsageError, check_archs_supported, check_writable, compact_shape_class, format_age,
-                     format_size, os_error_message, parse_age, parse_archs, parse_size, print_json, print_table)
+from .common import (UsageError, WriteError, check_archs_supported, check_writable, compact_shape_class,
+                     format_age, format_size, os_error_message, parse_age, parse_archs, parse_size, print_json,
+                     print_table)
 
 PROG = "jitops-cache"
 
@@ -68,14 +69,16 @@ def prog() -> str:
     return PROG
 
 
-def again(args: argparse.Namespace, command: str, *extra: str, archs: Sequence[str] = ()) -> str:
-    """A remedy command line that repeats the flags in use (--cache-dir, --arch, --import)."""
+def again(args: argparse.Namespace, command: str, *extra: str, archs: Sequence[str] = (),
+          imports: bool = True) -> str:
+    """A remedy command line that repeats the flags in use (--cache-dir, --arch, --import: `imports` is false
+    for a command that takes none)."""
     parts = [prog(), command, *extra]
     if getattr(args, "cache_dir", None) is not None:
         parts += ["--cache-dir", shlex.quote(str(args.cache_dir))]
     for arch in archs:
         parts += ["--arch", arch]
-    for module in getattr(args, "imports", None) or ():
+    for module in (getattr(args, "imports", None) or ()) if imports else ():
         parts += ["--import", shlex.quote(module)]
     return " ".join(parts)
 
@@ -141,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--verbose", action="store_true",
                    help="list every call that was skipped (an op without an implementation on an arch, a dtype "
-                        "the arch does not support), not only their count")
+                        "the arch does not support) and, with --skip-unbuildable, every kernel this machine "
+                        "cannot build, not only their count")
     _imports(p)
 
     p = command("list", "a table of the cached entries")
@@ -245,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a full disk, a read-only or missing directory: which path, and what to do
         print(f"{prog()} {args.command}: error: {os_error_message(exc)}", file=sys.stderr)
         return 1
+    except WriteError as exc:  # the same for a file the user named (an export's archive)
+        print(f"{prog()} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         stopped = processes.stop_all()
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
@@ -294,7 +301,8 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
     report = prewarm.prewarm(plan, args.jobs, progress=not args.no_progress)
     ok = not report.count("failed") and (args.skip_unbuildable or not report.count("unbuildable"))
     if args.json:
-        print_json(dict(report.as_dict(), ok=ok, cache_dir=str(runtime.disk_cache().writable.path)))
+        print_json(dict(report.as_dict(), ok=ok, cache_dir=str(runtime.disk_cache().writable.path),
+                        no_kernel=plan.no_kernel))
         return 0 if ok else 1
     rows = [[r["arch"], r["compiled"], r["cached"], r["failed"], r["unbuildable"], r["skipped"], f"{r['seconds']:.1f}"]
             for r in report.by_arch()]
@@ -303,23 +311,40 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
                 right=range(1, 7))
     print(f"wall time {report.wall_seconds:.1f} s with {report.jobs} jobs (seconds: build time of each kernel, "
           "added up)")
+    # With --skip-unbuildable, kernels this machine cannot build are expected (make run without nvcc): one line.
+    expected = args.skip_unbuildable and not args.verbose
     for result in report.results:
         if result.outcome == "failed":
             print(f"\nFAILED {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}, "
                   f"{result.job.call.where}):")
             print(_head(result.error or "", 30))
-        elif result.outcome == "unbuildable":
+        elif result.outcome == "unbuildable" and not expected:
             print(f"cannot build here: {result.job.label} [{result.job.arch}] (op {_op_text(result.job)}): "
                   f"{result.error}")
+    if expected and report.count("unbuildable"):
+        print(unbuildable_summary([r for r in report.results if r.outcome == "unbuildable"]))
     _print_skipped(report.skipped, args.verbose)
+    if plan.no_kernel:
+        print(plan.no_kernel_summary())
     if not ok:
         print(f"\n{prog()} prewarm: {report.count('failed')} failed, {report.count('unbuildable')} cannot be built "
-              "here" + ("" if args.skip_unbuildable else " (--skip-unbuildable accepts those)"), file=sys.stderr)
+              "here" + ("" if args.skip_unbuildable or not report.count("unbuildable")
+                        else " (--skip-unbuildable accepts those)"), file=sys.stderr)
     return 0 if ok else 1
 
 
 def _op_text(job: manifest.Job) -> str:
     return job.op if job.kernel_op == job.op else f"{job.op}, through {job.kernel_op}"
+
+
+def unbuildable_summary(results: list[prewarm.Result]) -> str:
+    """'4 kernels cannot be built here (skipped): no nvcc ... (4); --verbose lists them'."""
+    reasons: dict[str, int] = {}
+    for result in results:
+        reasons[result.error or "?"] = reasons.get(result.error or "?", 0) + 1
+    parts = [f"{reason} ({n})" if len(reasons) > 1 else reason for reason, n in reasons.items()]
+    return (f"{len(results)} kernel{'s' if len(results) != 1 else ''} cannot be built here (skipped): "
+            f"{'; '.join(parts)}; --verbose lists them")
 
 
 def skip_summary(skipped: list[dict[str, str]]) -> str:
@@ -398,7 +423,7 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
         _writable()
     report = entries.verify(archs, args.jobs, args.fix, coverage)
     if args.json:
-        print_json(report.as_dict())
+        print_json(dict(report.as_dict(), no_kernel=coverage.no_kernel if coverage is not None else []))
         return 0 if report.ok else 1
     where = ", ".join(r["path"] for r in entries.roots())
     print(f"checked {report.checked} entries in {where}: {len(report.corrupt)} corrupt")
@@ -415,6 +440,8 @@ def cmd_verify(args: argparse.Namespace, archs: list[str]) -> int:
         for miss in report.missing:
             via = "" if miss["kernel_op"] == miss["op"] else f", through {miss['kernel_op']}"
             print(f"  MISSING {miss['label']} [{miss['arch']}] (op {miss['op']}{via}, {miss['where']})")
+        if coverage.no_kernel:
+            print(coverage.no_kernel_summary())
         if report.missing:
             flag = "--manifest" if args.manifest else "--record"
             print(f"prewarm them: {again(args, 'prewarm', flag, shlex.quote(str(source)), archs=archs)}")
@@ -537,6 +564,8 @@ def cmd_explain(args: argparse.Namespace, archs: list[str]) -> int:
               + "".join(f" {k}={v}" for k, v in call["kwargs"].items()) + f" on {report['arch']}")
         for reason in report["skipped"]:
             print(f"  not built there: {reason}")
+        if report["no_kernel"]:
+            print("  no compiled kernel needed there: torch's code runs this call")
         shown = None
         for kernel in report["kernels"]:
             if (kernel["kernel_op"], kernel["shape_class"]) != shown:  # one header per op call
@@ -593,8 +622,9 @@ def cmd_info(args: argparse.Namespace, archs: list[str]) -> int:
     for name, value in result["compilers"].items():
         print(f"  {name:<13} {value}")
     print("\nsettings:")
+    width = max((len(setting["variable"]) for setting in result["settings"]), default=0)
     for setting in result["settings"]:
-        print(f"  {setting['variable']:<26} {setting['value']}")
+        print(f"  {setting['variable']:<{width}}  {setting['value']}")
     return 0
 
 
@@ -635,7 +665,9 @@ def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
     if args.all:
         report = remote.pull_all(archs)
     else:
-        plan = manifest.plan(_calls(args), archs)  # bad input stops here, before anything is fetched
+        calls = _calls(args)
+        check_archs_supported(_effective_archs(calls, archs))
+        plan = manifest.plan(calls, archs)  # bad input stops here, before anything is fetched
         _writable()
         report = remote.pull(plan, args.any_toolchain)
     if args.json:
@@ -651,8 +683,9 @@ def cmd_pull(args: argparse.Namespace, archs: list[str]) -> int:
         print(f"  {report.rejected} remote entries were rejected (checksum, signature or key); see the warnings")
     if report.missing and not args.all:
         flag = "--manifest" if args.manifest else "--record"
-        print(f"build them: {PROG} prewarm {flag} {args.manifest or args.record}"
-              + "".join(f" --arch {a}" for a in archs) + f", then `{PROG} push`")
+        push = again(args, "push", imports=False) + (f" --remote {shlex.quote(args.remote)}" if args.remote else "")
+        print(f"build them: {again(args, 'prewarm', flag, shlex.quote(str(args.manifest or args.record)), archs=archs)}"
+              f", then `{push}`")
     return 0 if report.ok else 1
 
 

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,11 @@ from jitops import Target
 class UsageError(Exception):
     """Bad input (a flag, a manifest, an archive): the CLI prints the message and exits with code 2.
     Raised before anything in the cache is changed."""
+
+
+class WriteError(Exception):
+    """A write of a file the user named failed part-way (a full disk): the CLI prints the message, which names
+    the path and the remedy, and exits with code 1."""
 
 
 # ---- archs ---------------------------------------------------------------------------------------------------------
@@ -78,47 +84,103 @@ def check_archs_supported(archs: Sequence[str]) -> None:
 
 
 # ---- filesystem errors ---------------------------------------------------------------------------------------------
+# What to do, by errno, when a write into the cache root failed ("cache"), a write of a file the user named
+# (an export's archive: "output") or a read of one (an archive to import: "input").
 _REMEDIES = {
-    errno.EROFS: "the filesystem is read-only: give a writable --cache-dir (a read-only cache is read, never "
-                 "changed, through JITOPS_CACHE_PATH)",
-    errno.EACCES: "permission denied: run as the owner of that path, or give a --cache-dir you can write",
-    errno.EPERM: "not permitted: run as the owner of that path, or give a --cache-dir you can write",
-    errno.ENOSPC: "the disk is full: free space there (`prune --max-size SIZE` frees cache space) or give a "
-                  "--cache-dir on another disk",
-    errno.EDQUOT: "the disk quota is exhausted: free space there or give a --cache-dir elsewhere",
+    "cache": {
+        errno.EROFS: "the filesystem is read-only: give a writable --cache-dir (a read-only cache is read, never "
+                     "changed, through JITOPS_CACHE_PATH)",
+        errno.EACCES: "permission denied: run as the owner of that path, or give a --cache-dir you can write",
+        errno.EPERM: "not permitted: run as the owner of that path, or give a --cache-dir you can write",
+        errno.ENOSPC: "the disk is full: free space there (`prune --max-size SIZE` frees cache space) or give a "
+                      "--cache-dir on another disk",
+        errno.EDQUOT: "the disk quota is exhausted: free space there or give a --cache-dir elsewhere",
+        errno.ENAMETOOLONG: "the path is too long: use a shorter --cache-dir",
+    },
+    "output": {
+        errno.EROFS: "the filesystem is read-only: write the file to a writable directory",
+        errno.EACCES: "permission denied: write the file to a directory you can write",
+        errno.EPERM: "not permitted: write the file to a directory you can write",
+        errno.ENOSPC: "the disk is full: free space there or write the file to another disk",
+        errno.EDQUOT: "the disk quota is exhausted: free space there or write the file elsewhere",
+        errno.ENAMETOOLONG: "the path is too long: give a shorter file name",
+    },
+    "input": {
+        errno.EACCES: "permission denied: run as a user who can read it, or copy it somewhere readable",
+        errno.EPERM: "not permitted: run as a user who can read it, or copy it somewhere readable",
+    },
+}
+_ANY_PATH = {
     errno.ENOENT: "it does not exist: create it, or check the path",
     errno.ENOTDIR: "a part of that path is a file, not a directory: check the path",
     errno.EISDIR: "it is a directory where a file was expected: give a file name",
-    errno.ENAMETOOLONG: "the path is too long: use a shorter --cache-dir",
 }
 
 
-def os_error_message(exc: OSError) -> str:
+def os_error_message(exc: OSError, subject: str = "cache") -> str:
     """'Read-only file system: /c/v1/x -> /c/v1/tmp/x.removed; the filesystem is read-only: give a writable
-    --cache-dir ...': what failed, on which path, and what to do."""
+    --cache-dir ...': what failed, on which path, and what to do.  `subject`: "cache" (a write into the cache
+    root), "output" or "input" (a file the user named: an export's archive, an archive to import)."""
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     what = exc.strerror or str(exc).removeprefix("jitops: ")
     text = what + (f": {' -> '.join(paths)}" if paths else "")
-    remedy = _REMEDIES.get(exc.errno) if exc.errno is not None else None
+    remedy = None
+    if exc.errno is not None:
+        remedy = _REMEDIES[subject].get(exc.errno) or _ANY_PATH.get(exc.errno)
     return f"{text}; {remedy}" if remedy else text
+
+
+def storage_error(exc: OSError) -> bool:
+    """A write refused for lack of space or permission (not, say, a compiler that is not installed)."""
+    return exc.errno in _REMEDIES["cache"]
+
+
+def _nearest_existing(path: Path) -> Path:
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_writable(path: Path) -> None:
     """Bad input before anything is written: `path` (or the directory that would hold it) is on a read-only
-    filesystem or not writable by this user."""
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    if read_only:
+    filesystem, below a file, or not writable by this user."""
+    existing = _nearest_existing(path)
+    if not existing.is_dir():
+        raise UsageError(f"the cache root {path} cannot be made: {existing} is a file, not a directory; give "
+                         "another --cache-dir")
+    if _read_only(existing):
         raise UsageError(f"the cache root {path} is on a read-only filesystem ({existing}); give a writable "
                          "--cache-dir (a read-only cache is read, never changed, through JITOPS_CACHE_PATH)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"the cache root {path} is not writable by this user ({existing}); run as its owner, "
                          "or give a --cache-dir you can write")
+
+
+def check_output_file(output: Path) -> None:
+    """Bad input before any work: a file the user asked to write (an export's archive) cannot be written
+    where they named it.  Its directory must exist: a typo'd path is not silently created."""
+    directory = output.parent
+    if output.is_dir():
+        raise UsageError(f"{output} is a directory; give the archive's file name, e.g. {output / 'kernels.tar.gz'}")
+    if not directory.exists():
+        raise UsageError(f"cannot write {output}: the directory {directory} does not exist; create it first "
+                         f"(mkdir -p {shlex.quote(str(directory))}) or give another path")
+    if not directory.is_dir():
+        raise UsageError(f"cannot write {output}: {directory} is a file, not a directory; give another path")
+    if _read_only(directory):
+        raise UsageError(f"cannot write {output}: {directory} is on a read-only filesystem; write the file to a "
+                         "writable directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {output}: the directory {directory} is not writable by this user; write "
+                         "the file to a directory you can write")
 
 
 # ---- sizes and ages ------------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from jitops.cache import CacheEntry, CorruptEntry
 from jitops.keys import CacheKey, explain_difference
 
 from .entries import cache_entries
-from .manifest import Call, Job, plan
+from .common import UsageError
+from .manifest import Call, Job, RejectedCalls, plan
 
 
 def explain(calls: Sequence[Call], archs: Sequence[str] = (),
@@ -25,9 +26,13 @@ def explain(calls: Sequence[Call], archs: Sequence[str] = (),
     reports = []
     for call in calls:
         for arch in list(archs) or list(call.archs) or [""]:
-            result = plan([call], [arch] if arch else ())  # raises UsageError for a call the op rejects
+            try:
+                result = plan([call], [arch] if arch else ())
+            except RejectedCalls as exc:  # one call, described on the command line: no manifest words
+                raise UsageError(f"{call.describe()} on {arch or 'its archs'}: {exc.reasons[0]}") from None
             report: dict[str, Any] = {"call": call.item(), "arch": arch, "kernels": [],
-                                      "skipped": [s["reason"] for s in result.skipped]}
+                                      "skipped": [s["reason"] for s in result.skipped],
+                                      "no_kernel": bool(result.no_kernel)}
             for job in result.jobs:
                 report.setdefault("shape_class", job.shape_class)
                 report["kernels"].append(_explain_job(job, by_kernel.get(job.request.kernel, []),

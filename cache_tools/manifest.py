@@ -18,7 +18,7 @@ what to change.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -31,6 +31,14 @@ from .common import UsageError, normalize_arch, parse_archs
 
 ITEM_KEYS = ("op", "kernel_op", "grad", "dtypes", "shapes", "kwargs", "strides", "archs")
 MANIFEST_KEYS = ("archs", "ops")
+
+
+class RejectedCalls(UsageError):
+    """Calls the op's own checks reject: `reasons` has the op's reason for each call and arch."""
+
+    def __init__(self, message: str, reasons: list[str]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,21 @@ class Job:
 class Plan:
     jobs: list[Job]
     skipped: list[dict[str, str]]  # calls not built on a target: {"where", "call", "arch", "kind", "reason"}
+    # calls that need no compiled kernel on a target (torch's code runs them there: grouped_gemm on sm_80, gemm on
+    # the CPU): {"where", "call", "op", "arch"}.  Said, so that an item building nothing is not a mystery.
+    no_kernel: list[dict[str, str]] = field(default_factory=list)
+
+    def no_kernel_summary(self) -> str | None:
+        """'grouped_gemm on cpu and sm_80, gemm on cpu: no compiled kernel needed there (torch's code runs them)'."""
+        if not self.no_kernel:
+            return None
+        archs: dict[str, list[str]] = {}
+        for item in self.no_kernel:
+            found = archs.setdefault(item["op"], [])
+            if item["arch"] not in found:
+                found.append(item["arch"])
+        parts = [f"{op} on {' and '.join(sorted(found))}" for op, found in archs.items()]
+        return f"{', '.join(parts)}: no compiled kernel needed there (torch's code runs those calls)"
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
@@ -289,7 +312,9 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
     otherwise (--all-builtin: the common classes are written for the GPU)."""
     jobs: dict[tuple[BuildRequest, str], Job] = {}
     skipped: list[dict[str, str]] = []
+    no_kernel: list[dict[str, str]] = []
     errors: list[str] = []
+    reasons: list[str] = []  # each error's reason alone, the op's words (explain prints them its own way)
     for call in calls:
         archs = list(arch_override) or list(call.archs)
         if not archs:
@@ -302,7 +327,8 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
             try:
                 entry, shapes, kwargs = public.form(call.shapes, call.kwargs)
             except ValueError as exc:
-                errors.append(f"{call.where}: {call.describe()}: {str(exc).removeprefix('jitops: ')}")
+                reasons.append(str(exc).removeprefix('jitops: '))
+                errors.append(f"{call.where}: {call.describe()}: {reasons[-1]}")
                 continue
         for arch in archs:
             target = Target.parse(arch)
@@ -323,10 +349,13 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
             except Exception as exc:  # noqa: BLE001 - the op's own checks: TypeError, ValueError, KeyError...
                 reason = str(exc).removeprefix("jitops: ") or type(exc).__name__
                 if strict:
+                    reasons.append(reason)
                     errors.append(f"{call.where}: {call.describe()} on {normalize_arch(arch)}: {reason}")
                 else:
                     skipped.append(dict(where, kind="rejected", reason=reason))
                 continue
+            if not any(requests for _, _, requests, _ in found):
+                no_kernel.append(dict(where, op=public.name))
             for op_, op_args, requests, shape_class in found:
                 for name, request in requests.items():
                     key = (request, request.arch(target))
@@ -335,6 +364,6 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
                                         shape_class, call, op_.manifest_item(op_args))
     if errors:
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise UsageError("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
-                         "\nFix the items, or give such an item its own \"archs\" list.")
-    return Plan(list(jobs.values()), skipped)
+        raise RejectedCalls("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +
+                            "\nFix the items, or give such an item its own \"archs\" list.", reasons)
+    return Plan(list(jobs.values()), skipped, no_kernel)

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from jitops import MissContext, config, runtime
 from jitops.backends import BACKENDS, processes
 
+from .common import os_error_message, storage_error
 from .manifest import Job, Plan
 from .progress import Progress
 
@@ -140,6 +141,8 @@ def _build(index: int, job: Job, display: Progress) -> Result:
         error = None
     except Exception as exc:  # noqa: BLE001 - CompileError, ToolchainError, OSError: reported per kernel
         outcome, error = "failed", str(exc) or traceback.format_exc(limit=3)
+        if isinstance(exc, OSError) and storage_error(exc):  # a full disk, a read-only root: where, what to do
+            error = os_error_message(exc)
     result = Result(job, outcome, time.perf_counter() - started, error)
     display.finish(index, job.label, outcome, job.arch, result.seconds)
     return result

@@ -8,6 +8,7 @@ call, these commands say when it cannot be reached (exit 1).
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -183,9 +184,12 @@ def pull_all(archs: Sequence[str] = ()) -> PullReport:
 
 
 def _store(disk: Any, found: Any) -> None:
-    if disk.store(found.key, found.blobs, found.meta) is None:
-        where = disk.writable.path if disk.writable else "(no writable root)"
-        raise OSError(f"could not store {found.meta.get('label') or found.key.kernel} in {where}")
+    if disk.store(found.key, found.blobs, found.meta) is None:  # errno and path: the CLI says what to do
+        where = str(disk.writable.path) if disk.writable else "(no writable root)"
+        cause = disk.store_error
+        raise OSError(cause.errno if cause is not None else errno.EIO,
+                      f"could not store {found.meta.get('label') or found.key.kernel}: "
+                      f"{(cause.strerror or str(cause)) if cause is not None else 'no writable cache root'}", where)
 
 
 # ---- info --------------------------------------------------------------------------------------------------------

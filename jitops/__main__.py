@@ -52,6 +52,11 @@ def checks(device: str, dtype: torch.dtype, tensor: Callable[..., torch.Tensor])
                            lambda As, Bs: [a @ b for a, b in zip(As, Bs)]))
         a, b = tensor(300, 200), tensor(200, 100)
         found.append(Check("gemm", "gemm", (a, b), {}, torch.matmul))
+    if device == "cpu":
+        # On the GPU linear runs gemm's kernels with the weight transposed (4 more NVRTC builds for make run's
+        # prewarm); tests/test_linear_gpu.py checks those.
+        features, features_bias = tensor(100, 257), tensor(100)
+        found.append(Check("linear", "linear", (x, features, features_bias), {}, F.linear))
     return found
 
 

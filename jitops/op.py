@@ -523,7 +523,7 @@ class Op:
                 return None  # still compiling, or a compile failed (warned once): torch's implementation
             del self._pending[memo_key]
         target = self.target(device_type, device_index)
-        context = MissContext(self.public, shape_class, self.manifest_item(args), kernel_op=self.display_name)
+        context = self.miss_context(shape_class, self.manifest_item(args))
         index = device_index if device_index >= 0 else None
         requests = impl.kernels(shape_class, target)
         if self.fallback is not None and config.compile_mode == "background" and not config.offline:
@@ -556,6 +556,11 @@ class Op:
         self._pending.clear()
 
     # ---- manifests: recording a call and replaying it without a GPU --------------------------------------------
+    def miss_context(self, shape_class: Any, item: dict[str, Any] | None) -> MissContext:
+        """Who asks for this op's kernels, for the runtime: the public op and this op as detail (the names an
+        entry's meta.json, a JITOPS_RECORD line, progress lines and CacheMissError carry)."""
+        return MissContext(self.public, shape_class, item, kernel_op=self.display_name)
+
     def manifest_item(self, args: tuple[Any, ...]) -> dict[str, Any]:
         """This call as a JITOPS_RECORD / prewarm manifest item: dtype, tensor shapes, other arguments."""
         shapes: list[Any] = []
@@ -605,8 +610,10 @@ class Op:
                     return _empty(shape, stride, dtype, device)
         tensor_args = [a for a in self.args if a.kind != "value"]
         if len(shapes) != len(tensor_args):
-            raise ValueError(f"{self.label}: a manifest call gives {len(shapes)} shapes, the op takes "
-                             f"{len(tensor_args)} tensor arguments ({', '.join(a.name for a in tensor_args)})")
+            given = f"{len(shapes)} shape{'' if len(shapes) == 1 else 's'}"
+            raise ValueError(f"{self.label}: {given} given for {len(tensor_args)} tensor arguments "
+                             f"({', '.join(a.name for a in tensor_args)}): give one shape per tensor argument, in "
+                             "order (null, or --shape none, for an absent optional one)")
         unknown = set(kwargs) - {a.name for a in self.args if a.kind == "value"}
         if unknown:
             raise ValueError(f"{self.label}: unknown argument(s) {sorted(unknown)} in manifest kwargs")
@@ -712,7 +719,7 @@ class Op:
             except Exception as exc:  # noqa: BLE001 - the backward reports bad inputs with its own checks
                 log.debug("no prefetch for %s: %s", op_.qualname, exc)
                 continue
-            context = MissContext(op_.public, cls, op_.manifest_item(call_args), kernel_op=op_.display_name)
+            context = op_.miss_context(cls, op_.manifest_item(call_args))
             for request in requests.values():
                 thread = threading.Thread(target=_load_quietly, args=(request, target, index, context), daemon=True,
                                           name=f"jitops-prefetch-{request.kernel}")

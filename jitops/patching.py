@@ -340,7 +340,7 @@ def prefetch(model: nn.Module, *args: Any, wait: bool | None = None, **kwargs: A
     from .config import config
     from .launch import ensure_context
     from .op import record_calls
-    from .runtime import MissContext, runtime
+    from .runtime import runtime
 
     report = PrefetchReport()
     if config.offline:
@@ -385,7 +385,7 @@ def prefetch(model: nn.Module, *args: Any, wait: bool | None = None, **kwargs: A
         if impl is None:
             continue
         target = op.target(device_type, device_index)
-        context = MissContext(op.name, shape_class, item)
+        context = op.miss_context(shape_class, item)
         for request in impl.kernels(shape_class, target).values():
             report.kernels += 1
             if runtime.get_kernel(request, target, device_index, context, build=False) is None:
@@ -393,7 +393,7 @@ def prefetch(model: nn.Module, *args: Any, wait: bool | None = None, **kwargs: A
                                               lambda: ensure_context(device_index)))
     report.submitted = len(futures)
     if futures:
-        log.info("jitops: compiling %d kernels for this step, %d at a time", len(futures), config.jobs)
+        log.info("jitops.prefetch: compiling %d kernels for this step, %d at a time", len(futures), config.jobs)
         if wait if wait is not None else config.compile_mode == "blocking":
             import concurrent.futures
 

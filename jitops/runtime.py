@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -347,9 +348,12 @@ class Runtime:
                     fleet.publish(key, {name: (entry.path / name).read_bytes() for name in files}, entry.meta)
             finally:
                 shutil.rmtree(build_dir, ignore_errors=True)
-        if entry is None:
-            where = disk.writable.path if disk.writable else "(no writable root)"
-            raise OSError(f"jitops: could not store {request.label()} in {where}")
+        if entry is None:  # the OSError's errno and path let cache_tools say what to do (a full disk, ...)
+            where = str(disk.writable.path) if disk.writable else "(no writable root)"
+            cause = disk.store_error
+            raise OSError(cause.errno if cause is not None else errno.EIO,
+                          f"could not store {request.label()}: "
+                          f"{(cause.strerror or str(cause)) if cause is not None else 'no writable cache root'}", where)
         return "compiled"
 
     def find_entry(self, key: CacheKey, any_toolchain: bool) -> CacheEntry | None:

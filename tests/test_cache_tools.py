@@ -521,7 +521,7 @@ BAD_MANIFESTS = {
     "flat_shape.json": (json.dumps({"archs": ["sm_80"], "ops": [dict(GELU_ITEM, shapes=[4096, 8192])]}),
                         "one call is a list of shapes"),
     "arity.json": (json.dumps({"archs": ["sm_80"], "ops": [dict(ADD_ITEM, shapes=[[[8]]])]}),
-                   "gives 1 shapes, the op takes 2 tensor arguments"),
+                   "1 shape given for 2 tensor arguments (a, b): give one shape per tensor argument"),
     "kwarg.json": (json.dumps({"archs": ["sm_80"], "ops": [dict(GELU_ITEM, kwargs={"approx": "tanh"})]}),
                    "unknown argument(s) ['approx']"),
     "value.json": (json.dumps({"archs": ["sm_80"], "ops": [dict(GELU_ITEM, kwargs={"approximate": "fast"})]}),

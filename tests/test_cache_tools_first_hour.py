@@ -71,6 +71,33 @@ def test_grouped_gemm_items_take_the_list_form_offsets_or_sizes():
     assert {j.request for j in by_offsets.jobs} == {j.request for j in by_sizes.jobs}
     layouts = {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"]) for j in by_offsets.jobs}
     assert layouts == {("1", "1"), ("1", "0"), ("0", "1")}  # y = x @ w, dx = dy @ w^T, dw = x^T @ dy
+    listed = {"op": "grouped_gemm", "dtypes": ["bf16"], "shapes": [[[[32, 64], [96, 64]], [[64, 48], [64, 48]]]]}
+
+    def list_layouts(item):
+        return {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"])
+                for j in plan(item, archs=("sm_90a",)).jobs}
+
+    assert list_layouts(listed) == layouts  # the list form: its forward and both gradients' GEMMs
+    assert list_layouts(dict(listed, grad=False)) == {("1", "1")}  # the no-grad path: the forward alone
+
+
+def test_calls_that_need_no_kernel_on_a_target_say_so(tmp_path, capsys):
+    """grouped_gemm has kernels on sm_90a only (torch's loop runs it elsewhere): an item for sm_80 and the CPU
+    builds nothing, and prewarm, verify and explain say why instead of an empty table."""
+    item = {"op": "grouped_gemm", "dtypes": ["bf16"], "shapes": [[[[32, 64], [96, 64]], [[64, 48], [64, 48]]]]}
+    nothing = plan(item, archs=("sm_80", "cpu"))
+    assert nothing.jobs == [] and nothing.skipped == []
+    assert [(n["op"], n["arch"]) for n in nothing.no_kernel] == [("grouped_gemm", "sm_80"), ("grouped_gemm", "cpu")]
+    assert plan(item, archs=("sm_90a",)).no_kernel == [] and plan(LAYER_NORM).no_kernel == []
+    line = "grouped_gemm on cpu and sm_80: no compiled kernel needed there (torch's code runs those calls)"
+    manifest = write_manifest(tmp_path / "m.json", item, archs=["sm_80", "cpu"])
+    code, out, err = cli(capsys, "prewarm", "--manifest", manifest, "--cache-dir", tmp_path / "c", "--no-progress")
+    assert code == 0 and line in out, out
+    code, out, err = cli(capsys, "verify", "--manifest", manifest, "--cache-dir", tmp_path / "c")
+    assert code == 0 and "0 of 0 kernels cached" in out and line in out, out
+    code, out, err = cli(capsys, "explain", "grouped_gemm", "--dtype", "bf16", "--shape", "[[32,64]]", "--shape",
+                         "[[64,48]]", "--arch", "sm_80", "--cache-dir", tmp_path / "c")
+    assert code == 0 and "no compiled kernel needed there: torch's code runs this call" in out, out
 
 
 def test_internal_names_stay_accepted_and_build_exactly_that_call():
@@ -111,13 +138,69 @@ def test_misses_are_recorded_and_explained_under_the_public_name(fresh_cache, tm
             jitops.layer_norm(x.requires_grad_(), (7,))
     message = str(info.value)
     assert "op 'layer_norm' (through its op layer_norm_inference)" in message
-    assert f"--cache-dir {fresh_cache}" in message
+    assert f"prewarm --cache-dir {fresh_cache} --arch cpu --manifest M.json" in message  # the flags in use
+    assert f"prewarm --cache-dir {fresh_cache} --record misses.jsonl" in message
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert [(line["op"], line["kernel_op"]) for line in lines] == [("layer_norm", "layer_norm_inference"),
                                                                    ("layer_norm", "layer_norm_forward")]
     calls = manifest_module.load_record(record)
     assert [c.kernel_op for c in calls] == ["layer_norm_inference", "layer_norm_forward"]
     assert [j.request.kernel for j in manifest_module.plan(calls).jobs] == ["layer_norm_cpu"]
+
+
+def test_every_kernel_request_names_the_public_op_and_the_op_that_asked():
+    """The runtime learns who asks for a kernel from a MissContext (what meta.json's op/kernel_op, JITOPS_RECORD
+    lines, progress lines and CacheMissError say); one method makes it, so jitops.prefetch's requests name
+    layer_norm, not layer_norm_forward, as the op's own calls do."""
+    context = jitops.find("layer_norm_backward").miss_context("cls", {"op": "layer_norm"})
+    assert (context.op, context.kernel_op, context.manifest_item) == ("layer_norm", "layer_norm_backward",
+                                                                      {"op": "layer_norm"})
+    made = [path.relative_to(REPO).as_posix() for path in (REPO / "jitops").rglob("*.py")
+            if "MissContext(" in path.read_text().replace("class MissContext(", "")]
+    assert made == ["jitops/op.py"], made
+    assert (REPO / "jitops" / "op.py").read_text().count("MissContext(") == 1
+
+
+def test_prefetch_asks_for_kernels_under_the_public_name(monkeypatch):
+    """jitops.prefetch on a model with fake CUDA parameters (no GPU: the target is given, nothing compiles):
+    its requests name layer_norm, with the op that asked as detail (it named layer_norm_forward as the op)."""
+    import concurrent.futures
+    import sys
+
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jitops import Target
+    from jitops.runtime import runtime
+
+    class Norm(nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return jitops.layer_norm(x, (16,), self.weight)
+
+    with FakeTensorMode():
+        weight = nn.Parameter(torch.empty(16, device="cuda", dtype=torch.bfloat16))
+        x = torch.empty(8, 16, device="cuda", dtype=torch.bfloat16)
+    asked = []
+
+    def submit(request, target, index, context, *rest):
+        asked.append((context.op, context.kernel_op, request.kernel))
+        done = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(sys.modules["jitops.op"].Op, "target", lambda self, device_type, index: Target.parse("sm_90a"))
+    monkeypatch.setattr(runtime, "get_kernel", lambda request, target, index, context, build=True: None)
+    monkeypatch.setattr(runtime, "submit", submit)
+    with jitops.config.scope(offline=False):
+        report = jitops.prefetch(Norm(weight), x, wait=False)
+    assert report.skipped is None and report.submitted == len(asked) == 3, report
+    assert sorted(asked) == [("layer_norm", "layer_norm_backward", "layer_norm_backward"),
+                             ("layer_norm", "layer_norm_backward", "layer_norm_param_grads"),
+                             ("layer_norm", "layer_norm_forward", "layer_norm_forward")]
 
 
 def test_list_shows_the_public_op_with_the_internal_op_as_detail(tmp_path, capsys):
@@ -141,6 +224,26 @@ def test_list_shows_the_public_op_with_the_internal_op_as_detail(tmp_path, capsy
                                                                            ("gelu", "gelu_backward")]
 
 
+def test_verify_and_explain_name_the_public_op_with_the_op_that_asks(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    manifest = write_manifest(tmp_path / "m.json", LAYER_NORM, archs=["sm_80"])
+    code, out, err = cli(capsys, "verify", "--manifest", manifest, "--cache-dir", cache)
+    missing = [line for line in out.splitlines() if line.startswith("  MISSING")]
+    assert code == 1 and len(missing) == 3, out
+    assert sum("(op layer_norm, through layer_norm_inference, " in line for line in missing) == 1
+    assert sum("(op layer_norm, through layer_norm_backward, " in line for line in missing) == 2
+    argv = ["explain", "layer_norm", "--dtype", "bf16", "--shape", "4096x1024", "--shape", "1024", "--shape", "1024",
+            "--kwarg", "normalized_shape=[1024]", "--arch", "sm_80", "--cache-dir", cache]
+    code, out, err = cli(capsys, *argv)
+    assert code == 0 and out.startswith("layer_norm bf16 shapes [[4096, 1024], [1024], [1024]]"), out
+    headers = [line.split(":")[0].strip() for line in out.splitlines() if "shape class:" in line]
+    assert headers == ["layer_norm_inference", "layer_norm_backward"], out
+    code, reports = cli_json(capsys, *argv)
+    assert [r["call"]["op"] for r in reports] == ["layer_norm"]
+    assert [k["kernel_op"] for k in reports[0]["kernels"]] == ["layer_norm_inference", "layer_norm_backward",
+                                                               "layer_norm_backward"]
+
+
 def test_errors_name_the_public_op_and_the_argument():
     with pytest.raises(ValueError, match=r"jitops.grouped_gemm: arguments 'As' and 'Bs' are empty lists"):
         jitops.grouped_gemm([], [])
@@ -153,7 +256,8 @@ def test_errors_name_the_public_op_and_the_argument():
     with pytest.raises(ValueError, match=r"argument 'sizes' does not add up.*the sizes must add up to it"):
         jitops.grouped_gemm(x, w, sizes=[2, 3])
     public = jitops.find_public("layer_norm")
-    with pytest.raises(ValueError, match=r"^jitops.layer_norm: a manifest call gives 1 shapes"):
+    with pytest.raises(ValueError, match=r"^jitops.layer_norm: 1 shape given for 3 tensor arguments \(x, weight, "
+                                         r"bias\): give one shape per tensor argument"):
         public.entries[1].example_args("fp32", [[4, 4]], {"normalized_shape": [4]})
     assert jitops.find("layer_norm_backward").label == "jitops.layer_norm_backward"  # its own arguments
 
@@ -167,6 +271,8 @@ def test_python_m_jitops_manifest_is_its_own_calls():
     cpu = [i for i in items if i["archs"] == ["cpu"]]
     assert {(i["op"], i["dtypes"][0]) for i in cpu} >= {("add", "fp64"), ("gelu", "fp64"), ("layer_norm", "fp64"),
                                                          ("add", "fp32")}
+    builtin = {name for name in jitops.public_names() if "::" not in name}  # not other tests' own ops
+    assert {i["op"] for i in cpu} == builtin  # "every public op", as the README says
     calls = []
     for index, item in enumerate(items):
         calls += manifest_module.parse_item(item, (), f"ops[{index}]")
@@ -216,6 +322,24 @@ def test_expected_skips_print_as_one_summary_line(capsys, monkeypatch, tmp_path)
     assert out.count("  skipped gelu") == 2 and "has dtype int32 on cpu" in out
 
 
+def test_kernels_skipped_with_skip_unbuildable_print_as_one_line(capsys, monkeypatch, tmp_path):
+    """make run prewarms with --skip-unbuildable: on a machine whose compilers lack an arch those kernels are
+    expected, so they are one line (as a real failure, without the flag, each is named)."""
+    monkeypatch.setattr(toolkit, "nvrtc_archs", lambda: (75, 80))
+    items = [{"op": "add", "dtypes": ["fp16", "bf16"], "shapes": [[[256], [256]]]}]
+    manifest = write_manifest(tmp_path / "m.json", *items)
+    argv = ["prewarm", "--manifest", manifest, "--arch", "sm_90a", "--cache-dir", tmp_path / "c", "--no-progress"]
+    code, out, err = cli(capsys, *argv, "--skip-unbuildable")
+    assert code == 0
+    assert ("2 kernels cannot be built here (skipped): NVRTC here compiles for sm_75, sm_80, not sm_90; --verbose "
+            "lists them") in out, out
+    assert "cannot build here: jitops::" not in out
+    code, out, err = cli(capsys, *argv, "--skip-unbuildable", "--verbose")
+    assert code == 0 and out.count("cannot build here: jitops::add_forward") == 2, out
+    code, out, err = cli(capsys, *argv)
+    assert code == 1 and out.count("cannot build here: jitops::add_forward") == 2, out
+
+
 def test_version_and_help_that_points_at_something_that_exists(capsys):
     code, out, err = cli(capsys, "--version")
     assert code == 0 and f"jitops {jitops.__version__}" in out
@@ -227,13 +351,14 @@ def test_version_and_help_that_points_at_something_that_exists(capsys):
 
 # ---- bad input ----------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAS_CUDA_COMPILER, reason="no NVRTC or nvcc here to ask which archs they support")
-@pytest.mark.parametrize("command", ["prewarm", "verify", "explain", "manifest-archs"])
+@pytest.mark.parametrize("command", ["prewarm", "verify", "explain", "pull", "manifest-archs"])
 def test_an_arch_no_compiler_supports_is_bad_input_and_touches_nothing(command, tmp_path, capsys):
     cache = tmp_path / "cache"
     manifest = write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"])
     argv = {"prewarm": ["prewarm", "--manifest", manifest, "--arch", "sm_999"],
             "verify": ["verify", "--manifest", manifest, "--arch", "sm_999"],
             "explain": ["explain", "gelu", "--dtype", "bf16", "--shape", "8x8", "--arch", "sm_999"],
+            "pull": ["pull", "--manifest", manifest, "--arch", "sm_999", "--remote", "redis://127.0.0.1:1/0"],
             "manifest-archs": ["prewarm", "--manifest", write_manifest(tmp_path / "bad.json", GELU_ITEM,
                                                                         archs=["sm_80", "sm_999"])]}[command]
     code, out, err = cli(capsys, *argv, "--cache-dir", cache)
@@ -258,6 +383,67 @@ def test_export_into_a_missing_directory_is_bad_input_and_an_empty_export_warns(
     assert not (tmp_path / "no").exists()
     code, out, err = cli(capsys, "export", tmp_path / "empty.tar", "--cache-dir", tmp_path / "cache")
     assert code == 0 and "warning: no entries to export" in err and (tmp_path / "empty.tar").is_file()
+
+
+def test_an_export_that_cannot_be_written_where_named_is_bad_input(tmp_path, capsys, monkeypatch):
+    """The archive's directory is checked before any entry is read: a file in its place, a read-only
+    filesystem; the remedy is about the archive's path, not --cache-dir."""
+    from cache_tools import common
+
+    cache = tmp_path / "cache"
+    assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
+               "--cache-dir", cache, "--no-progress")[0] == 0
+    a_file = tmp_path / "m.json"
+    code, out, err = cli(capsys, "export", a_file / "k.tar", "--cache-dir", cache)
+    assert code == 2 and f"cannot write {a_file / 'k.tar'}: {a_file} is a file, not a directory" in err, err
+    assert "mkdir" not in err
+    shipped = tmp_path / "ship"
+    shipped.mkdir()
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path):
+            self.f_flag = real(path).f_flag | (os.ST_RDONLY if Path(path) == shipped else 0)
+
+    monkeypatch.setattr(common.os, "statvfs", ReadOnly)
+    code, out, err = cli(capsys, "export", shipped / "k.tar", "--cache-dir", cache)
+    assert code == 2 and f"{shipped} is on a read-only filesystem; write the file to a writable directory" in err
+    assert "--cache-dir" not in err and list(shipped.iterdir()) == []
+
+
+def test_an_export_that_fails_half_way_names_the_archive_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    from cache_tools import archive
+
+    cache = tmp_path / "cache"
+    assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
+               "--cache-dir", cache, "--no-progress")[0] == 0
+    written = []
+
+    def full_disk(tar, name, data, mtime):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(name)
+
+    monkeypatch.setattr(archive, "_add", full_disk)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, out, err = cli(capsys, "export", out_dir / "k.tar", "--cache-dir", cache)
+    assert code == 1, err
+    assert (f"cannot write {out_dir / 'k.tar'}: No space left on device; the disk is full: free space there or "
+            "write the file to another disk") in err
+    assert "--cache-dir" not in err and "Traceback" not in err and list(out_dir.iterdir()) == []
+
+
+def test_paths_that_are_files_where_a_directory_belongs_or_the_reverse(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    code, out, err = cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM,
+                                                                          archs=["sm_80"]),
+                         "--cache-dir", a_file / "cache")
+    assert code == 2 and f"the cache root {a_file / 'cache'} cannot be made: {a_file} is a file" in err, err
+    code, out, err = cli(capsys, "import", tmp_path, "--cache-dir", tmp_path / "cache")
+    assert code == 2 and f"archive {tmp_path} is a directory; give the archive file `export` wrote" in err, err
+    assert "Errno" not in err and not (tmp_path / "cache").exists()
 
 
 def test_a_read_only_cache_root_is_bad_input_before_anything_changes(tmp_path, capsys, monkeypatch):
@@ -285,6 +471,12 @@ def test_filesystem_errors_name_the_path_and_the_remedy(tmp_path, capsys, monkey
                                        "is read-only: give a writable --cache-dir (a read-only cache is read, never "
                                        "changed, through JITOPS_CACHE_PATH)")
     assert "the disk is full" in os_error_message(OSError(errno.ENOSPC, "No space left on device", "/c/x"))
+    # a file the user named gets a remedy about that file, not about --cache-dir
+    denied = OSError(errno.EACCES, "Permission denied", "/ship/k.tar")
+    assert os_error_message(denied, "output") == ("Permission denied: /ship/k.tar; permission denied: write the "
+                                                  "file to a directory you can write")
+    assert os_error_message(denied, "input") == ("Permission denied: /ship/k.tar; permission denied: run as a user "
+                                                 "who can read it, or copy it somewhere readable")
     cache = tmp_path / "cache"
     assert cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM, archs=["sm_80"]),
                "--cache-dir", cache, "--no-progress")[0] == 0
@@ -296,6 +488,53 @@ def test_filesystem_errors_name_the_path_and_the_remedy(tmp_path, capsys, monkey
     code, out, err = cli(capsys, "prune", "--max-size", "0", "--cache-dir", cache)
     assert code == 1 and "Permission denied: " + str(cache) in err and "run as the owner" in err
     assert "Errno" not in err
+
+
+def test_explain_of_a_call_the_op_rejects_says_what_to_change_on_the_command_line(tmp_path, capsys):
+    code, out, err = cli(capsys, "explain", "layer_norm_backward", "--dtype", "bf16", "--shape", "4096x1024",
+                         "--arch", "sm_80", "--cache-dir", tmp_path / "c")
+    assert code == 2 and ("explain: error: layer_norm (layer_norm_backward) bf16 [[4096, 1024]] on sm_80: "
+                          "jitops.layer_norm_backward: 1 shape given for 4 tensor arguments (grad, x, stats, weight): "
+                          "give one shape per tensor argument, in order") in err, err
+    assert "nothing was built" not in err and '"archs"' not in err  # a manifest's words, not explain's
+    code, out, err = cli(capsys, "explain", "gelu", "--dtype", "i32", "--shape", "8x8", "--arch", "cpu",
+                         "--cache-dir", tmp_path / "c")
+    assert code == 2 and "gelu i32 [[8, 8]] on cpu: jitops.gelu: argument 'x' has dtype int32 on cpu" in err, err
+
+
+def test_a_prewarm_that_cannot_store_says_where_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """The disk fills during a prewarm: each kernel's failure names the cache root, the cause and the remedy
+    (it said 'could not store ... in ROOT' alone)."""
+    from jitops.cache import disk
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(disk, "_fsync_path", full)
+    cache = tmp_path / "cache"
+    code, out, err = cli(capsys, "prewarm", "--manifest", write_manifest(tmp_path / "m.json", GELU_ITEM,
+                                                                          archs=["sm_80"]),
+                         "--cache-dir", cache, "--no-progress")
+    assert code == 1
+    assert out.count("could not store jitops::gelu_forward<") == 2, out
+    assert (f"No space left on device: {cache}; the disk is full: free space there (`prune --max-size SIZE` frees "
+            "cache space) or give a --cache-dir on another disk") in out, out
+    assert entry_dirs(cache) == [] and "--skip-unbuildable" not in err  # nothing was unbuildable
+
+
+def test_a_pull_that_cannot_store_says_where_and_what_to_do(tmp_path):
+    from types import SimpleNamespace
+
+    from cache_tools import remote
+
+    full = SimpleNamespace(store=lambda key, blobs, meta: None, writable=SimpleNamespace(path=tmp_path),
+                           store_error=OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "v1")))
+    found = SimpleNamespace(key=SimpleNamespace(kernel="gelu_forward"), blobs={}, meta={"label": "gelu<bf16>"})
+    with pytest.raises(OSError) as info:
+        remote._store(full, found)
+    assert os_error_message(info.value) == (f"could not store gelu<bf16>: No space left on device: {tmp_path}; the "
+                                            "disk is full: free space there (`prune --max-size SIZE` frees cache "
+                                            "space) or give a --cache-dir on another disk")
 
 
 def test_remedy_lines_repeat_the_flags_in_use(tmp_path, capsys):
@@ -336,3 +575,11 @@ def test_readme_set_up_gives_times_the_cpu_route_and_the_venv_commands():
     assert len(rows) >= 4 and all(re.search(r"\d+(\.\d+)? (s|min)\b", row) for row in rows), rows
     tools = readme.split("## Cache tools", 1)[1].split("\n## ", 1)[0]
     assert ".venv/bin/jitops-cache" in tools
+
+
+def test_info_lines_its_settings_up(tmp_path, capsys):
+    code, out, err = cli(capsys, "info", "--cache-dir", tmp_path / "c")
+    lines = [line for line in out.split("\nsettings:\n", 1)[1].splitlines() if line.startswith("  JITOPS_")]
+    assert code == 0 and len(lines) > 5
+    starts = {len(line) - len(line.split()[-1]) for line in lines if len(line.split()) == 2}
+    assert len(starts) == 1, lines  # one column of values, even after JITOPS_REMOTE_MAX_ENTRY_SIZE

@@ -600,8 +600,12 @@ def test_push_pull_manifest_pull_all_and_info(server, tmp_path, capsys):
 
 def test_pull_reports_what_the_remote_lacks_and_tools_say_when_it_is_down(server, tmp_path, capsys):
     manifest = write_manifest(tmp_path / "m.json", GELU, archs=["sm_90"])
-    code, out, _ = cli(capsys, "pull", "--manifest", manifest, "--cache-dir", tmp_path / "c", "--remote", server.url)
-    assert code == 1 and "MISSING" in out and "(op gelu" in out and "prewarm --manifest" in out
+    code, out, _ = cli(capsys, "pull", "--manifest", manifest, "--cache-dir", tmp_path / "c", "--remote", server.url,
+                       "--arch", "sm_90")
+    assert code == 1 and "MISSING" in out and "(op gelu" in out
+    # the remedy repeats the flags in use: following it fills this cache and pushes to this remote
+    assert (f"build them: jitops-cache prewarm --manifest {manifest} --cache-dir {tmp_path / 'c'} --arch sm_90, "
+            f"then `jitops-cache push --cache-dir {tmp_path / 'c'} --remote {server.url}`") in out, out
     server.kill()
     code, _, err = cli(capsys, "push", "--cache-dir", tmp_path / "c", "--remote", server.url)
     assert code == 1 and "cannot reach the remote cache" in err

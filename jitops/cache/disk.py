@@ -165,6 +165,7 @@ class DiskCache:
         if self.writable is not None:
             self.roots.append(self.writable)
         self._store_warned = False
+        self.store_error: OSError | None = None  # the last write into the writable root that failed
 
     # ---- reading -------------------------------------------------------------------------------------------
     def candidates(self, key: CacheKey, any_toolchain: bool) -> Iterator[CacheEntry | tuple[Path, CacheRoot, str]]:
@@ -380,6 +381,7 @@ class DiskCache:
         return removed
 
     def _warn_store(self, exc: OSError) -> None:
+        self.store_error = exc
         if not self._store_warned:
             self._store_warned = True
             root = self.writable.path if self.writable else "(none)"
