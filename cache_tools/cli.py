@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-unbuildable", action="store_true",
                    help="report kernels this machine cannot build, but do not fail for them")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--list", action="store_true",
+                   help="compile nothing: list every kernel the source covers (public op, the op that asks for it, "
+                        "arch, shape class) and whether it is cached already")
     p.add_argument("--verbose", action="store_true",
                    help="list every call that was skipped (an op without an implementation on an arch, a dtype "
                         "the arch does not support) and, with --skip-unbuildable, every kernel this machine "
@@ -295,8 +298,11 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
     calls = _calls(args)
     if args.all_builtin and not archs:
         raise UsageError("--all-builtin needs --arch: e.g. --arch sm_80,sm_90a,cpu")
-    check_archs_supported(_effective_archs(calls, archs))
+    if not args.list:
+        check_archs_supported(_effective_archs(calls, archs))
     plan = manifest.plan(calls, archs, strict=not args.all_builtin)
+    if args.list:
+        return _list_plan(args, plan)
     _writable()
     report = prewarm.prewarm(plan, args.jobs, progress=not args.no_progress)
     ok = not report.count("failed") and (args.skip_unbuildable or not report.count("unbuildable"))
@@ -331,6 +337,28 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
               "here" + ("" if args.skip_unbuildable or not report.count("unbuildable")
                         else " (--skip-unbuildable accepts those)"), file=sys.stderr)
     return 0 if ok else 1
+
+
+def _list_plan(args: argparse.Namespace, plan: manifest.Plan) -> int:
+    """prewarm --list: what the source covers, kernel by kernel, without building or writing anything (archs this
+    machine cannot build for are listed too: the list is about the source, not this machine's compilers)."""
+    cached = [entries.is_cached(job) for job in plan.jobs]
+    if args.json:
+        print_json({"kernels": [{"op": job.op, "kernel_op": job.kernel_op, "kernel": job.label, "arch": job.arch,
+                                 "shape_class": job.shape_class, "cached": hit, "call": job.call.describe()}
+                                for job, hit in zip(plan.jobs, cached)],
+                    "skipped": plan.skipped, "no_kernel": plan.no_kernel})
+        return 0
+    rows = [[job.op, job.kernel_op, job.arch, job.shape_class, "yes" if hit else "no"]
+            for job, hit in zip(plan.jobs, cached)]
+    print_table(rows, ["op", "asked by", "arch", "shape class", "cached"])
+    archs = sorted({job.arch for job in plan.jobs})
+    print(f"{len(plan.jobs)} kernels on {', '.join(archs) or 'no arch'}, {sum(cached)} of them cached; "
+          "nothing was built")
+    _print_skipped(plan.skipped, args.verbose)
+    if plan.no_kernel:
+        print(plan.no_kernel_summary())
+    return 0
 
 
 def _op_text(job: manifest.Job) -> str:

@@ -17,7 +17,7 @@ from jitops import config, runtime
 from jitops.cache import CacheEntry, CorruptEntry
 
 from .common import dir_size, entry_archs, iso_time
-from .manifest import Plan
+from .manifest import Job, Plan
 
 
 def cache_entries(archs: Sequence[str] = ()) -> tuple[list[CacheEntry], list[dict[str, Any]]]:
@@ -124,9 +124,7 @@ def verify(archs: Sequence[str] = (), jobs: int | None = None, fix: bool = False
                 item["removed"] = False
     if coverage is not None:
         for job in coverage.jobs:
-            key, can_compile = runtime.key_for(job.request, job.target)
-            # The lookup a call makes: any toolchain's build when it could not compile (offline, no compiler).
-            if runtime.find_entry(key, any_toolchain=config.offline or not can_compile) is not None:
+            if is_cached(job):
                 report.covered += 1
             else:
                 report.missing.append({"op": job.op, "kernel_op": job.kernel_op, "kernel": job.request.kernel,
@@ -134,6 +132,13 @@ def verify(archs: Sequence[str] = (), jobs: int | None = None, fix: bool = False
                                        "arch": job.arch, "dtype": job.request.dtype, "shape_class": job.shape_class,
                                        "where": job.call.where, "call": job.call.item()})
     return report
+
+
+def is_cached(job: Job) -> bool:
+    """Whether a call would find this kernel in the cache: the lookup a call makes, with any toolchain's build
+    when it could not compile (offline, no compiler)."""
+    key, can_compile = runtime.key_for(job.request, job.target)
+    return runtime.find_entry(key, any_toolchain=config.offline or not can_compile) is not None
 
 
 # ---- prune ---------------------------------------------------------------------------------------------------

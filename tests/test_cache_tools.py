@@ -144,6 +144,30 @@ def test_all_builtin_follows_jitops_ops_prewarm(tmp_path, capsys, monkeypatch):
     assert code == 0 and [r["label"] for r in report["results"]] == ["jitops::add_forward<__nv_bfloat16, 8>"]
 
 
+def test_prewarm_list_names_every_kernel_and_builds_nothing(tmp_path, capsys):
+    """--list: the kernels a source covers, with the public op, the op asking and the shape class; no compiler
+    runs and the cache stays untouched, even for an arch this machine could not build for."""
+    manifest = write_manifest(tmp_path / "m.json", dict(GELU_ITEM, dtypes=["bf16", "fp16"]),
+                              {"op": "layer_norm", "dtypes": ["bf16"],
+                               "shapes": [[[64, 512], [512], [512]]], "kwargs": {"normalized_shape": [512]}})
+    cache = tmp_path / "c"
+    code, listed = cli_json(capsys, "prewarm", "--manifest", manifest, "--arch", "sm_90a", "--list",
+                            "--cache-dir", cache)
+    assert code == 0 and not cache.exists()
+    kernels = listed["kernels"]
+    assert {k["op"] for k in kernels} == {"gelu", "layer_norm"} and not any(k["cached"] for k in kernels)
+    # layer_norm's public item covers the no-grad path and the backward (a kernel two ops share is listed once)
+    assert {"layer_norm_backward", "layer_norm_inference"} <= {k["kernel_op"] for k in kernels if k["op"] == "layer_norm"}
+    assert all(k["arch"].startswith("sm_90") and "Class" in k["shape_class"] for k in kernels)
+    # after a real prewarm of the same manifest, the list says every kernel is cached
+    assert cli_json(capsys, "prewarm", "--manifest", manifest, "--arch", "sm_90a", "--cache-dir", cache)[0] == 0
+    code, listed = cli_json(capsys, "prewarm", "--manifest", manifest, "--arch", "sm_90a", "--list",
+                            "--cache-dir", cache)
+    assert code == 0 and len(listed["kernels"]) == len(kernels) and all(k["cached"] for k in listed["kernels"])
+    code, text, _ = cli(capsys, "prewarm", "--manifest", manifest, "--arch", "sm_90a", "--list", "--cache-dir", cache)
+    assert code == 0 and f"{len(kernels)} kernels on" in text and "nothing was built" in text
+
+
 def test_all_builtin_on_cpu_skips_what_the_cpu_path_does_not_build(capsys, monkeypatch, tmp_path):
     import jitops.ops
 
