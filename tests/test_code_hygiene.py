@@ -19,7 +19,7 @@ RUN_N = re.compile(r"\b(?:run|runs) \d+(?:-\d+)?\b|\b(?:first|second|third|last)
 FILE = re.compile(r"(?<![\w/])(?:benchmarks|docs|tools|kernels)/[\w*./-]*[\w*]")  # a path in the repository
 
 # Files that still have them, each named until it is cleaned (remove the entry then: a stale one fails).
-EXCEPTIONS = {"jitops/ops/gemm_plan.py": "gemm's tables and wave model, moved from gemm.py; their comments are rewritten next"}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:

@@ -77,20 +77,19 @@ def _address_units(t: torch.Tensor) -> int:
     return shapes.byte_alignment(t) // t.element_size()
 
 
-# The wave model that picks a tile for the shapes no special bucket claims.  A persistent kernel runs its tiles
-# in waves of one tile an SM; a problem costs about (waves) x (one tile's time), one tile's time being its area
-# over its relative speed.  Speeds fitted on the lent H100's survey sweep (19:52 UTC; docs/benchmarks.md, gemm,
-# "Beyond the goal's six shapes"): per output element of a wave, on the seven shapes of 512 rows or more with
-# K >= 4096, a 128x128 tile took 1.02-1.16x (median 1.07) the time of a 128x256 and a 128x64 1.43-1.75x (median
-# 1.57), leaving out one 128x256 point far off its other runs: speeds 0.93 and 0.66 (0.64 picks the same tile for
-# every shape of the survey, the goal and the tests).  The SM count is the H100 SXM's 132, a constant rather than
-# the device's, so that a cache prewarmed without a GPU holds the kernels the device picks (an H100 PCIe, 114
-# SMs, gets the same choices, slightly off its own optimum).
+# The wave model that picks a tile for the shapes no special bucket claims.  A persistent kernel runs its tiles in
+# waves of one tile an SM; a problem costs about (waves) x (one tile's time), one tile's time being its area over its
+# relative speed.  Speeds fitted to `bench_gemm.py --sweep-survey` (lent H100, 2026-11-22; docs/benchmarks.md, gemm):
+# per output element of a wave, on the seven shapes of 512 rows or more with K >= 4096, a 128x128 tile took 1.02-1.16x
+# (median 1.07) the time of a 128x256 and a 128x64 1.43-1.75x (median 1.57), leaving out one 128x256 point far off its
+# other runs: speeds 0.93 and 0.66 (0.64 picks the same tile for every shape of the survey, the goal and the tests).
+# The SM count is the H100 SXM's 132, a constant rather than the device's, so that a cache prewarmed without a GPU
+# holds the kernels the device picks (an H100 PCIe, 114 SMs, gets the same choices, slightly off its own optimum).
 WAVE_SMS = 132
-# A decode step streams b through few tiles, one an SM, each bound by its SM's bandwidth and its K loop: the
-# lent H100's decode sweep (2026-11-22 20:13 UTC, rows 1-64) ran N = 14336 best on 64x128 tiles (112 of them;
-# x0.97-1.01 of torch.matmul, 64x64 x0.88-0.94) and N = 8192 on 64x64 (128 tiles; x0.89-0.98, 64x128
-# x0.77-0.87).  64x32 tiles won nowhere.
+# A decode step streams b through few tiles, one an SM, each bound by its SM's bandwidth and its K loop, so the
+# widest tile that still gives most SMs a tile wins: with 1-64 rows, N = 14336 ran best on 64x128 tiles (112 of
+# them; x0.97-1.01 of torch.matmul, 64x64 x0.88-0.94) and N = 8192 on 64x64 (128 tiles; x0.89-0.98, 64x128
+# x0.77-0.87); 64x32 tiles won nowhere (`bench_gemm.py --sweep-decode`, lent H100, 2026-11-22).
 DECODE_WIDE_TILES = 99  # 3/4 of WAVE_SMS
 WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66)}
 
@@ -282,15 +281,15 @@ class Sm80Config(NamedTuple):
 #   4096^3: 128x256 cooperative 2x1, swizzle 8: 693 (swizzle 1: 662; 256x128 1x2: 680; 128x128 ping-pong: 635);
 #   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
 #   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
-# 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607 in one run) than 8 (598 in the next): _swizzle.
-# `bench_gemm.py --sweep-survey` (19:52 UTC; time against torch.matmul's): with 1 to 32 rows and N = 14336 the
-# 64x128 ping-pong tile ran at 0.97-1.04x (the 128x64 cooperative 0.47-0.79x); squares of 256-1024 ran best on
-# 128x64 tiles (0.70-0.78x; 128x128 stream-K, the small bucket before: 0.44-0.58x); 512- to 2048-row layers on
-# 128x128 or 128x256 tiles by the wave model (0.94-1.09x; stream-K 0.75-0.87x).  Split-K and stream-K lost
-# nearly everywhere to their fix-up (the partial tiles' reduction); the stream-K build stays for sweeps.
-# `--sweep-skinny` (20:25): the skinny bucket's 128x64 tile without a cluster ran x0.90-0.97 of torch.matmul on
-# 128-256 rows against 4096-14336 columns, with the 1x2 cluster (A multicast) x0.73-0.98 (x0.73 at 128x4096x4096);
-# on the goal's 128x8192x8192 both x0.97.  The small bucket keeps the cluster: there it measured better (19:52).
+# 16384x2048x4096 (8 tile columns) did better with swizzle 1 (607) than 8 (598): _swizzle.
+# `bench_gemm.py --sweep-survey` (same device and day; time against torch.matmul's): with 1 to 32 rows and
+# N = 14336 the 64x128 ping-pong tile ran at 0.97-1.04x (the 128x64 cooperative 0.47-0.79x); squares of 256-1024
+# ran best on 128x64 tiles (0.70-0.78x; 128x128 stream-K, the small bucket before: 0.44-0.58x); 512- to 2048-row
+# layers on 128x128 or 128x256 tiles by the wave model (0.94-1.09x; stream-K 0.75-0.87x).  Split-K and stream-K
+# lost nearly everywhere to their fix-up (the partial tiles' reduction); the stream-K build stays for sweeps.
+# Skinny: `--sweep-skinny` ran its 128x64 tile without a cluster at x0.90-0.97 of torch.matmul on 128-256 rows
+# against 4096-14336 columns, with the 1x2 cluster (A multicast) at x0.73-0.98 (x0.73 at 128x4096x4096); on the
+# goal's 128x8192x8192 both x0.97.  The small bucket keeps its 1x2 cluster: the survey measured it better there.
 SM90_CONFIGS = {
     "large": Sm90Config((128, 256, 64), (2, 1), pingpong=False, streamk=False, swizzle=8),
     "large_short_k": Sm90Config((128, 128, 64), (2, 1), pingpong=True, streamk=False),
@@ -318,7 +317,7 @@ def _swizzle(config: Sm90Config, m: int, n: int) -> int:
     """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile rows or columns,
     and halved until it divides both counts.  CUTLASS pads the swizzled side's tiles to a multiple of the swizzle
     with empty tiles: 512x14336x4096 (4 tile rows) ran at 194.6 us with swizzle 8 against 96.3 for torch.matmul
-    (lent H100, 2026-11-22 20:04, the survey)."""
+    (`bench_gemm.py --survey`, lent H100, 2026-11-22)."""
     tiles_m, tiles_n = -(-m // config.tile[0]), -(-n // config.tile[1])
     swizzle = config.swizzle if min(tiles_m, tiles_n) >= 16 else 1
     while swizzle > 1 and (tiles_m % swizzle or tiles_n % swizzle):
