@@ -33,7 +33,7 @@ class GemmClass(NamedTuple):
     family: str       # config.gemm_family ("auto": by the device's arch, "sm80"); "aten" and "cpu": ATen's
 
 
-_family_memo = (-1, "auto")  # (config.generation, config.gemm_family)
+_family_memo = (-1, "auto")  # (config.generation, config.gemm_family): class_from_layouts reads it inline
 
 
 def family() -> str:
@@ -245,7 +245,9 @@ def class_from_layouts(dtype: torch.dtype, out: torch.dtype, m: int, n: int, k: 
     if bias is not None:
         units |= _address_units(bias) if bias.stride(0) == 1 else 8
     align = 8 if units % 8 == 0 else 4 if units % 4 == 0 else 2 if units % 2 == 0 else 1
-    return GemmClass(dtype, out, a_kmajor, b_kmajor, align, _bucket(m, n, k), fused, family())
+    memo = _family_memo  # family() without its call on the common path (the shape class runs on every call)
+    return GemmClass(dtype, out, a_kmajor, b_kmajor, align, _bucket(m, n, k), fused,
+                     memo[1] if memo[0] == config.generation else family())
 
 
 # ---- tile configurations --------------------------------------------------------------------------------------
