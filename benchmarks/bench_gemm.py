@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jitops
 
 from jitops.ops import gemm as G
+from jitops.ops import gemm_plan as P
+from jitops.ops import gemm_run as R
 from jitops.specs import Target
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
@@ -46,11 +48,11 @@ FUSED_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (163
 # Candidate configurations timed with --tune (bf16, row-major a and b): every large shape against the "large"
 # candidates, 128x8192x8192 against the "skinny" ones, each over SWIZZLES x RASTERS (run-time arguments).
 def _coop(tile, cluster, streamk=False):
-    return G.Sm90Config(tile, cluster, pingpong=False, streamk=streamk)
+    return P.Sm90Config(tile, cluster, pingpong=False, streamk=streamk)
 
 
 def _pong(tile, cluster):
-    return G.Sm90Config(tile, cluster, pingpong=True, streamk=False)
+    return P.Sm90Config(tile, cluster, pingpong=True, streamk=False)
 
 
 TUNE = {
@@ -168,10 +170,10 @@ def cold_compile(directory: Path, target: Target) -> None:
     sm_80-family configuration into an empty cache, timing each (the runtime's own compile paths)."""
     a, b, _ = shape_args(4096, 4096, 4096, torch.bfloat16, "meta")
     cls = G.shape_class(a, b, None, None, None)
-    sm90 = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    sm90 = G.sm90_request(cls, P.SM90_CONFIGS["large"])
     chosen = {_describe(sm90): sm90,
-              "same through nvcc, with CUTLASS's host code": G.sm90_reference_request(cls, G.SM90_CONFIGS["large"]),
-              "sm80 large (NVRTC)": G.sm80_request(cls._replace(family="sm80"), G.SM80_CONFIGS["large"])}
+              "same through nvcc, with CUTLASS's host code": G.sm90_reference_request(cls, P.SM90_CONFIGS["large"]),
+              "sm80 large (NVRTC)": G.sm80_request(cls._replace(family="sm80"), P.SM80_CONFIGS["large"])}
     results = {}
     with jitops.config.scope(cache_dir=directory, cache_path=()):
         for what, r in chosen.items():
@@ -199,7 +201,7 @@ def bench_shape(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
     # also time our host path (about 30 us a call) whenever it outlasts the kernel.
     row = bench.compare(op="gemm", shape=f"{m}x{n}x{k}", dtype=name, ours=lambda: jitops.gemm(a, b),
                         baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=2 * m * n * k,
-                        timing="auto", graph_below_ms=GRAPH_BELOW_MS, config=str(G.SM90_CONFIGS.get(cls.bucket)))
+                        timing="auto", graph_below_ms=GRAPH_BELOW_MS, config=str(P.SM90_CONFIGS.get(cls.bucket)))
     return row.speedup
 
 
@@ -262,7 +264,7 @@ def survey(bench) -> None:
         row = bench.compare(op="gemm survey", shape=f"{m}x{n}x{k}", dtype="bf16", ours=lambda: jitops.gemm(a, b),
                             baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul",
                             flops=2 * m * n * k, timing="auto", graph_below_ms=GRAPH_BELOW_MS,
-                            bucket=cls.bucket, config=str(G.SM90_CONFIGS.get(cls.bucket)))
+                            bucket=cls.bucket, config=str(P.SM90_CONFIGS.get(cls.bucket)))
         ratios.append(row.speedup)
         print(f"  survey {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
     bench.summarize(survey_geomean=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
@@ -293,7 +295,7 @@ def sweep(target: Target, name: str) -> list[dict]:
             lib, out = loaded
             for decomposition, splits in schedules:
                 def call(config=config, lib=lib, out=out, decomposition=decomposition, splits=splits):
-                    G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, decomposition=decomposition,
+                    R.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, decomposition=decomposition,
                                splits=splits)
                 try:
                     out.zero_()
@@ -324,10 +326,10 @@ def overhead(bench, target: Target, calls: int = 2000) -> None:
     cls = G.shape_class(a, b, None, None, None)
     paths = {"torch.matmul": lambda: torch.matmul(a, b), "jitops.gemm": lambda: jitops.gemm(a, b)}
     if G.uses_sm90(cls, target):
-        config = G.SM90_CONFIGS[cls.bucket]
+        config = P.SM90_CONFIGS[cls.bucket]
         kernel = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        paths["run_sm90 (NVRTC kernel, Python host side)"] = lambda: G.run_sm90(
+        paths["run_sm90 (NVRTC kernel, Python host side)"] = lambda: R.run_sm90(
             kernel, cls, config, a, b, out, None, m, n, k, k, n, 0)
     from harness import host_us
 
@@ -342,10 +344,10 @@ def swizzle_ab(bench, target: Target, m: int = 16384, n: int = 2048, k: int = 40
     _swizzle picks there, in alternating rounds (the --tune sweep, one sample each, read 693-701 against 672)."""
     a, b, _ = shape_args(m, n, k, torch.bfloat16)
     cls = G.shape_class(a, b, None, None, None)
-    config = G.SM90_CONFIGS[cls.bucket]
+    config = P.SM90_CONFIGS[cls.bucket]
     lib = jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    runs = {s: (lambda s=s: G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, s)) for s in (8, 1)}
+    runs = {s: (lambda s=s: R.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, s)) for s in (8, 1)}
     runs[8]()
     check_close(out, a @ b, f"swizzle 8 {m}x{n}x{k}")
     bench.compare(op="gemm swizzle 8 vs 1", shape=f"{m}x{n}x{k}", dtype="bf16", ours=runs[8], baseline=runs[1],
@@ -404,7 +406,7 @@ def tune_one(target: Target, time_cuda, config, a, b, want) -> list[dict]:
     for swizzle in SWIZZLES:
         for raster in RASTERS:
             def call(swizzle=swizzle, raster=raster):
-                G.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, swizzle, raster)
+                R.run_sm90(lib, cls, config, a, b, out, None, m, n, k, k, n, 0, swizzle, raster)
             call()
             check_close(out, want, f"tune {name} {m}x{n}x{k}")
             base_ms = time_cuda(lambda: torch.matmul(a, b), reps=50, min_ms=40.0)

@@ -193,7 +193,7 @@ COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", 
 
 def family_request(family: str):
     import jitops
-    from jitops.ops import PREWARM, gemm
+    from jitops.ops import PREWARM, gemm, gemm_plan
     from jitops.specs import Target
 
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
@@ -206,7 +206,7 @@ def family_request(family: str):
     requests = op.requests_for(args, target)
     if family == "gemm_sm90_nvcc":
         cls = op.shape_class(*args)
-        return gemm.sm90_reference_request(cls, gemm.SM90_CONFIGS[cls.bucket]), target
+        return gemm.sm90_reference_request(cls, gemm_plan.SM90_CONFIGS[cls.bucket]), target
     if family.startswith("gemm_sm90_light"):
         from jitops import light_gemm
 

@@ -231,6 +231,16 @@ def _optional_schedule(name: str, value: Any) -> tuple[int, int] | None:
     return (raster, swizzle)
 
 
+GEMM_FAMILIES = ("auto", "sm80")
+
+
+def _gemm_family(name: str, value: Any) -> str:
+    if value not in GEMM_FAMILIES:
+        raise ConfigError(f"config.{name}={value!r}: use 'auto' (the device's kernels) or 'sm80' (the CUTLASS 2 "
+                          "kernels on every arch)")
+    return value
+
+
 def _default_cache_dir() -> Path:
     import platformdirs
 
@@ -332,6 +342,11 @@ class Config:
     conv2d_dgrad_phase_streams: Knob[bool] = Knob(
         _bool, True,
         "conv2d: a strided dgrad's phases run on side streams so their short kernels overlap (False: in turn).")
+    gemm_family: Knob[str] = Knob(
+        _gemm_family, "auto",
+        "gemm (and linear): the kernel family on every arch; 'sm80' runs the CUTLASS 2 kernels on an sm_90 GPU too "
+        "(mma.sync runs on Hopper), which is how the GPU tests check that path on an H100.  The shape classes "
+        "carry it.")
     grouped_gemm_config: Knob[str | None] = Knob(
         _optional_name, None,
         "grouped_gemm: force a kernel configuration of jitops/ops/grouped_gemm_plan.py's CONFIGS (None: its "

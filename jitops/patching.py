@@ -31,8 +31,8 @@ from .ops.conv2d import conv2d as _conv2d
 from .ops.gelu import CPU_DTYPES as _GELU_CPU
 from .ops.gelu import CUDA_DTYPES as _GELU_CUDA
 from .ops.gelu import gelu as _gelu
-from .ops.gemm import CPU_DTYPES as _GEMM_CPU
-from .ops.gemm import CUDA_DTYPES as _GEMM_CUDA
+from .ops.gemm_plan import CPU_DTYPES as _GEMM_CPU
+from .ops.gemm_plan import CUDA_DTYPES as _GEMM_CUDA
 from .ops.layer_norm import CPU_DTYPES as _LAYER_NORM_CPU
 from .ops.layer_norm import CUDA_DTYPES as _LAYER_NORM_CUDA
 from .ops.layer_norm import layer_norm as _layer_norm

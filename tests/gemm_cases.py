@@ -94,7 +94,6 @@ def requests(case: Case, target) -> dict:
     """Every kernel build a call of `case` needs on `target`, its backward's included (label -> BuildRequest).
     Mirrors jitops.gemm's forward (the gelu split when a gradient is needed) and backward."""
     import jitops
-    from jitops.ops import gemm as G
 
     found: dict = {}
 
@@ -102,7 +101,7 @@ def requests(case: Case, target) -> dict:
         for request in jitops.find(op_name).requests_for(args, target).values():
             found[request.label() + " " + str(request.params)] = request
 
-    with G.force_family(case.family):
+    with jitops.config.scope(gemm_family=case.family):
         a, b, bias, activation, out_dtype = case.args("meta")
         out = out_dtype or case.dtype
         m, n = case.m, case.n

@@ -16,14 +16,14 @@ import torch
 
 from jitops import cutlass_host as H
 
-from jitops.ops import gemm as G
+from jitops.ops import gemm_plan as P
 FIXTURES = json.loads((Path(__file__).parent / "cutlass_host" / "sm90_gemm_fixtures.json").read_text())
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _config(case) -> tuple[H.GemmConfig, G.Sm90Config]:
+def _config(case) -> tuple[H.GemmConfig, P.Sm90Config]:
     dtype, out, a_kmajor, b_kmajor, fused, bucket = case["class"]
-    config = G.SM90_CONFIGS[bucket]
+    config = P.SM90_CONFIGS[bucket]
     out_dtype = DTYPES[out]
     facts = H.GemmConfig(DTYPES[dtype].itemsize, out_dtype, a_kmajor, b_kmajor, config.tile, config.cluster, fused,
                          H.epilogue_tile(config.tile, config.pingpong, out_dtype))
@@ -90,7 +90,7 @@ def test_params_match_cutlass_host_code(case, problem):
 
 def test_fixtures_cover_every_bucket_layout_and_epilogue():
     classes = [tuple(case["class"]) for case in FIXTURES["cases"]]
-    assert {c[5] for c in classes} == set(G.SM90_CONFIGS)
+    assert {c[5] for c in classes} == set(P.SM90_CONFIGS)
     assert {(c[2], c[3]) for c in classes} == {(True, True), (True, False), (False, True), (False, False)}
     assert {c[4] for c in classes} == {True, False} and {c[1] for c in classes} == set(DTYPES)
 

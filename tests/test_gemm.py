@@ -20,6 +20,8 @@ from jitops.specs import Target
 from jitops.testing import check_op
 
 from jitops.ops import gemm as G
+from jitops.ops import gemm_plan as P
+from jitops.ops import gemm_run as R
 
 
 def gemm_positional(a, b, bias, activation, out_dtype):
@@ -244,7 +246,7 @@ def test_cuda_run_folds_nd_operands_into_one_2d_gemm(monkeypatch, a_shape, b_sha
     """run_cuda (jitops' kernels, launch() faked) on CPU tensors: an N-D call that folds runs one 2-D GEMM on
     the same shape class as the 2-D problem, reading a in place where its leading dimensions collapse."""
     launched = []
-    monkeypatch.setattr(G, "launch", _fake_launch(launched))
+    monkeypatch.setattr(R, "launch", _fake_launch(launched))
     g = torch.Generator().manual_seed(5)
     a = torch.randn(a_shape, generator=g).to(torch.bfloat16)
     a = a_view(a) if a_view else a
@@ -254,9 +256,9 @@ def test_cuda_run_folds_nd_operands_into_one_2d_gemm(monkeypatch, a_shape, b_sha
     cls = G.shape_class(_meta_twin(a), _meta_twin(b), bias_meta, None, None)
     assert cls.family == "auto" and cls.bucket != "empty"
     m = a.numel() // a.shape[-1]
-    two_d = G.shape_class(_meta_twin(a.reshape(m, a.shape[-1])), _meta_twin(G.fold_b(b)), bias_meta, None, None)
+    two_d = G.shape_class(_meta_twin(a.reshape(m, a.shape[-1])), _meta_twin(P.fold_b(b)), bias_meta, None, None)
     assert cls == two_d  # the 2-D problem's class: its kernels and cache keys
-    out = G.run_cuda(_kernels(cls), a, b, bias, None, None)
+    out = R.run_cuda(_kernels(cls), a, b, bias, None, None)
     want = torch.matmul(a.double(), b.double()) + (bias.double() if bias is not None else 0)
     assert out.shape == want.shape and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
@@ -278,18 +280,18 @@ def test_batch_shape_is_torchs_broadcast(x, y):
         want = tuple(torch.broadcast_shapes(x, y))
     except RuntimeError:
         want = None
-    assert G.batch_shape(a, b) == want
+    assert P.batch_shape(a, b) == want
 
 
 def test_batched_and_float32_cuda_calls_route_to_cublas():
     """cuda_route, and the classes it gives on meta tensors (which the op treats as CUDA): batched 16-bit and
     float32 run torch.matmul (cuBLAS), float32 named by torch.backends.cuda.matmul.allow_tf32; their classes
     build nothing."""
-    assert G.cuda_route(torch.bfloat16, False, False) == G.cuda_route(torch.float16, False, True) == "kernel"
-    assert G.cuda_route(torch.float16, True, False) == "cublas_batched"
-    assert G.cuda_route(torch.float32, False, True) == G.cuda_route(torch.float32, True, True) == "cublas_tf32"
-    assert G.cuda_route(torch.float32, False, False) == "cublas_fp32"
-    assert G.cuda_route(torch.float64, False, False) is None
+    assert P.cuda_route(torch.bfloat16, False, False) == P.cuda_route(torch.float16, False, True) == "kernel"
+    assert P.cuda_route(torch.float16, True, False) == "cublas_batched"
+    assert P.cuda_route(torch.float32, False, True) == P.cuda_route(torch.float32, True, True) == "cublas_tf32"
+    assert P.cuda_route(torch.float32, False, False) == "cublas_fp32"
+    assert P.cuda_route(torch.float64, False, False) is None
     m = lambda *s, dtype=torch.float32: torch.empty(s, dtype=dtype, device="meta")  # noqa: E731
     L = importlib.import_module("jitops.ops.linear")
     previous = torch.backends.cuda.matmul.allow_tf32
@@ -315,7 +317,7 @@ def test_batched_and_float32_cuda_calls_route_to_cublas():
         G.shape_class(m(4, 4, dtype=torch.float64), m(4, 4, dtype=torch.float64), None, None, None)
     # run_cuda on such a class is torch.matmul (CPU tensors stand in for CUDA ones)
     a, b, bias = torch.randn(2, 5, 7), torch.randn(2, 7, 3), torch.randn(3)
-    out = G.run_cuda(_kernels(fp32), a, b, bias, "relu", None)
+    out = R.run_cuda(_kernels(fp32), a, b, bias, "relu", None)
     torch.testing.assert_close(out, torch.relu(torch.matmul(a, b) + bias))
     x, w = torch.randn(2, 5, 7), torch.randn(3, 7)
     torch.testing.assert_close(L.run_cuda(_kernels(linear_cls), x, w, bias, None), F.linear(x, w, bias))
@@ -348,7 +350,7 @@ def meta(rows, cols, dtype=torch.bfloat16, transposed=False, offset=0):
 @pytest.mark.parametrize("a_t, b_t", list(itertools.product([False, True], repeat=2)))
 def test_transposed_views_are_read_in_place(a_t, b_t):
     a, b = meta(256, 512, transposed=a_t), meta(512, 384, transposed=b_t)
-    assert G._layout(a, 256, 512) is not None and G._layout(b, 512, 384) is not None  # no copy
+    assert P._layout(a, 256, 512) is not None and P._layout(b, 512, 384) is not None  # no copy
     cls = G.shape_class(a, b, None, None, None)
     assert (cls.a_kmajor, cls.b_kmajor) == (not a_t, b_t) and cls.align == 8
     request = G.cuda_kernels(cls, SM90)["sm90"]
@@ -359,7 +361,7 @@ def test_transposed_views_are_read_in_place(a_t, b_t):
 
 def test_views_without_a_unit_stride_are_copied():
     a = torch.empty(64, 64, dtype=torch.bfloat16, device="meta")[::2, ::2]
-    assert G._layout(a, 32, 32) is None
+    assert P._layout(a, 32, 32) is None
     cls = G.shape_class(a, meta(32, 16), None, None, None)
     assert cls.a_kmajor and cls.align == 8  # as the contiguous copy run_cuda makes
 
@@ -384,13 +386,14 @@ def test_buckets_and_family():
 
     class Symbolic(int):  # torch.compile's SymInt, which cannot be hashed (the memo is for plain ints)
         __hash__ = None
-    assert G._bucket(Symbolic(4096), Symbolic(4096), Symbolic(4096)) == "large"
-    assert set(G.SM90_CONFIGS) == set(G.SM80_CONFIGS)  # every bucket has a kernel on both families
+    assert P._bucket(Symbolic(4096), Symbolic(4096), Symbolic(4096)) == "large"
+    assert set(P.SM90_CONFIGS) == set(P.SM80_CONFIGS)  # every bucket has a kernel on both families
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     assert list(G.cuda_kernels(cls, SM80)) == ["sm80"] and list(G.cuda_kernels(cls, SM89)) == ["sm80"]
-    with G.force_family("sm80"):
+    with jitops.config.scope(gemm_family="sm80"):
         forced = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
     assert forced != cls and list(G.cuda_kernels(forced, SM90)) == ["sm80"]
+    assert G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None) == cls  # the scope's end too
     assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
@@ -403,7 +406,7 @@ def test_buckets_and_family():
     (4000, 4000, "large")])    # the goal shapes keep the tile they were tuned on
 def test_the_wave_model_picks_the_tile(m, n, expected):
     assert G.shape_class(meta(m, 4096), meta(4096, n), None, None, None).bucket == expected
-    costs = {bucket: G._wave_cost(bucket, m, n) for bucket in G.WAVE_TILES}
+    costs = {bucket: P._wave_cost(bucket, m, n) for bucket in P.WAVE_TILES}
     assert min(costs, key=costs.get) == expected
 
 
@@ -414,10 +417,10 @@ def test_epilogue_variants_share_one_fused_kernel():
 
 
 def test_sm80_launch_geometry():
-    config = G.SM80_CONFIGS["large"]
+    config = P.SM80_CONFIGS["large"]
     assert config.threads == 256 and config.smem_bytes() == 3 * (128 * 32 + 32 * 256) * 2
-    assert G.sm80_grid(4096, 4096, config) == (32 * 8, 2, 1)   # 16 N-tiles interleaved by 8
-    assert G.sm80_grid(100, 77, config) == (1, 1, 1)
+    assert R.sm80_grid(4096, 4096, config) == (32 * 8, 2, 1)   # 16 N-tiles interleaved by 8
+    assert R.sm80_grid(100, 77, config) == (1, 1, 1)
 
 
 def test_backward_kernels_are_known_before_the_backward_runs():
@@ -467,7 +470,7 @@ def test_one_sm90a_configuration_builds_with_nvrtc_and_uses_wgmma(fresh_cache):
     from jitops.cutlass_host import GemmLayout
 
     cls = G.shape_class(meta(4096, 4096), meta(4096, 4096), None, None, None)
-    request = G.sm90_request(cls, G.SM90_CONFIGS["large"])
+    request = G.sm90_request(cls, P.SM90_CONFIGS["large"])
     assert request.backend == "nvrtc"
     assert jitops.runtime.prewarm(request, SM90) == "compiled"
     key, _ = jitops.runtime.key_for(request, SM90)
@@ -497,7 +500,7 @@ def test_one_sm90a_configuration_builds_with_nvrtc_and_uses_wgmma(fresh_cache):
                     "to build every sm_90a configuration (about a minute each on 2 cores)")
 def test_every_sm90a_configuration_builds(fresh_cache):
     a, b = meta(4096, 4096), meta(4096, 4096)
-    for bucket, config in G.SM90_CONFIGS.items():
+    for bucket, config in P.SM90_CONFIGS.items():
         for dtype in (torch.bfloat16, torch.float16):
             for fused in (False, True):
                 cls = G.shape_class(meta(4096, 4096, dtype), meta(4096, 4096, dtype), None, None, None)
@@ -533,8 +536,8 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
 
 
 def test_swizzle_follows_the_tile_rows_and_columns():
-    large = G.SM90_CONFIGS["large"]
-    assert G._swizzle(large, 4096, 4096) == large.swizzle == 8  # 32 x 16 tiles of 128x256
-    assert G._swizzle(large, 16384, 2048) == 1                  # 8 columns: measured better with 1
-    assert G._swizzle(large, 512, 14336) == 1                   # 4 rows: swizzle 8 would pad them to 8
-    assert G._swizzle(large, 2560, 4096) == 4                   # 20 rows: 8 does not divide them, 4 does
+    large = P.SM90_CONFIGS["large"]
+    assert P._swizzle(large, 4096, 4096) == large.swizzle == 8  # 32 x 16 tiles of 128x256
+    assert P._swizzle(large, 16384, 2048) == 1                  # 8 columns: measured better with 1
+    assert P._swizzle(large, 512, 14336) == 1                   # 4 rows: swizzle 8 would pad them to 8
+    assert P._swizzle(large, 2560, 4096) == 4                   # 20 rows: 8 does not divide them, 4 does

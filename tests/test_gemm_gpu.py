@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from gemm_cases import ALL, AWKWARD_M, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, Case
 
 import jitops
-from jitops.ops.gemm import force_family
 from jitops.testing import check_backward, check_compile, check_forward, noncontiguous
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +58,7 @@ def gemm_positional(a, b, bias, activation, out_dtype):
 def run_case(case: Case, *, grads: bool = True, variants: bool = False) -> None:
     args = case.args("cuda", seed=hash(case.id) % 1000)
     dtype = case.out_dtype or case.dtype
-    with force_family(case.family):
+    with jitops.config.scope(gemm_family=case.family):
         out = check_forward(gemm_positional, reference, args, dtype, case.id, _tolerances(case))
         assert out.is_contiguous() and out.dtype == dtype and out.shape == (case.m, case.n)
         if grads and case.grad:
@@ -216,6 +215,8 @@ def test_nvrtc_build_matches_nvcc_build_bit_for_bit(shape, dtype, fused):
     """jitops.gemm's sm_90a kernel built by NVRTC with its host side in Python (jitops/cutlass_host.py) gives
     the same bits as the same kernel built by nvcc with CUTLASS's host code, on bench_gemm.py's shapes."""
     from jitops.ops import gemm as G
+    from jitops.ops import gemm_plan as P
+    from jitops.ops import gemm_run as R
     from jitops.specs import Target
 
     m, n, k = shape
@@ -224,14 +225,14 @@ def test_nvrtc_build_matches_nvcc_build_bit_for_bit(shape, dtype, fused):
     bias = torch.randn(n, device="cuda", dtype=dtype) if fused else None
     activation = "gelu" if fused else None
     cls = G.shape_class(a, b, bias, activation, None)
-    config = G.SM90_CONFIGS[cls.bucket]
+    config = P.SM90_CONFIGS[cls.bucket]
     target = Target("cuda", torch.cuda.get_device_capability(0))
     reference = jitops.runtime.get_kernel(G.sm90_reference_request(cls, config), target, 0)
     ours = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     theirs = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    G.run_sm90(jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0), cls, config, a, b, ours, bias,
-               m, n, k, k, n, G.ACTIVATIONS[activation])
-    G.run_sm90_reference(reference, cls, config, a, b, theirs, bias, m, n, k, k, n, G.ACTIVATIONS[activation])
+    R.run_sm90(jitops.runtime.get_kernel(G.sm90_request(cls, config), target, 0), cls, config, a, b, ours, bias,
+               m, n, k, k, n, P.ACTIVATIONS[activation])
+    R.run_sm90_reference(reference, cls, config, a, b, theirs, bias, m, n, k, k, n, P.ACTIVATIONS[activation])
     torch.cuda.synchronize()
     assert not ours.isnan().any()
     assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16))

@@ -25,6 +25,7 @@ from jitops.cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
 from jitops.specs import Target
 
 G = importlib.import_module("jitops.ops.gemm")
+P = importlib.import_module("jitops.ops.gemm_plan")
 SM90A = Target.parse("sm_90a")
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -110,7 +111,7 @@ def test_the_route_builds_it_through_the_runtime(fresh_cache):
 # ---- the route ---------------------------------------------------------------------------------------------------
 def test_default_route_is_cutlass_with_unchanged_requests():
     cls = gemm_class(4096, 4096, 4096)
-    cutlass = {"sm90": G.sm90_request(cls, G.SM90_CONFIGS[cls.bucket])}
+    cutlass = {"sm90": G.sm90_request(cls, P.SM90_CONFIGS[cls.bucket])}
     assert G.cuda_kernels(cls, SM90A) == cutlass
     with jitops.config.scope(gemm_sm90_kernel="cutlass"):
         assert G.cuda_kernels(cls, SM90A) == cutlass

@@ -244,13 +244,14 @@ def test_tuning_knobs_are_typed_scoped_and_nested():
     assert len(set(seen)) == 3
     for knob, bad, message in (("conv2d_fold", -1, "conv2d_fold=-1"), ("conv2d_wgrad_direct", 1, "True or False"),
                                ("grouped_gemm_schedule", (2, 1), "raster 0"), ("grouped_gemm_config", 3, "str"),
-                               ("conv2d_splits", {"dgrad": 1.5}, r"conv2d_splits\['dgrad'\]")):
+                               ("conv2d_splits", {"dgrad": 1.5}, r"conv2d_splits\['dgrad'\]"),
+                               ("gemm_family", "sm90", "gemm_family='sm90'.*'auto'")):
         with pytest.raises(jitops.ConfigError, match=message):
             with config.scope(**{knob: bad}):
                 pass
     from jitops.config import tuning_knobs  # (jitops.config is the Config object; this is its module)
 
-    assert {"conv2d_tile", "grouped_gemm_config"} <= set(tuning_knobs())
+    assert {"conv2d_tile", "grouped_gemm_config", "gemm_family"} <= set(tuning_knobs())
 
 
 def test_read_only_root_builds_by_another_toolchain_are_used_even_with_a_compiler(echo, tmp_path):

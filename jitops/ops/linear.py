@@ -35,10 +35,11 @@ import torch.nn.functional as F
 from .. import shapes
 from ..op import Impl, op, public
 from .gelu import gelu, gelu_backward
-from .gemm import (ACTIVATIONS, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass,
-                   aten_class, class_from_layouts, cuda_kernels, cuda_route, launch, layout_of, product_if_loaded)
+from .gemm import cuda_kernels, product_if_loaded
 from .gemm import gemm as _gemm
-from .gemm import _activate, _allow_tf32, _epilogue_only
+from .gemm_plan import (ACTIVATIONS, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass,
+                        allow_tf32, aten_class, class_from_layouts, cuda_route, layout_of)
+from .gemm_run import activate, epilogue_only, launch
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -105,7 +106,7 @@ def shape_class(x, weight, bias, activation) -> GemmClass:
     if dtype is not torch.bfloat16 and dtype is not torch.float16:
         if dtype is not torch.float32:
             _check(x, weight, bias, activation)
-        return aten_class(dtype, dtype, cuda_route(dtype, False, _allow_tf32()), fused)  # cuBLAS (run_cuda)
+        return aten_class(dtype, dtype, cuda_route(dtype, False, allow_tf32()), fused)  # cuBLAS (run_cuda)
     if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
         return GemmClass(dtype, dtype, True, True, 8, "empty", fused, "auto")
     if m > INT32_MAX or n > INT32_MAX or k > INT32_MAX:
@@ -136,7 +137,7 @@ def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
     if m == 0 or n == 0:
         return out
     if k == 0:
-        _epilogue_only(out.view(m, n), bias, activation)
+        epilogue_only(out.view(m, n), bias, activation)
         return out
     if n % 8 or k % 8:
         return _run_padded(kernels, x, weight, bias, activation, out, m, n, k)
@@ -181,12 +182,12 @@ def run_cpu(kernels, x, weight, bias, activation) -> torch.Tensor:
     """The reference semantics through ATen: fp32 accumulation (fp64 for fp64), one rounding at the end."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     z = F.linear(x.to(acc), weight.to(acc), bias.to(acc) if bias is not None else None)
-    return _activate(z, activation).to(x.dtype).contiguous()
+    return activate(z, activation).to(x.dtype).contiguous()
 
 
 def torch_linear(kernels, x, weight, bias, activation) -> torch.Tensor:
     """F.linear (cuBLAS on CUDA): the float32 route (cuda_route) and background mode's fallback."""
-    return _activate(F.linear(x, weight, bias), activation)
+    return activate(F.linear(x, weight, bias), activation)
 
 
 def cpu_kernels(cls: GemmClass, target) -> dict:

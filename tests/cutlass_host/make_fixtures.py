@@ -24,24 +24,25 @@ sys.path.insert(0, str(ROOT))
 
 from jitops.backends import nvcc as nvcc_backend, toolkit  # noqa: E402
 from jitops.ops import gemm as G  # noqa: E402
+from jitops.ops import gemm_plan as P  # noqa: E402
 
 A, B, D, BIAS = 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000
 
 
 def cls_of(dtype, out, a_kmajor, b_kmajor, fused, bucket):
-    return G.GemmClass(dtype, out, a_kmajor, b_kmajor, 8, bucket, fused, "auto")
+    return P.GemmClass(dtype, out, a_kmajor, b_kmajor, 8, bucket, fused, "auto")
 
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # (class, configuration): every bucket's configuration once, every operand layout on two of them, the fused
 # epilogue, fp16 and an fp32 output.
-CASES = [(cls_of(BF16, BF16, True, True, False, bucket), config) for bucket, config in G.SM90_CONFIGS.items()]
-CASES += [(cls_of(BF16, BF16, ak, bk, False, bucket), G.SM90_CONFIGS[bucket])
+CASES = [(cls_of(BF16, BF16, True, True, False, bucket), config) for bucket, config in P.SM90_CONFIGS.items()]
+CASES += [(cls_of(BF16, BF16, ak, bk, False, bucket), P.SM90_CONFIGS[bucket])
           for bucket in ("large", "decode") for ak, bk in ((True, False), (False, True), (False, False))]
-CASES += [(cls_of(BF16, BF16, True, False, True, "large"), G.SM90_CONFIGS["large"]),
-          (cls_of(FP16, FP16, False, True, True, "decode_narrow"), G.SM90_CONFIGS["decode_narrow"]),
-          (cls_of(FP16, FP32, True, True, False, "medium"), G.SM90_CONFIGS["medium"]),
-          (cls_of(BF16, FP32, False, False, True, "small"), G.SM90_CONFIGS["small"])]
+CASES += [(cls_of(BF16, BF16, True, False, True, "large"), P.SM90_CONFIGS["large"]),
+          (cls_of(FP16, FP16, False, True, True, "decode_narrow"), P.SM90_CONFIGS["decode_narrow"]),
+          (cls_of(FP16, FP32, True, True, False, "medium"), P.SM90_CONFIGS["medium"]),
+          (cls_of(BF16, FP32, False, False, True, "small"), P.SM90_CONFIGS["small"])]
 
 # m, n, k, activation, swizzle, raster, sm_count, bias: leading dimensions follow the layouts (padded).
 PROBLEMS = [(4096, 4096, 4096, 0, 8, 0, 132, False), (1000, 1000, 1008, 0, 1, 0, 132, False),
