@@ -397,6 +397,22 @@ def test_buckets_and_family():
     assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
+def test_all_builtin_covers_every_bucket_in_every_training_layout():
+    """prewarm --all-builtin builds, on sm_90a, every configuration the bucket rules can pick, for bf16 and fp16,
+    in the forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer."""
+    from cache_tools import manifest
+
+    assert {b: P._choose_bucket(*mnk) for b, mnk in P.BUCKET_EXAMPLES.items()} == {b: b for b in P.SM90_CONFIGS}
+    plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])
+    classes = {eval(job.shape_class, {"GemmClass": P.GemmClass, "torch": torch}) for job in plan.jobs}  # noqa: S307
+    covered = {(c.dtype, c.bucket, c.a_kmajor, c.b_kmajor, c.fused) for c in classes}
+    # (a K-major, b K-major, fused): x @ w.t(), the same with bias+activation, dy @ w, dy.t() @ x
+    layouts = [(True, True, False), (True, True, True), (True, False, False), (False, False, False)]
+    expected = {(dtype, bucket, *layout) for dtype in (torch.bfloat16, torch.float16)
+                for bucket in P.SM90_CONFIGS for layout in layouts}
+    assert covered == expected and len(plan.jobs) == len(expected)  # one kernel each, nothing else
+
+
 @pytest.mark.parametrize("m, n, expected", [
     (3072, 3072, "medium"),    # 288 tiles of 128x256 are 2.2 waves (3 run), 576 of 128x128 4.4 (5 run)
     (2048, 2048, "large"),     # 128 tiles of 128x256: one wave

@@ -58,9 +58,10 @@ from ..config import config as settings
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .gelu import gelu, gelu_backward
-from .gemm_plan import (ACTIVATIONS, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, KERNEL,
-                        SM90_CONFIGS, GemmClass, Sm80Config, Sm90Config, _folded_layout, _folds, _layout, allow_tf32,
-                        aten_class, batch_shape, class_from_layouts, cuda_route, layout_of, out_shape, sm80_config)
+from .gemm_plan import (ACTIVATIONS, BUCKET_EXAMPLES, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE,
+                        INT32_MAX, KERNEL, SM90_CONFIGS, GemmClass, Sm80Config, Sm90Config, _folded_layout, _folds,
+                        _layout, allow_tf32, aten_class, batch_shape, class_from_layouts, cuda_route, layout_of,
+                        out_shape, sm80_config)
 from .gemm_run import launch, run_cpu, run_cuda, torch_gemm
 
 CUTLASS_TYPES = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t", torch.float32: "float"}
@@ -422,10 +423,19 @@ def _public_calls(entry, args, grad):
 
 public("gemm", gemm, entries=(_op,), calls=_public_calls)
 
-# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items): a large bf16 layer's forward
-# (x @ w), which also builds its backward's two GEMMs (dC @ w^T, x^T @ dC).  Each is one NVRTC build on
-# sm_90a (about 50 s on 2 cores), so the list stays short; other classes compile on first use.
-PREWARM = [
-    {"op": "gemm", "dtypes": ["bf16"], "shapes": [[[8192, 4096], [4096, 4096], None]],
-     "kwargs": {"activation": None, "out_dtype": None}},
-]
+# `cache_tools prewarm --all-builtin`: every size bucket (BUCKET_EXAMPLES) in bf16 and fp16, in the three
+# layouts of a Linear layer's training step -- x @ w.t() (the forward, plain and with a fused bias+activation
+# epilogue), dy @ w (the input gradient) and dy.t() @ x (the weight gradient) -- each item one exact call
+# (grad false: the backward's layouts are listed themselves, not derived from one forward's sizes).  On sm_90a
+# that is 56 CUTLASS 3 builds through NVRTC (about a minute each on 2 cores: docs/benchmarks.md); `prewarm
+# --all-builtin --list` names them.
+def _prewarm_item(m: int, n: int, k: int, layout: str, fused: bool) -> dict:
+    a_strides = [1, m] if layout == "tn" else [k, 1]      # dy.t(): a column-major (M, K) view
+    b_strides = [1, k] if layout == "nt" else [n, 1]      # w.t(): a column-major (K, N) view
+    return {"op": "gemm", "dtypes": ["bf16", "fp16"], "grad": False,
+            "shapes": [[[m, k], [k, n], [n] if fused else None]], "strides": [[a_strides, b_strides, None]],
+            "kwargs": {"activation": "gelu_tanh" if fused else None, "out_dtype": None}}
+
+
+PREWARM = [_prewarm_item(m, n, k, layout, fused) for m, n, k in BUCKET_EXAMPLES.values()
+           for layout, fused in (("nt", False), ("nt", True), ("nn", False), ("tn", False))]

@@ -123,6 +123,12 @@ def _choose_bucket(m: int, n: int, k: int) -> str:
 
 _memoized_bucket = functools.lru_cache(maxsize=4096)(_choose_bucket)
 
+# One (M, N, K) per bucket that _choose_bucket sends there (tests/test_gemm.py checks it), so that
+# `cache_tools prewarm --all-builtin` can cover every configuration the rules above can pick.
+BUCKET_EXAMPLES = {"decode": (16, 14336, 4096), "decode_narrow": (16, 4096, 4096), "skinny": (256, 4096, 4096),
+                   "large_short_k": (8192, 4096, 1024), "large": (8192, 4096, 4096), "medium": (3072, 3072, 3072),
+                   "small": (1024, 1024, 1024)}
+
 
 # ---- which implementation runs a CUDA call --------------------------------------------------------------------
 KERNEL = "kernel"                  # jitops' 2-D kernels
