@@ -235,6 +235,9 @@ def backward(ctx, grad: torch.Tensor | None, grad_stats: torch.Tensor | None):
 
 
 # ---- jitops::layer_norm_backward -------------------------------------------------------------------------------
+_CPU_BACKWARD_CLASSES = {dtype: BackwardClass(dtype, 0, 0, 0, "", 0) for dtype in CPU_DTYPES}
+
+
 def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
                          need_dx: bool, need_dweight: bool, need_dbias: bool) -> BackwardClass:
     n = _check_inputs("layer_norm_backward", x, normalized_shape, (("weight", weight),))
@@ -246,7 +249,9 @@ def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     rows = numel // n if n else _rows(x, n, len(normalized_shape))
     if stats.dim() != 2 or stats.shape[0] != 2 or stats.shape[1] != rows:
         shapes.check_shape("layer_norm_backward", "stats", stats, (2, rows), "mean and rstd of every row")
-    if x.is_cpu or not _concrete(x):
+    if x.is_cpu:
+        return _CPU_BACKWARD_CLASSES[x.dtype]  # (the dtype was checked above)
+    if not _concrete(x):
         return BackwardClass(x.dtype, 0, 0, 0, "", 0)
     aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
     return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
