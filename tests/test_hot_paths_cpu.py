@@ -336,3 +336,24 @@ def test_layer_norm_short_path_takes_parameters(monkeypatch):
     x = CudaLike((4, 1024), torch.bfloat16, 0x1000)
     w, b = ParameterLike((1024,), torch.bfloat16, 0x2004), ParameterLike((1024,), torch.bfloat16, 0x3000)
     assert ln.shape_class(x, [1024], w, b, 1e-5) == ln_plan.forward_class(torch.bfloat16, 1024, 2, 4, "int")
+
+
+def test_ops_with_one_device_send_the_other_to_the_general_path():
+    import jitops
+
+    cuda_only = jitops.op("hotpathtest::cuda_only(Tensor x) -> Tensor", shape_class=lambda x: 1,
+                          fake=lambda x: torch.empty_like(x), cuda=jitops.Impl(lambda cls, target: {}, lambda k, x: x))
+    with pytest.raises(ValueError, match=r"jitops.cuda_only: inputs are on cpu, but this op runs on cuda only"):
+        cuda_only(torch.randn(3))
+    ran: list = []
+    cpu_only = jitops.op("hotpathtest::cpu_only(Tensor x) -> Tensor", shape_class=lambda x: 1,
+                         fake=lambda x: torch.empty_like(x),
+                         cpu=jitops.Impl(lambda cls, target: {}, lambda k, x: ran.append(k) or x * 2))
+    x = torch.randn(3)
+    cpu_only(x)
+    _no_general_path(cpu_only)
+    torch.testing.assert_close(cpu_only(x), x * 2)  # the CPU branch, from the memo
+    assert ran[-1] is cpu_only.op._memo[(-1, 1)]
+    cpu_only.op._hot_globals["__Tensor"] = CudaTensorLike  # a GPU tensor: no CUDA branch, the general path
+    with pytest.raises(AssertionError, match="general path"):
+        cpu_only(CudaTensorLike())
