@@ -7,6 +7,8 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
     python benchmarks/bench_jit_latency.py --methods jitops,layer_norm     # without the other tools' cold runs
     python benchmarks/bench_jit_latency.py --cold-compile [FAMILY,...]     # no GPU needed
     python benchmarks/bench_jit_latency.py --cpu-add    # jitops.add's hot calls on the CPU, no GPU needed
+    python benchmarks/bench_jit_latency.py --cpu-host   # gemm, linear, layer_norm, gelu host time on the CPU
+    python benchmarks/bench_jit_latency.py --cpu-host-profile   # where each of those calls spends it (cProfile)
 
 --cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM) into an
 empty cache, each in a fresh process, timed from the request to the published entry; the machine's cores are
@@ -277,6 +279,151 @@ def cpu_add() -> None:
     print(f"\nJSON: {path}")
 
 
+def cpu_host_calls():
+    """The calls of --cpu-host: (name, jitops call, torch call, calls a round), on tiny fp32 tensors, so that the
+    figure is the host's per-call cost (Python, dispatch, autograd), which the CUDA path shares up to the launch.
+    Forward + backward rows run y.backward(dy) with a fixed dy, gradients accumulating (never read)."""
+    import torch
+    import torch.nn.functional as F
+
+    import jitops
+
+    torch.manual_seed(0)
+    m, k, n = 4, 16, 16
+    x, w, w_nk, b = torch.randn(m, k), torch.randn(k, n), torch.randn(n, k), torch.randn(n)
+    xg, wg, w_nkg, bg = (t.clone().requires_grad_() for t in (x, w, w_nk, b))
+    h, hw, hb = torch.randn(m, n), torch.randn(n), torch.randn(n)
+    hg, hwg, hbg = (t.clone().requires_grad_() for t in (h, hw, hb))
+    dy = torch.ones(m, n)
+
+    def backward(call):
+        return lambda: call().backward(dy)
+
+    return [
+        ("gemm(x, w) vs torch.mm", lambda: jitops.gemm(x, w), lambda: torch.mm(x, w), 5000),
+        ("gemm, x requires_grad vs torch.mm", lambda: jitops.gemm(xg, w), lambda: torch.mm(xg, w), 5000),
+        ("gemm(x, w.t(), bias=b) vs F.linear", lambda: jitops.gemm(x, w_nk.t(), bias=b),
+         lambda: F.linear(x, w_nk, b), 5000),
+        ("linear(x, w, b) vs F.linear", lambda: jitops.linear(x, w_nk, b), lambda: F.linear(x, w_nk, b), 5000),
+        ("linear, requires_grad vs F.linear", lambda: jitops.linear(xg, w_nkg, bg),
+         lambda: F.linear(xg, w_nkg, bg), 5000),
+        ("layer_norm vs F.layer_norm", lambda: jitops.layer_norm(h, [n], hw, hb),
+         lambda: F.layer_norm(h, [n], hw, hb), 5000),
+        ("layer_norm, requires_grad vs F.layer_norm", lambda: jitops.layer_norm(hg, [n], hwg, hbg),
+         lambda: F.layer_norm(hg, [n], hwg, hbg), 5000),
+        ("gelu vs F.gelu", lambda: jitops.gelu(h), lambda: F.gelu(h), 5000),
+        ("gelu, requires_grad vs F.gelu", lambda: jitops.gelu(hg), lambda: F.gelu(hg), 5000),
+        ("gemm forward + backward vs torch.mm", backward(lambda: jitops.gemm(xg, wg)),
+         backward(lambda: torch.mm(xg, wg)), 1000),
+        ("linear forward + backward vs F.linear", backward(lambda: jitops.linear(xg, w_nkg, bg)),
+         backward(lambda: F.linear(xg, w_nkg, bg)), 1000),
+        ("layer_norm forward + backward vs F.layer_norm", backward(lambda: jitops.layer_norm(hg, [n], hwg, hbg)),
+         backward(lambda: F.layer_norm(hg, [n], hwg, hbg)), 1000),
+        ("gelu forward + backward vs F.gelu", backward(lambda: jitops.gelu(hg)), backward(lambda: F.gelu(hg)), 1000),
+    ]
+
+
+def cpu_dispatch_calls():
+    """jitops' own dispatch on the CPU: an op whose shape class and run function do nothing (a constant class; x,
+    or a detached x with a gradient), against a plain Python function and an autograd.Function that does the
+    same, so the difference is the generated function's guards, the memo lookup and the route (with a gradient:
+    the C apply, the slot and the generated backward)."""
+    import torch
+
+    import jitops
+
+    def nothing(k, x, alpha, z):
+        return x
+
+    def detached(k, x, alpha, z):
+        return x.detach()  # a new tensor, as a kernel's output is
+
+    nothing_op = jitops.op("benchprobe::nothing(Tensor x, float alpha, Tensor? z=None) -> Tensor",
+                           shape_class=lambda x, alpha, z: 1, fake=lambda x, alpha, z: torch.empty_like(x),
+                           cpu=jitops.Impl(lambda cls, target: {}, nothing))
+    grad_op = jitops.op("benchprobe::nothing_grad(Tensor x, float alpha, Tensor? z=None) -> Tensor",
+                        shape_class=lambda x, alpha, z: 1, fake=lambda x, alpha, z: torch.empty_like(x),
+                        cpu=jitops.Impl(lambda cls, target: {}, detached),
+                        setup_context=lambda ctx, inputs, output: None, backward=lambda ctx, grad: (grad, None))
+
+    class Nothing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, alpha, z):
+            return x.detach()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None, None
+
+    def python(x, alpha, z=None):
+        return x
+
+    x = torch.randn(4)
+    xg = x.clone().requires_grad_()
+    dy = torch.ones(4)
+    return [
+        ("dispatch alone vs a Python function", lambda: nothing_op(x, 1.0), lambda: python(x, 1.0), 20000),
+        ("dispatch alone, requires_grad vs autograd.Function.apply", lambda: grad_op(xg, 1.0),
+         lambda: Nothing.apply(xg, 1.0, None), 20000),
+        ("dispatch alone, forward + backward vs the same", lambda: grad_op(xg, 1.0).backward(dy),
+         lambda: Nothing.apply(xg, 1.0, None).backward(dy), 3000),
+    ]
+
+
+def cpu_host_profile(top: int = 8) -> None:
+    """Where each --cpu-host row's jitops call spends its time: cProfile's top functions by own time (the
+    profiler inflates every Python call alike; the ranking is what counts)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    torch.set_num_threads(1)
+    for name, ours, _, count in cpu_host_calls():
+        for _ in range(200):
+            ours()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(count):
+            ours()
+        profile.disable()
+        stats = pstats.Stats(profile, stream=io.StringIO())
+        print(f"\n## {name}: {stats.total_tt / count * 1e6:.1f} us a call under cProfile ({count} calls)")
+        for (path, line, function), (_, calls, own, _, _) in sorted(stats.stats.items(), key=lambda i: -i[1][2])[:top]:
+            where = f"{Path(path).name}:{line}({function})" if line else function
+            print(f"  {own / count * 1e6:6.2f} us  {calls / count:4.1f}x  {where}")
+
+
+def cpu_host() -> None:
+    """Issue 17's CPU table: the host time of jitops.gemm, linear, layer_norm and gelu against the torch op each
+    replaces, alternating in one process (harness.host_us), one thread, kernels already cached.  Variant
+    record in benchmarks/out/."""
+    import torch
+
+    from harness import host_us, save_record
+
+    torch.set_num_threads(1)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    calls = cpu_host_calls()
+    for _, ours, theirs, _ in calls:  # the first call of each loads (or compiles) its kernels
+        ours(), theirs()
+    rows = []
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    print("| call (CPU, fp32, one thread) | jitops (us) | torch (us) | ratio |\n| --- | --- | --- | --- |")
+    for name, ours, theirs, count in calls + cpu_dispatch_calls():
+        mine, base = host_us(ours, theirs, calls=count, rounds=5, warmup=max(count // 10, 100))
+        rows.append({"call": name, "ours_us": round(mine, 2), "baseline_us": round(base, 2),
+                     "ratio": round(mine / base, 2)})
+        print(f"| {name} | {mine:.1f} | {base:.1f} | {mine / base:.2f} |", flush=True)
+    load = os.getloadavg()
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in load)}")
+    path, _ = save_record("jit_latency", baseline="the torch op each call replaces, alternating in one process",
+                          rows=rows, summary={"load average": [round(v, 2) for v in load]}, variant="cpu-host",
+                          started=started)
+    print(f"\nJSON: {path}")
+
+
 def hot_pair(fn, baseline) -> tuple[float, float]:
     from harness import host_us
 
@@ -382,5 +529,9 @@ if __name__ == "__main__":
         cold_compile(sys.argv[2].split(",") if len(sys.argv) > 2 else list(COMPILE_FAMILIES))
     elif sys.argv[1:] == ["--cpu-add"]:
         cpu_add()
+    elif sys.argv[1:] == ["--cpu-host"]:
+        cpu_host()
+    elif sys.argv[1:] == ["--cpu-host-profile"]:
+        cpu_host_profile()
     else:
         main()

@@ -87,7 +87,10 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]  # autograd.Function's C app
 
 
 class _KernelsSlot(threading.local):
-    kernels: Any = None  # set by a public function just before its autograd.Function's apply, read by forward
+    # Set by a public function just before its autograd.Function's apply, read by forward: the loaded kernels
+    # and the run function of their device's implementation.
+    kernels: Any = None
+    run: Any = None
 
 
 _kernels_slot = _KernelsSlot()
@@ -230,12 +233,7 @@ class Op:
         """The op's backward returns one gradient per Tensor/Tensor?/Tensor[] argument, in order; non-tensor
         arguments get None here, and so does every input that does not need a gradient."""
         self._pad_needs_input_grad(ctx)
-        tensor_grads = self.backward(ctx, *grads)  # type: ignore[misc]
-        if not isinstance(tensor_grads, (tuple, list)):
-            tensor_grads = (tensor_grads,)
-        if len(tensor_grads) != len(self._differentiable):
-            raise RuntimeError(f"jitops.{self.name}: backward returned {len(tensor_grads)} gradients for "
-                               f"{len(self._differentiable)} tensor arguments")
+        tensor_grads = self._tensor_grads(self.backward(ctx, *grads))  # type: ignore[misc]
         result: list[Any] = [None] * len(self.args)
         # Omitted trailing arguments (see _pad_needs_input_grad) are no inputs and need no gradient; the surplus
         # Nones returned are allowed.
@@ -267,7 +265,8 @@ class Op:
         namespace: dict[str, Any] = {
             "__call": self._call, "__run_device": self._run_device, "__overload": self.overload,
             "__shape_class": self.shape_class, "__memo": self._memo, "__stats": stats,
-            "__run": self._cuda.run if self._cuda else None, "__Tensor": torch.Tensor,
+            "__run": self._cuda.run if self._cuda else None, "__cpu_run": self._cpu.run if self._cpu else None,
+            "__Tensor": torch.Tensor,
             "__Parameter": torch.nn.Parameter, "__strided": _STRIDED, "__is_compiling": _is_compiling,
             "__function_mode": _function_mode, "__dispatch_stack": _dispatch_stack, "__profiling": _profiling,
             "__grad_enabled": torch.is_grad_enabled, "__current_device": _current_device, "__several": True,
@@ -288,13 +287,14 @@ class Op:
 
     def _hot_path_body(self) -> str:
         """The public function's body.  Every call pays for it, so it is generated with the argument positions
-        unrolled, in one frame: plain dense CUDA tensors, no gradient needed, no mode, not compiling, a shape
-        class already loaded -> straight to the device implementation.  Anything else takes self._call.
+        unrolled, in one frame: plain dense tensors all on the current GPU or all on the CPU, no mode, not
+        compiling, a shape class already loaded -> straight to the device implementation (through the op's
+        autograd.Function's C apply when a gradient is to be recorded).  Anything else takes self._call.
         (Each torch attribute read costs ~0.07 us and each Python call ~0.1 us on the dev box; the budget for
         all of jitops' own work is ~2 us a call: benchmarks/bench_jit_latency.py.)"""
         names = [a.name for a in self.args]
         everything = ", ".join(names)
-        if not self._plain or self._cuda is None:
+        if not self._plain or (self._cuda is None and self._cpu is None):
             return f"    return __call({everything})\n"
         required = [self.args[i].name for i in self._tensor_positions]
         optional = [self.args[i].name for i in self._optional_positions]
@@ -306,36 +306,63 @@ class Op:
         elsewhere = [f"{first}.layout is not __strided"] + \
             [f"{n}.get_device() != __i or {n}.layout is not __strided" for n in required[1:]] + \
             [f"({n} is not None and ({n}.get_device() != __i or {n}.layout is not __strided))" for n in optional]
+        # get_device() is -1 on the CPU and on the meta device alike: is_cpu tells them apart (a meta tensor, or
+        # one CPU tensor among meta ones, takes the general path).
+        not_cpu = [f"not {first}.is_cpu or {first}.layout is not __strided"] + \
+            [f"not {n}.is_cpu or {n}.layout is not __strided" for n in required[1:]] + \
+            [f"({n} is not None and (not {n}.is_cpu or {n}.layout is not __strided))" for n in optional]
+        slow = f"__run_device(({everything},))"
         if self._autograd is not None:
             # With a gradient to record: the autograd.Function through its C apply (Function.apply's Python
             # wrapper unwraps functorch wrappers over every argument first: 2.6 us of a 31 us call on the dev
-            # box), the kernels found here handed to its forward through a thread-local slot, so the forward
-            # does not look them up again.
-            with_grad = (f"        if __functorch():\n"
-                         f"            return __grad_call({everything})\n"
-                         f"        __slot.kernels = __k\n"
-                         f"        return __capply({everything})\n")
-            # Other calls with a gradient (CPU tensors, a first call): the C apply too, the forward finding the
+            # box), the kernels found here and their run function handed to its forward through a thread-local
+            # slot, so the forward does not look them up again.
+            def with_grad(run: str) -> str:
+                return (f"        if __functorch():\n"
+                        f"            return __grad_call({everything})\n"
+                        f"        __slot.kernels = __k\n"
+                        f"        __slot.run = {run}\n"
+                        f"        return __capply({everything})\n")
+            # Other calls with a gradient (a first call, another GPU): the C apply too, the forward finding the
             # kernels itself (the slot is empty).
             slow_grad = f"(__grad_call({everything}) if __functorch() else __capply({everything}))"
         else:
-            with_grad = f"        return __grad_call({everything})\n"
+            def with_grad(run: str) -> str:
+                return f"        return __grad_call({everything})\n"
             slow_grad = f"__grad_call({everything})"
         to_dispatcher = f"__overload(*__coerce({everything}))" if self.coerce else f"__overload({everything})"
-        return (
+        body = (
             f"    if __is_compiling() or __function_mode() or __dispatch_stack() or __profiling():\n"
             f"        return {to_dispatcher}\n"
             f"    if {' or '.join(not_plain)}:\n"
             f"        return __call({everything})\n"
             f"    __grad = __grad_enabled() and ({' or '.join(grads)})\n"
-            f"    __i = {first}.get_device()\n"
-            f"    if __i < 0 or {' or '.join(elsewhere)} or (__several and __i != __current_device()):\n"
-            f"        return {slow_grad} if __grad else __run_device(({everything},))\n"
+            f"    __i = {first}.get_device()\n")
+        if self._cpu is not None:
+            # CPU tensors: the same memo (device index -1) and the CPU implementation's run.
+            body += (
+                f"    if __i < 0:\n"
+                f"        if {' or '.join(not_cpu)}:\n"
+                f"            return {slow_grad} if __grad else {slow}\n"
+                f"        __k = __memo.get((-1, __shape_class({everything})))\n"
+                f"        if __k is None:\n"
+                f"            return {slow_grad} if __grad else {slow}\n"
+                f"        if __grad:\n"
+                + "\n".join("    " + line for line in with_grad("__cpu_run").splitlines()) + "\n"
+                f"        __stats.memory_hits += 1\n"
+                f"        return __cpu_run(__k, {everything})\n")
+        if self._cuda is None:
+            return body + f"    return {slow_grad} if __grad else {slow}\n"
+        if self._cpu is None:
+            elsewhere.insert(0, "__i < 0")
+        return body + (
+            f"    if {' or '.join(elsewhere)} or (__several and __i != __current_device()):\n"
+            f"        return {slow_grad} if __grad else {slow}\n"
             f"    __k = __memo.get((__i, __shape_class({everything})))\n"
             f"    if __k is None:\n"
-            f"        return {slow_grad} if __grad else __run_device(({everything},))\n"
+            f"        return {slow_grad} if __grad else {slow}\n"
             f"    if __grad:\n"
-            f"{with_grad}"
+            f"{with_grad('__run')}"
             f"    __stats.memory_hits += 1\n"
             f"    return __run(__k, {everything})\n")
 
@@ -491,19 +518,43 @@ class Op:
             kernels = slot.kernels
             if kernels is None:
                 output = op._run_device(args)
-            else:  # the hot path found them (a CUDA call on the current device)
+            else:  # the hot path found them (a CPU call, or a CUDA call on the current device)
                 slot.kernels = None
                 stats.memory_hits += 1
-                output = op._cuda.run(kernels, *args)  # type: ignore[union-attr]
+                output = slot.run(kernels, *args)
             op.setup_context(ctx, args, output)  # type: ignore[misc]
             return output
 
-        def backward(ctx, *grads):
-            return op._backward(ctx, *grads)
-
         # Built with type() so the autograd node is named after the op: grad_fn=<jitops_geluBackward>.
         return type(f"jitops_{self.name}", (torch.autograd.Function,),
-                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                    {"forward": staticmethod(forward), "backward": staticmethod(self._make_backward())})
+
+    def _make_backward(self) -> Callable[..., tuple[Any, ...]]:
+        """The autograd.Function's backward: _backward's results, generated with the positions unrolled (2.3 us
+        of wrapper a backward on the dev box, against 0.1 us for the op's backward itself, in a trivial probe).
+        The Function's apply gets every argument, so needs_input_grad needs no padding."""
+        count = len(self._differentiable)
+        gradient = {position: j for j, position in enumerate(self._differentiable)}
+        results = [f"__g[{gradient[p]}] if __needs[{p}] else None" if p in gradient else "None"
+                   for p in range(len(self.args))]
+        source = ("def backward(ctx, *grads):\n"
+                  "    __g = __op.backward(ctx, *grads)\n"
+                  f"    if type(__g) is not tuple or len(__g) != {count}:\n"
+                  "        __g = __op._tensor_grads(__g)\n"
+                  "    __needs = ctx.needs_input_grad\n"
+                  f"    return ({', '.join(results)},)\n")
+        namespace: dict[str, Any] = {"__op": self}
+        exec(compile(source, f"<jitops backward {self.qualname}>", "exec"), namespace)  # noqa: S102 - generated
+        return namespace["backward"]
+
+    def _tensor_grads(self, tensor_grads: Any) -> tuple[Any, ...]:
+        """The op's backward's result as a tuple of one gradient per Tensor/Tensor?/Tensor[] argument."""
+        if not isinstance(tensor_grads, (tuple, list)):
+            tensor_grads = (tensor_grads,)
+        if len(tensor_grads) != len(self._differentiable):
+            raise RuntimeError(f"jitops.{self.name}: backward returned {len(tensor_grads)} gradients for "
+                               f"{len(self._differentiable)} tensor arguments")
+        return tuple(tensor_grads)
 
     def target(self, device_type: str, device_index: int) -> Target:
         if device_type == "cpu":

@@ -157,3 +157,203 @@ def test_add_general_class_limits():
     # the common call keeps its class: one shape, one dtype, alpha == 1 (alpha 1.0 and True included)
     for alpha in (1, 1.0, True):
         assert isinstance(add_module.shape_class(meta(3, 5), meta(3, 5), alpha), add_module.AddClass)
+
+
+# ---- the generated public function's branches (jitops/op.py: Op._hot_path_body) ---------------------------------
+def _declare(name: str, ran: list):
+    """An op with CPU and CUDA implementations that compile nothing: y = x * alpha (+ z), its run functions
+    recording which ran with which kernels."""
+    import jitops
+
+    def run(device):
+        def run_(k, x, alpha, z):
+            ran.append((device, k))
+            return x * alpha + (z if z is not None else 0)
+        return run_
+
+    def setup_context(ctx, inputs, output):
+        ctx.alpha = inputs[1]
+
+    def backward(ctx, grad):
+        return grad * ctx.alpha, grad
+
+    return jitops.op(f"hotpathtest::{name}(Tensor x, float alpha, Tensor? z=None) -> Tensor",
+                     shape_class=lambda x, alpha, z: ("class", x.dtype), fake=lambda x, alpha, z: torch.empty_like(x),
+                     cpu=jitops.Impl(lambda cls, target: {}, run("cpu")),
+                     cuda=jitops.Impl(lambda cls, target: {}, run("cuda")),
+                     setup_context=setup_context, backward=backward)
+
+
+def _no_general_path(function):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the call took the general path")
+    function.op._hot_globals["__run_device"] = refuse
+
+
+def test_cpu_calls_take_the_generated_memo_path():
+    import jitops
+
+    ran: list = []
+    fn = _declare("cpu_memo", ran)
+    x, z = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(fn(x, 2.0, z), x * 2 + z)  # the first call loads the class's (empty) kernels
+    loaded = fn.op._memo[(-1, ("class", torch.float32))]
+    _no_general_path(fn)
+    hits = jitops.stats.memory_hits
+    torch.testing.assert_close(fn(x, 3.0), x * 3)
+    torch.testing.assert_close(fn(x, 1.0, z), x + z)
+    assert ran[-2:] == [("cpu", loaded)] * 2 and jitops.stats.memory_hits == hits + 2
+
+
+def test_cpu_calls_with_a_gradient_hand_the_kernels_to_the_forward():
+    from jitops.op import _kernels_slot
+
+    ran: list = []
+    fn = _declare("cpu_grad", ran)
+    x, z = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
+    fn(x.detach(), 2.0, z)
+    loaded = fn.op._memo[(-1, ("class", torch.float32))]
+    _no_general_path(fn)
+    y = fn(x, 2.5, z)
+    assert ran[-1] == ("cpu", loaded) and type(y.grad_fn).__name__ == "jitops_cpu_gradBackward"
+    assert _kernels_slot.kernels is None  # taken by the forward
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.5))
+
+
+def test_the_generated_backward_maps_gradients_to_schema_positions():
+    ran: list = []
+    fn = _declare("backward_positions", ran)
+    x, z = torch.randn(2, 3, requires_grad=True), torch.randn(2, 3, requires_grad=True)
+    (fn(x, 3.0, z) * torch.arange(6.0).view(2, 3)).sum().backward()
+    torch.testing.assert_close(x.grad, 3.0 * torch.arange(6.0).view(2, 3))
+    torch.testing.assert_close(z.grad, torch.arange(6.0).view(2, 3))
+    x.grad = None
+    fn(x, 3.0, z.detach()).sum().backward()  # z needs none: its gradient is dropped, not an error
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+    fn.op.backward = lambda ctx, grad: [grad, None]  # a list is taken as a tuple
+    x.grad = None
+    fn(x, 3.0, z).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    fn.op.backward = lambda ctx, grad: grad  # one gradient for two tensor arguments
+    with pytest.raises(RuntimeError, match=r"jitops.backward_positions: backward returned 1 gradients for 2"):
+        fn(x, 3.0, z).sum().backward()
+
+
+def test_cpu_calls_the_generated_path_does_not_take():
+    ran: list = []
+    fn = _declare("cpu_general", ran)
+    x = torch.randn(3, 4)
+    fn(x, 1.0)
+    meta = torch.empty(3, 4, device="meta")
+    assert fn(meta, 1.0).device.type == "meta" and ran[-1][0] == "cpu"  # meta: the fake, nothing runs
+    with pytest.raises(ValueError, match="argument 'z' is on meta but 'x' is on cpu"):
+        fn(x, 1.0, meta)
+    with pytest.raises(TypeError, match="argument 'x' has layout torch.sparse_coo"):
+        fn(x.to_sparse(), 1.0)
+
+
+class CudaTensorLike:
+    """What the generated CUDA branch reads of a dense tensor on GPU 0."""
+
+    layout = torch.strided
+
+    def __init__(self, requires_grad=False):
+        self.requires_grad = requires_grad
+
+    def get_device(self):
+        return 0
+
+
+def test_the_generated_cuda_branch_on_stand_ins():
+    """The CUDA branch, with a stand-in tensor type: a memo hit runs the CUDA implementation with the remembered
+    kernels; with a gradient, the kernels and that run function go to the forward through the slot."""
+    from jitops.op import Kernels, _kernels_slot
+
+    ran: list = []
+    fn = _declare("cuda_branch", ran)
+    hot = fn.op._hot_globals
+    hot.update({"__Tensor": CudaTensorLike, "__current_device": lambda: 0, "__several": True,
+                "__shape_class": lambda x, alpha, z: "cuda class"})
+    _no_general_path(fn)
+    kernels = fn.op._memo[(0, "cuda class")] = Kernels({}, "cuda class")
+    hot["__run"] = lambda k, x, alpha, z: ran.append(("cuda", k)) or "out"
+    assert fn(CudaTensorLike(), 2.0, CudaTensorLike()) == "out" and ran[-1] == ("cuda", kernels)
+    applied = []
+    hot["__capply"] = lambda *args: applied.append((_kernels_slot.kernels, _kernels_slot.run, args)) or "grad out"
+    hot["__functorch"] = lambda: False
+    x = CudaTensorLike(requires_grad=True)
+    assert fn(x, 2.0, None) == "grad out"
+    assert applied == [(kernels, hot["__run"], (x, 2.0, None))]
+    _kernels_slot.kernels = _kernels_slot.run = None
+    hot["__current_device"] = lambda: 1  # another GPU is current: the general path
+    with pytest.raises(AssertionError, match="general path"):
+        fn(CudaTensorLike(), 2.0, None)
+
+
+# ---- the short-path shape classes on the CPU, against the general paths ---------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_gelu_cpu_short_path_classes(dtype, offset):
+    x = torch.randn(70, dtype=dtype)[offset:offset + 60]  # offset views: every vector width
+    for approximate in ("none", "tanh"):
+        assert gelu_module.shape_class(x, approximate) == gelu_module._class_for("gelu", [("x", x)], approximate)
+        grad = torch.randn(61, dtype=dtype)[1:]
+        assert gelu_module.backward_shape_class(grad, x, approximate) == \
+            gelu_module._class_for("gelu_backward", [("grad", grad), ("x", x)], approximate)
+    strided = torch.randn(60, 2, dtype=dtype)[:, 0]
+    assert gelu_module.shape_class(strided, "none") == gelu_module._class_for("gelu", [("x", strided)], "none")
+    with pytest.raises(ValueError, match="jitops.gelu_backward: .*shape"):
+        gelu_module.backward_shape_class(torch.randn(59, dtype=dtype), x, "none")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_layer_norm_cpu_short_path_classes(dtype):
+    x = torch.randn(3, 5, 24, dtype=dtype)
+    w, b = torch.nn.Parameter(torch.randn(24, dtype=dtype)), torch.randn(24, dtype=dtype)
+    for weight, bias in ((w, b), (None, b), (w, None), (None, None), (w.detach()[None, :].expand(2, 24)[1], b)):
+        assert ln.shape_class(x, [24], weight, bias, 1e-5) == ln._checked_shape_class(x, [24], weight, bias, 1e-5)
+    assert ln.shape_class(x[:, :, :0], [0], None, None, 1e-5) == ln._checked_shape_class(x[:, :, :0], [0], None,
+                                                                                           None, 1e-5)
+    for bad in ([23], [5, 24]):  # the general path's checks (and their errors) still apply
+        with pytest.raises(ValueError, match="normalized_shape"):
+            ln.shape_class(x, bad, w, b, 1e-5)
+    with pytest.raises(ValueError, match="argument 'bias' has shape"):
+        ln.shape_class(x, [24], w, torch.randn(23, dtype=dtype), 1e-5)
+    with pytest.raises(TypeError, match="'weight'"):
+        ln.shape_class(x, [24], w.double() if dtype != torch.float64 else w.float(), b, 1e-5)
+
+
+def test_layer_norm_short_path_takes_parameters(monkeypatch):
+    """nn.LayerNorm's weight and bias are Parameters: the CUDA short path takes them (it had sent every model
+    call to the general path)."""
+    class ParameterLike(CudaLike):
+        pass
+
+    monkeypatch.setattr(ln, "_Tensor", CudaLike)
+    monkeypatch.setattr(ln, "_Parameter", ParameterLike)
+    monkeypatch.setattr(ln, "_checked_shape_class", lambda *args: pytest.fail("took the general path"))
+    x = CudaLike((4, 1024), torch.bfloat16, 0x1000)
+    w, b = ParameterLike((1024,), torch.bfloat16, 0x2004), ParameterLike((1024,), torch.bfloat16, 0x3000)
+    assert ln.shape_class(x, [1024], w, b, 1e-5) == ln_plan.forward_class(torch.bfloat16, 1024, 2, 4, "int")
+
+
+def test_ops_with_one_device_send_the_other_to_the_general_path():
+    import jitops
+
+    cuda_only = jitops.op("hotpathtest::cuda_only(Tensor x) -> Tensor", shape_class=lambda x: 1,
+                          fake=lambda x: torch.empty_like(x), cuda=jitops.Impl(lambda cls, target: {}, lambda k, x: x))
+    with pytest.raises(ValueError, match=r"jitops.cuda_only: inputs are on cpu, but this op runs on cuda only"):
+        cuda_only(torch.randn(3))
+    ran: list = []
+    cpu_only = jitops.op("hotpathtest::cpu_only(Tensor x) -> Tensor", shape_class=lambda x: 1,
+                         fake=lambda x: torch.empty_like(x),
+                         cpu=jitops.Impl(lambda cls, target: {}, lambda k, x: ran.append(k) or x * 2))
+    x = torch.randn(3)
+    cpu_only(x)
+    _no_general_path(cpu_only)
+    torch.testing.assert_close(cpu_only(x), x * 2)  # the CPU branch, from the memo
+    assert ran[-1] is cpu_only.op._memo[(-1, 1)]
+    cpu_only.op._hot_globals["__Tensor"] = CudaTensorLike  # a GPU tensor: no CUDA branch, the general path
+    with pytest.raises(AssertionError, match="general path"):
+        cpu_only(CudaTensorLike())

@@ -94,6 +94,27 @@ def test_layer_norm_zero_rows_gives_zero_parameter_gradients():
     assert x.grad.shape == (0, 5)
 
 
+def test_layer_norm_backward_gets_no_zero_gradient_for_the_statistics(monkeypatch):
+    """stats is not differentiable: autograd hands the backward None for it (no zero tensor allocated each
+    backward), on the eager route and through torch.ops, and the gradients are torch's."""
+    seen = []
+    backward = ln.layer_norm_forward.op.backward
+
+    def spy(ctx, grad, grad_stats):
+        seen.append(grad_stats)
+        return backward(ctx, grad, grad_stats)
+
+    monkeypatch.setattr(ln.layer_norm_forward.op, "backward", spy)
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(3, 7, dtype=torch.float64)
+    jitops.layer_norm(x, [7], w).backward(dy)
+    torch.ops.jitops.layer_norm_forward(x, [7], w)[0].backward(dy)
+    assert seen == [None, None]
+    expected = torch.autograd.grad(F.layer_norm(x, [7], w), (x, w), dy)
+    torch.testing.assert_close((x.grad, w.grad), tuple(2 * g for g in expected))
+
+
 
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1,), (257, 1), (3, 5, 1)])

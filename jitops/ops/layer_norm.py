@@ -53,6 +53,7 @@ from .layer_norm_run import (STATS_DTYPE, _forward_cuda, _rows, run_backward_cpu
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 # ---- input checks (every error names the argument) -----------------------------------------------------------
@@ -112,11 +113,14 @@ def _concrete(x: torch.Tensor) -> bool:
 
 
 def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
-    """The forward's class.  Runs on every call, so the common call (a contiguous CUDA x, one normalized
-    dimension, weight and bias absent or contiguous vectors of x's dtype) takes a short path: a dozen tensor
-    queries where the general checks below make ~30 (1.9-2.8 us against 5.6 on the lent H100's hosts).  Anything
-    else, bad inputs included, takes the general path, which gives the same class or the error."""
-    if type(x) is _Tensor and len(normalized_shape) == 1 and x.is_cuda and x.is_contiguous():
+    """The forward's class.  Runs on every call, so the common call (a contiguous CUDA x or a CPU x, one
+    normalized dimension, weight and bias absent or vectors of x's dtype, contiguous on CUDA) takes a short
+    path: a dozen tensor queries where the general checks below make ~30 (1.9-2.8 us against 5.6 on the lent
+    H100's hosts).  Anything else, bad inputs included, takes the general path, which gives the same class or
+    the error."""
+    if type(x) is not _Tensor or len(normalized_shape) != 1:
+        return _checked_shape_class(x, normalized_shape, weight, bias, eps)
+    if x.is_cuda and x.is_contiguous():
         n = normalized_shape[0]
         shape = x.shape
         dtype = x.dtype
@@ -125,13 +129,15 @@ def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> 
             row = (n,)
             address = x.data_ptr()
             plain = True
+            # weight and bias are nn.Parameters in a model (LayerNorm's): they take this path too.
             if weight is not None:
-                plain = (type(weight) is _Tensor and weight.dtype is dtype and weight.shape == row
-                         and weight.is_contiguous())
+                plain = ((type(weight) is _Tensor or type(weight) is _Parameter) and weight.dtype is dtype and
+                         weight.shape == row and weight.is_contiguous())
                 if plain:
                     address |= weight.data_ptr()
             if bias is not None and plain:
-                plain = type(bias) is _Tensor and bias.dtype is dtype and bias.shape == row and bias.is_contiguous()
+                plain = ((type(bias) is _Tensor or type(bias) is _Parameter) and bias.dtype is dtype and
+                         bias.shape == row and bias.is_contiguous())
                 if plain:
                     address |= bias.data_ptr()
             if plain:
@@ -140,7 +146,22 @@ def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> 
                 while width > 1 and (n % width or address % (width * itemsize)):
                     width >>= 1
                 return forward_class(dtype, n, width, numel // n, "int" if numel < INT32_LIMIT else "long long")
+    elif x.is_cpu:  # the CPU kernel's class is the dtype's: only the checks (1.5 us through _check_inputs)
+        n = normalized_shape[0]
+        shape = x.shape
+        dtype = x.dtype
+        cls = _CPU_CLASSES.get(dtype)
+        if cls is not None and shape and shape[-1] == n and \
+                (weight is None or ((type(weight) is _Tensor or type(weight) is _Parameter) and
+                                    weight.dtype is dtype and weight.shape == (n,))) and \
+                (bias is None or ((type(bias) is _Tensor or type(bias) is _Parameter) and
+                                  bias.dtype is dtype and bias.shape == (n,))):
+            return cls
     return _checked_shape_class(x, normalized_shape, weight, bias, eps)
+
+
+# The CPU kernel takes every shape: its class is the dtype's (what _checked_shape_class builds on the CPU).
+_CPU_CLASSES = {dtype: ForwardClass(dtype, 0, 0, 0, "") for dtype in CPU_DTYPES}
 
 
 def _checked_shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
@@ -194,6 +215,9 @@ def setup_context(ctx, inputs, output) -> None:
     x, normalized_shape, weight, bias, eps = inputs
     _, stats = output
     ctx.mark_non_differentiable(stats)
+    # stats never gets a gradient: without this autograd allocates and fills a zero one for every backward.
+    # (backward() below takes None for either gradient.)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, stats, weight)
     ctx.normalized_shape = list(normalized_shape)
     ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
@@ -211,6 +235,9 @@ def backward(ctx, grad: torch.Tensor | None, grad_stats: torch.Tensor | None):
 
 
 # ---- jitops::layer_norm_backward -------------------------------------------------------------------------------
+_CPU_BACKWARD_CLASSES = {dtype: BackwardClass(dtype, 0, 0, 0, "", 0) for dtype in CPU_DTYPES}
+
+
 def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
                          need_dx: bool, need_dweight: bool, need_dbias: bool) -> BackwardClass:
     n = _check_inputs("layer_norm_backward", x, normalized_shape, (("weight", weight),))
@@ -222,7 +249,9 @@ def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     rows = numel // n if n else _rows(x, n, len(normalized_shape))
     if stats.dim() != 2 or stats.shape[0] != 2 or stats.shape[1] != rows:
         shapes.check_shape("layer_norm_backward", "stats", stats, (2, rows), "mean and rstd of every row")
-    if x.is_cpu or not _concrete(x):
+    if x.is_cpu:
+        return _CPU_BACKWARD_CLASSES[x.dtype]  # (the dtype was checked above)
+    if not _concrete(x):
         return BackwardClass(x.dtype, 0, 0, 0, "", 0)
     aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
     return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
