@@ -180,6 +180,9 @@ def _run_padded(kernels, x, weight, bias, activation, out, m: int, n: int, k: in
 
 def run_cpu(kernels, x, weight, bias, activation) -> torch.Tensor:
     """The reference semantics through ATen: fp32 accumulation (fp64 for fp64), one rounding at the end."""
+    if x.dtype is torch.float32 or x.dtype is torch.float64:  # already the accumulation type: no no-op .to()s
+        z = F.linear(x, weight, bias)
+        return z.contiguous() if activation is None else activate(z, activation).contiguous()
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     z = F.linear(x.to(acc), weight.to(acc), bias.to(acc) if bias is not None else None)
     return activate(z, activation).to(x.dtype).contiguous()
