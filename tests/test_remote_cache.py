@@ -440,6 +440,21 @@ def test_the_remote_disabled_imports_nothing_and_changes_nothing(tmp_path, serve
         assert runtime.remote_cache() is None
 
 
+def test_a_process_configured_for_the_remote_imports_the_client_and_the_idna_codec_at_import():
+    """`import jitops` with JITOPS_REMOTE_CACHE set imports the redis client and the idna codec (the first
+    connection's getaddrinfo() needs it: 0.9 ms) in a thread, before any lookup; without it, neither."""
+    code = ("import sys, threading, jitops\n"
+            "[t.join() for t in threading.enumerate() if t.name == 'jitops-redis-import']\n"
+            "print('redis' in sys.modules, 'encodings.idna' in sys.modules)")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("JITOPS_REMOTE")}
+    environ.update(PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    for url, expected in ((None, "False False"), ("redis://127.0.0.1:1/0", "True True")):
+        env = dict(environ, **({"JITOPS_REMOTE_CACHE": url} if url else {}))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[-2] == expected
+
+
 def test_settings_are_typed_and_the_secret_is_never_shown(monkeypatch):
     monkeypatch.setenv("JITOPS_REMOTE_CACHE", "http://cache:6379")
     with pytest.raises(ConfigError, match="JITOPS_REMOTE_CACHE.*redis://host:port/db"):
