@@ -152,7 +152,9 @@ IMPORT_REDIS = r"""
 import json, time, torch, jitops
 started = time.perf_counter()
 import redis
-print(json.dumps({"import_ms": (time.perf_counter() - started) * 1e3}))
+import_ms = (time.perf_counter() - started) * 1e3
+from redis.utils import HIREDIS_AVAILABLE
+print(json.dumps({"import_ms": import_ms, "hiredis": bool(HIREDIS_AVAILABLE)}))
 """
 
 
@@ -279,7 +281,7 @@ def main() -> None:
     disk = remote = imported = cold_none = miss_none = miss_down = miss_silent = cold_down = race_row = None
     cutlass: dict[str, dict] = {}
     cutlass_source = "not run (--cases)"
-    import_ms = None
+    import_ms = hiredis = None
     try:
         print(f"kernel: {kernel}; redis-server {binary} on port {server.port}; {args.reps} processes per case; "
               f"cases: {', '.join(c for c in CASES if c in selected)}", flush=True)
@@ -343,8 +345,9 @@ def main() -> None:
                 print(f"  CUTLASS rows skipped: {cutlass_source}", flush=True)
 
         if "gelu" in selected or "cutlass" in selected:
-            imports = [run_child(child_env(fresh(), None), IMPORT_REDIS)["import_ms"] for _ in range(args.reps)]
-            import_ms = statistics.median(imports)
+            imports = [run_child(child_env(fresh(), None), IMPORT_REDIS) for _ in range(args.reps)]
+            import_ms = statistics.median(i["import_ms"] for i in imports)
+            hiredis = imports[0]["hiredis"]
             print(f"  import redis after torch+jitops: {import_ms:.1f} ms (started in a thread when jitops is "
                   "imported with JITOPS_REMOTE_CACHE set)", flush=True)
 
@@ -392,7 +395,10 @@ def main() -> None:
 
     goals: dict[str, str] = {}
     notes: dict[str, object] = {"kernel": kernel, "reps": args.reps, "redis_server": binary,
-                                "import_redis_ms": round(import_ms, 1) if import_ms is not None else None}
+                                "import_redis_ms": round(import_ms, 1) if import_ms is not None else None,
+                                # redis-py reads replies with hiredis's C parser when it is installed, else in
+                                # Python (three more copies of a 2.7 MB payload: docs/benchmarks.md)
+                                "redis_parser": None if hiredis is None else "hiredis" if hiredis else "Python"}
     if disk and remote and imported:
         remote_vs_disk = remote["first_call_ms"] - disk["first_call_ms"]
         imported_vs_disk = imported["first_call_ms"] - disk["first_call_ms"]
@@ -464,7 +470,8 @@ def main() -> None:
           "process each: the compile's own variation is far larger than the remote's cost, which is the 'remote "
           "tier' column).  'remote tier': jitops.stats.remote_seconds, the process's wall time in the tier.")
     if import_ms is not None:
-        print(f"import redis after torch+jitops in a fresh process: {import_ms:.1f} ms (overlapped by a thread)")
+        print(f"import redis after torch+jitops in a fresh process: {import_ms:.1f} ms (overlapped by a thread); "
+              f"redis-py's reply parser: {notes['redis_parser']}")
     if cutlass:
         info = notes["cutlass"]
         print(f"CUTLASS rows: {info['kernel']}; cubin {info['cubin_bytes']} bytes, entry {info['entry_bytes']} "
