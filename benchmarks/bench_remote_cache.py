@@ -148,6 +148,53 @@ if found is not None:
 print(json.dumps(result))
 """
 
+# Where a CUTLASS remote hit's time goes: locate()'s remote path replayed step by step with the tiers' own
+# functions, in a fresh process with the client imported (the rows above time the path whole).
+CUTLASS_STEPS = r"""
+import json, os, threading, time
+import torch
+import jitops
+from jitops.cache import remote
+from jitops.runtime import runtime
+from cache_tools.manifest import parse_item, plan
+
+[job] = plan(parse_item(json.loads(os.environ["BENCH_ITEM"]), [os.environ["BENCH_ARCH"]], "bench")).jobs
+for thread in threading.enumerate():
+    if thread.name == "jitops-redis-import":
+        thread.join()
+steps = {}
+clock = [time.perf_counter()]
+def step(name):
+    now = time.perf_counter()
+    steps[name] = (now - clock[0]) * 1e3
+    clock[0] = now
+key, can_compile = runtime.key_for(job.request, job.target)
+step("key")
+disk = runtime.disk_cache()
+assert not list(runtime._verified_on_disk(disk, key, not can_compile))
+step("disk roots (miss)")
+fleet = runtime.remote_cache()
+client = fleet._connection()
+step("redis client object")
+pipe = client.pipeline(transaction=False)
+pipe.hmget(remote.entry_name(key.full), ["meta", "sig"])
+meta_bytes, signature = pipe.execute()[0]
+step("connect, HMGET meta sig")
+found_key, meta = remote.check_meta(key.full, meta_bytes, signature, key, not can_compile, fleet.settings)
+step("check meta (key halves, names, size)")
+pipe = client.pipeline(transaction=False)
+pipe.hmget(remote.entry_name(key.full), [f"file:{name}" for name in meta["files"]])
+fleet._renew(pipe, key.full, found_key.request_hash)
+values = pipe.execute()[0]
+step("HMGET files, renew TTL (one round trip)")
+blobs = remote.check_files(meta, values)
+step("check files (size, sha256)")
+entry = disk.store(found_key, blobs, meta, durable=False, checked=True)
+assert entry is not None
+step("store on the local disk (no fsync)")
+print(json.dumps(dict(steps, total=sum(steps.values()))))
+"""
+
 IMPORT_REDIS = r"""
 import json, time, torch, jitops
 started = time.perf_counter()
@@ -341,6 +388,11 @@ def main() -> None:
                 cutlass["imported"] = case("CUTLASS remote, client imported", imported_runs, tier="remote")
                 cutlass["entry"] = remote_runs[0]
                 cutlass["importing"] = sum(r["client_importing"] for r in remote_runs)
+                steps = [run_child(child_env(fresh(), server.url, BENCH_ITEM=json.dumps(CUTLASS_ITEM),
+                                             BENCH_ARCH=CUTLASS_ARCH), CUTLASS_STEPS) for _ in range(args.reps)]
+                cutlass["steps"] = {name: round(statistics.median(s[name] for s in steps), 2) for name in steps[0]}
+                print("  CUTLASS remote hit, step by step (medians, ms): " + "; ".join(
+                    f"{name} {ms:.2f}" for name, ms in cutlass["steps"].items()), flush=True)
             else:
                 print(f"  CUTLASS rows skipped: {cutlass_source}", flush=True)
 
@@ -426,7 +478,8 @@ def main() -> None:
                              "around it: not the GPU first-call figure",
                 "remote_minus_disk_ms": round(added, 2),
                 "remote_client_imported_minus_disk_ms": round(added_imported, 2),
-                "remote_processes_still_importing_the_client": cutlass["importing"]}
+                "remote_processes_still_importing_the_client": cutlass["importing"],
+                "remote_hit_steps_ms": cutlass["steps"]}
         else:
             goals[goal] = f"not measured: {cutlass_source}"
             notes["cutlass"] = {"skipped": cutlass_source}
