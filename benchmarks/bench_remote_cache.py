@@ -19,6 +19,8 @@ initialised on a GPU and the input made, before the clock starts), the median of
                    where the verified cubin bytes are in hand.  The driver's module load that follows needs a GPU
                    and is the same for both tiers: it is not measured here, and neither is the op's Python around
                    it, so these rows are not the GPU first-call figure
+  CUTLASS remote hit, step by step   the same remote hit replayed with the tiers' own functions, each step timed
+                   (key, disk miss, client, meta request and check, file request, sha256 check, local store)
 then 8 processes on 2 simulated nodes (two disk caches, one Redis) racing on the cold key, after a barrier.
 
 The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (the same CUTLASS 3 kernel, whole first calls, the
@@ -509,7 +511,8 @@ def main() -> None:
     else:
         path = None
         print(f"\n## remote_cache, cases {args.cases} (no record written)\n")
-    print(f"kernel: {kernel}; medians of {args.reps} fresh processes (one for the compiles)\n")
+    print(f"{'gelu rows: ' + kernel + '; ' if 'gelu' in selected else ''}medians of {args.reps} fresh processes "
+          "(one for the compiles)\n")
     print("| case | first call (ms) | vs | remote tier (ms) | compiles | disk hits | remote hits | warnings/process |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
