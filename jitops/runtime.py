@@ -268,8 +268,9 @@ class Runtime:
     def _store_remote_hit(self, found: remote.RemoteEntry, key: CacheKey, disk: DiskCache,
                           request: BuildRequest) -> tuple[Path, dict[str, Any], CacheEntry | None]:
         """Where a verified remote entry now lies on this node: the writable root (the atomic publish, without
-        fsync: a copy a crash tears fails its checksum and is fetched again), else a private directory."""
-        entry = disk.store(found.key, found.blobs, found.meta, durable=False)
+        fsync: a copy a crash tears fails its checksum and is fetched again; its meta's checksums, just compared
+        with the bytes, are not computed again), else a private directory."""
+        entry = disk.store(found.key, found.blobs, found.meta, durable=False, checked=True)
         if entry is not None:
             return entry.path, entry.meta, entry
         directory = Path(tempfile.mkdtemp(prefix=f"jitops-{request.kernel}-remote-"))
