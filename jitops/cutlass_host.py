@@ -56,6 +56,17 @@ def elf_symbol(image: bytes, name: str) -> bytes:
     raise KeyError(f"jitops: symbol {name!r} not found in the cubin")
 
 
+def cubin_u64_table(image: bytes, name: str, fields: tuple[str, ...], source: str) -> tuple[int, ...]:
+    """A kernel's exported `__constant__ u64 name[]` (launch facts, Params offsets), checked against the fields the
+    host side expects; `source` names the kernel file for the message when the two disagree."""
+    raw = elf_symbol(image, name)
+    values = struct.unpack(f"<{len(raw) // 8}Q", raw)
+    if len(values) != len(fields):
+        raise ValueError(f"jitops: the cubin's {name} has {len(values)} fields, expected {len(fields)}: {source} "
+                         "and its host side disagree")
+    return values
+
+
 # ---- the GEMM's Params layout ------------------------------------------------------------------------------------
 # The order of JITOPS_GEMM_LAYOUT in kernels/gemm/sm90_gemm.cuh.
 GEMM_LAYOUT_FIELDS = (
@@ -86,12 +97,8 @@ class GemmLayout(NamedTuple):
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "GemmLayout":
-        raw = elf_symbol(cubin, "jitops_gemm_layout")
-        values = struct.unpack(f"<{len(raw) // 8}Q", raw)
-        if len(values) != len(GEMM_LAYOUT_FIELDS):
-            raise ValueError(f"jitops: the cubin's jitops_gemm_layout has {len(values)} fields, expected "
-                             f"{len(GEMM_LAYOUT_FIELDS)}: the kernel source and jitops/cutlass_host.py disagree")
-        return GemmLayout(*values)
+        return GemmLayout(*cubin_u64_table(cubin, "jitops_gemm_layout", GEMM_LAYOUT_FIELDS,
+                                           "kernels/gemm/sm90_gemm.cuh"))
 
 
 # ---- what CUTLASS's make_tma_copy passes to cuTensorMapEncodeTiled ---------------------------------------------

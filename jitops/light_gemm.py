@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, _TmaDriver, elf_symbol
+from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
 from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
@@ -68,13 +68,8 @@ class LightInfo(NamedTuple):
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
-        raw = elf_symbol(cubin, "jitops_light_gemm_info")
-        values = struct.unpack(f"<{len(raw) // 8}Q", raw)
-        if len(values) != len(INFO_FIELDS):
-            raise ValueError(f"jitops: the cubin's jitops_light_gemm_info has {len(values)} fields, expected "
-                             f"{len(INFO_FIELDS)}: kernels/gemm/sm90_light_gemm.cu and jitops/light_gemm.py "
-                             "disagree")
-        return LightInfo(*values)
+        return LightInfo(*cubin_u64_table(cubin, "jitops_light_gemm_info", INFO_FIELDS,
+                                          "kernels/gemm/sm90_light_gemm.cu"))
 
 
 def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True) -> LightInfo:
