@@ -1,6 +1,6 @@
 """Loading cubins and launching them on torch's current stream; calling host libraries through ctypes.
 
-Measured on the lent H100 (2026-11-22, with probes since deleted; git log -- benchmarks/ has them):
+Measured on the H100 (with probes since deleted; git log -- benchmarks/ has them):
 per-call cost of a launch, 1-element tensors, each with a torch.empty_like of 1.7 us, torch.add = 6.4 us:
     cupy Function(...) with numpy scalars        10.1 us
     cupy Function(...) with Python ints           8.0 us
@@ -128,7 +128,7 @@ def _bind_context(device_index: int) -> None:
     torch creates the primary context but a thread that has made no runtime call yet (autograd's device
     threads, user threads) has no current context, and driver calls then fail with CUDA_ERROR_INVALID_CONTEXT.
     torch.cuda.set_device skips its cudaSetDevice when the device already reads as current (device 0 in a
-    fresh thread: seen in autograd's backward thread on the lent H100, where a CUTLASS host library's
+    fresh thread: seen in autograd's backward thread on the H100, where a CUTLASS host library's
     cuTensorMapEncodeTiled failed with 201), so the primary context is bound through the driver if needed."""
     torch.cuda.set_device(device_index)
     lib = _Driver.get().lib
@@ -161,7 +161,7 @@ _SM_COUNTS: dict[int, int] = {}
 
 
 def sm_count(device_index: int) -> int:
-    """Multiprocessors of a device (132 on the lent H100), read once."""
+    """Multiprocessors of a device (132 on the H100), read once."""
     count = _SM_COUNTS.get(device_index)
     if count is None:
         count = _SM_COUNTS[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -221,8 +221,8 @@ class CudaFunction:
         self._is_ptr = tuple(kind == "ptr" for kind in self.signature)
         self._launches = 0
         # The first launches go through a generic launcher: generating the fast one compiles Python source,
-        # 0.18-0.25 ms a kernel on the dev box (about 1 ms under cProfile on the lent H100's host), which a warm
-        # first call (2.7-3.6 ms there, bench_jit_latency.py, 2026-11-22) should not pay.
+        # 0.18-0.25 ms a kernel on the dev box (about 1 ms under cProfile on the H100 machine's host), which a warm
+        # first call (2.7-3.6 ms there, bench_jit_latency.py) should not pay.
         self.launch = self._launch_generic
 
     def _launch_generic(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args: Any,

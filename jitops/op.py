@@ -12,7 +12,7 @@ The declaration is registered once with torch.library (so autograd, torch.compil
 torch.library.opcheck see a real op) and returns the public Python function.
 
 Routes.  Going through the dispatcher costs 8.5 us a call with a Python kernel, 13.7 us once an autograd
-kernel is registered, 10.6 us as an autograd.Function, where torch.add costs 6.4 us (lent H100, 2026-11-22).
+kernel is registered, 10.6 us as an autograd.Function, where torch.add costs 6.4 us (H100).
 So the public function, generated per op:
   - compiling, a torch function/dispatch mode, the profiler, or a tensor subclass -> torch.ops.<ns>.<name>;
   - a gradient to record -> the op's own autograd.Function (same setup_context and backward as registered);
@@ -508,7 +508,7 @@ class Op:
     def _make_autograd_function(self) -> type | None:
         """Eager calls that need a gradient use this autograd.Function, which runs the device implementation
         directly: 10.6 us a call where going through register_autograd's dispatcher path costs 13.7 us
-        (probe, lent H100).  Both run the op's own setup_context and backward."""
+        (probe, H100).  Both run the op's own setup_context and backward."""
         if self.backward is None or self._list_positions:
             return None
         op = self
@@ -593,7 +593,7 @@ class Op:
         self._memo[(device_index, shape_class)] = kernels
         if device_index >= 0:
             # With one visible GPU the tensor's device is always the current one: the hot path skips asking
-            # (0.21 us of its ~12 on the lent H100).  Known only now: asking at import would initialise CUDA.
+            # (0.21 us of its ~12 on the H100).  Known only now: asking at import would initialise CUDA.
             self._hot_globals["__several"] = torch.cuda.device_count() > 1
         return kernels
 

@@ -16,6 +16,7 @@ SOURCES = sorted((REPO / "jitops").rglob("*.py"))
 
 CLOCK = re.compile(r"(?<![\w:.])([01]?\d|2[0-3]):[0-5]\d(?![\w:])")   # 13:13, 9:05 UTC; not a[1:10] or 1:2:3
 RUN_N = re.compile(r"\b(?:run|runs) \d+(?:-\d+)?\b|\b(?:first|second|third|last) run\b", re.IGNORECASE)
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")   # a run's date: docs/benchmarks.md holds it with the run
 FILE = re.compile(r"(?<![\w/])(?:benchmarks|docs|tools|kernels)/[\w*./-]*[\w*]")  # a path in the repository
 
 # Files that still have them, each named until it is cleaned (remove the entry then: a stale one fails).
@@ -39,7 +40,7 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
 def diary_lines(path: Path) -> list[str]:
     bad = []
     for line, text in comments_and_docstrings(path):
-        for pattern, what in ((CLOCK, "clock time"), (RUN_N, "run number")):
+        for pattern, what in ((DATE, "run date"), (CLOCK, "clock time"), (RUN_N, "run number")):
             for match in pattern.finditer(text):
                 bad.append(f"{path.relative_to(REPO)}:{line}: {what} {match.group(0)!r}")
         for match in FILE.finditer(text):
@@ -66,7 +67,7 @@ def test_the_patterns_can_fail(tmp_path):
                       "x = a[1:10]  # second run: 21.2 us (benchmarks/results/gone_1642.json)\n"
                       "y = 1  # 16:42 UTC, run 7\n")
     found = [line.split(": ", 1)[1] for line in diary_lines_at(sample, tmp_path)]
-    assert found == ["clock time '13:13'", "run number 'second run'", "benchmarks/results/gone_1642.json is not "
+    assert found == ["run date '2026-11-22'", "clock time '13:13'", "run number 'second run'", "benchmarks/results/gone_1642.json is not "
                      "in the tree", "clock time '16:42'", "run number 'run 7'"]
 
 

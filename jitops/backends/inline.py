@@ -1,7 +1,7 @@
 """C++ (CPU kernels) or CUDA C++ with torch-aware host code, through torch.utils.cpp_extension.load_inline.
 
 The build goes into the runtime's build directory and the resulting Python extension module is stored in the
-cache entry.  A warm hit imports that .so directly (importlib, 2 ms on the lent H100 box): ninja and the
+cache entry.  A warm hit imports that .so directly (importlib, 2 ms on the H100 machine): ninja and the
 compiler never run again, where load_inline's own warm path (ninja's check, then import) took 21 ms.
 """
 from __future__ import annotations

@@ -78,7 +78,7 @@ class NvrtcBackend(Backend):
 
     def compile(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
         # NVRTC runs one compile at a time per process (16 threads' CUTLASS 3 compiles finished about 25 s apart
-        # on the lent H100), so a CUTLASS compile off the main thread (the background pool, prefetches) runs in
+        # on the H100), so a CUTLASS compile off the main thread (the background pool, prefetches) runs in
         # a child process of its own: they then build side by side.  The child's start (importing jitops, about
         # 2 s) is small against such a compile (40-50 s) and large against a plain kernel's (0.2 s), which
         # compiles here.

@@ -86,7 +86,7 @@ def _macro(path: Path, name: str, head: int = 65536) -> str | None:
     """A numeric #define from the first `head` bytes of a header (cuda.h is 1.1 MB; its CUDA_VERSION sits
     near the top).  A plain search, not a regex: the regexes, compiled per macro, were most of the CUDA header
     identity's cost, 1.03 ms against 0.12 ms now for a toolkit's headers on the dev box, in a warm first call
-    that takes 2.7-3.6 ms on the lent H100 (bench_jit_latency.py, 2026-11-22)."""
+    that takes 2.7-3.6 ms on the H100 (bench_jit_latency.py)."""
     try:
         with open(path, "rb") as fh:
             text = fh.read(head)

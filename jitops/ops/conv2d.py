@@ -274,7 +274,7 @@ def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> 
 
 # The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu),
 # for plans of two or more slices; one slice is copied into dw by torch.  config.conv2d_wgrad_reduce_kernel=False:
-# torch's sum over the slices, then a copy, for every plan (bench_conv2d.py times both).  Lent H100, 2026-11-22,
+# torch's sum over the slices, then a copy, for every plan (bench_conv2d.py times both).  H100,
 # ResNet-50 at batch 32: split layers 0.7-3.4 us faster each with the kernel (L9 28.4 against 31.7 us), unsplit
 # ones 1.7-3.8 us slower (L20 40.2 against 36.4: torch's copy moves 4 elements a thread).
 WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.cu"),

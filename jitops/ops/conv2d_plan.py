@@ -24,7 +24,7 @@ HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on an
 
 
 # Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a cost model (plan_gemm)
-# fitted to measurements on the lent H100 (tools/data/conv2d-*.json).  wgrad splits GEMM-K (N*P*Q) into fp32
+# fitted to measurements on the H100 (tools/data/conv2d-*.json).  wgrad splits GEMM-K (N*P*Q) into fp32
 # partial sums where that pays.  fprop/dgrad have a split-K variant (SPLIT_TILE) that is compiled and used only
 # when forced with config.conv2d_splits: on ResNet-50 at batch 32 it measured slower (the 7x7 3x3 layer: 32 us split
 # 2 x 128x128, 27 us unsplit 128x64).
@@ -48,7 +48,7 @@ class Tile(NamedTuple):
 TILES = {"64x64": Tile(64, 64), "64x192t3": Tile(64, 192, taps=3),
          "64x128": Tile(64, 128), "64x256": Tile(64, 256), "128x64": Tile(128, 64), "128x128": Tile(128, 128),
          "128x256": Tile(128, 256), "128x64c1x2": Tile(128, 64, 1, 2), "128x64c2x1": Tile(128, 64, 2, 1),
-         # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (lent H100, 2026-11-22):
+         # Candidates `bench_conv2d.py --tiles` times; in no plan.  Clusters for wgrad (H100):
          # the 128x128 ones within 1-3 us of 128x128; 64x128c2x1 up to 2x slower than 64x128 on the 64-channel
          # 3x3 layer.
          "128x128c2x1": Tile(128, 128, 2, 1), "128x128c1x2": Tile(128, 128, 1, 2), "64x128c2x1": Tile(64, 128, 2, 1),
@@ -64,7 +64,7 @@ SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only 
 # fprop/dgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles, per tile (a cluster
 # tile has its own: its CTAs share the loads of the operand they have in common), fitted by least squares
 # (relative error) by tools/fit_conv_gemm_cost.py to every ResNet-50 layer and the reference layer at each
-# tile, one slice (lent H100, 2026-11-22, tools/data/conv2d-fprop-dgrad-tiles.json; dgrad on its unit-stride
+# tile, one slice (H100, tools/data/conv2d-fprop-dgrad-tiles.json; dgrad on its unit-stride
 # layers): median error 8.5% (fprop), 7.9% (dgrad).  It replaced relative tile efficiencies set
 # by hand, whose plans measured 0.852x of cuDNN's fprop in that run against 0.894x for this model's (the best
 # tile per layer: 0.899x).  The 128x128-per-two-SMs cluster (128x64c1x2, the activation tile multicast) is what
@@ -79,7 +79,7 @@ GEMM_TILE_US = {
 # a cluster tile costs as its tile, less the operand bytes it multicasts; work tiles counted as the kernel's
 # scheduler does, wgrad_work_tiles), fitted by least squares (relative error) by tools/fit_wgrad_cost.py
 # to 1322 timings of ResNet-50's wgrad layers at batch 32 and the 3x3 reference layer, every candidate tile at
-# 1 to 131 slices (lent H100, 2026-11-22, tools/data/conv2d-wgrad-tiles-*.json): median error 6.8%, 90th
+# 1 to 131 slices (H100, tools/data/conv2d-wgrad-tiles-*.json): median error 6.8%, 90th
 # percentile 19%.
 # The fit also has a term for the bytes of dy and x (170 us per GB from DRAM), the same for every plan of a
 # layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 0.9 us against
@@ -162,7 +162,7 @@ def wgrad_flat(tile: str, channels: int, filter_rs: tuple[int, int]) -> bool:
     through TMA (WGRAD_FLAT in kernels/conv/conv2d_sm90.cu): only when its tiles of the (C,S,R) mode are flat
     column ranges, i.e. a 1x1 filter, C a multiple of a one-tap TILE_N, or a tile over a whole filter row.  The
     other kernels store from registers, element by element (3-11 us slower on ResNet-50's one-slice layers,
-    lent H100, 2026-11-22)."""
+    H100)."""
     t = TILES[tile]
     if t.taps > 1:
         return wgrad_tile_serves(tile, channels, filter_rs)
@@ -181,7 +181,7 @@ def wgrad_candidates(channels: int, filter_rs: tuple[int, int]) -> tuple[str, ..
     64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
     1x1 filters, and tiles over several taps where the filter's width takes them.  Clusters (multicast of the
     shared operand) were the fastest tile on 12 of the 14 1x1 layers of ResNet-50 and slower on 5 of the 7 3x3
-    ones (lent H100, 2026-11-22, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json)."""
+    ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json)."""
     one_by_one = filter_rs == (1, 1)
     tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
                   (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
@@ -326,7 +326,7 @@ def _im2col_shared_bytes(block_rows: int, columns: int, element_size: int) -> in
 # For the stem (7x7 stride 2, C=3, 224x224, batch 32) that is a 40 MB matrix of 48 columns and 4 k-steps a tile
 # instead of 122 MB, 152 columns, 3 k-steps.  The weight gradient is the same wgrad over the folded matrix, its
 # (R/fold, 1) filter of fold*S*C channels unfolded into dw.  _plan_fold picks by writing and reading the matrix
-# at the im2col kernel's measured rate (122 MB in 81.5 us on the lent H100, 2026-11-22) plus the GEMM's fitted
+# at the im2col kernel's measured rate (122 MB in 81.5 us on the H100) plus the GEMM's fitted
 # cost.
 IM2COL_MB_PER_US = 122 / 81.5
 

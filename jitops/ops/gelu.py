@@ -28,7 +28,7 @@ APPROXIMATIONS = {"none": 0, "tanh": 1}
 BLOCK = 256
 # 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
 INT32_LIMIT = 2**30
-# Tuning (benchmarks/bench_gelu.py --sweep, lent H100 2026-11-22, 2^28 elements: every variant below within 5%
+# Tuning (benchmarks/bench_gelu.py --sweep, H100, 2^28 elements: every variant below within 5%
 # of the 3.0 TB/s copy except where noted): 16-byte vectors each thread loads before computing - forward 4 (bf16
 # erf 358 us where 1 and 2 took 372), backward 2 (bf16 erf 525 us; 4 took 535: 97 registers, 2 blocks an SM;
 # 8 took 671) - the grid cap in blocks per SM (0: one block per tile; capping at 8 or 16 a SM cost 5-10%), and

@@ -79,7 +79,7 @@ def _address_units(t: torch.Tensor) -> int:
 
 # The wave model that picks a tile for the shapes no special bucket claims.  A persistent kernel runs its tiles in
 # waves of one tile an SM; a problem costs about (waves) x (one tile's time), one tile's time being its area over its
-# relative speed.  Speeds fitted to `bench_gemm.py --sweep-survey` (lent H100, 2026-11-22; docs/benchmarks.md, gemm):
+# relative speed.  Speeds fitted to `bench_gemm.py --sweep-survey` (H100; docs/benchmarks.md, gemm):
 # per output element of a wave, on the seven shapes of 512 rows or more with K >= 4096, a 128x128 tile took 1.02-1.16x
 # (median 1.07) the time of a 128x256 and a 128x64 1.43-1.75x (median 1.57), leaving out one 128x256 point far off its
 # other runs: speeds 0.93 and 0.66 (0.64 picks the same tile for every shape of the survey, the goal and the tests).
@@ -89,7 +89,7 @@ WAVE_SMS = 132
 # A decode step streams b through few tiles, one an SM, each bound by its SM's bandwidth and its K loop, so the
 # widest tile that still gives most SMs a tile wins: with 1-64 rows, N = 14336 ran best on 64x128 tiles (112 of
 # them; x0.97-1.01 of torch.matmul, 64x64 x0.88-0.94) and N = 8192 on 64x64 (128 tiles; x0.89-0.98, 64x128
-# x0.77-0.87); 64x32 tiles won nowhere (`bench_gemm.py --sweep-decode`, lent H100, 2026-11-22).
+# x0.77-0.87); 64x32 tiles won nowhere (`bench_gemm.py --sweep-decode`, H100).
 DECODE_WIDE_TILES = 99  # 3/4 of WAVE_SMS
 WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66)}
 
@@ -101,7 +101,7 @@ def _wave_cost(bucket: str, m: int, n: int) -> float:
 
 
 def _bucket(m: int, n: int, k: int) -> str:
-    """Which tile configuration (measured on the lent H100: docs/benchmarks.md, gemm).  Shapes repeat, so the
+    """Which tile configuration (measured on the H100: docs/benchmarks.md, gemm).  Shapes repeat, so the
     answer is memoized (the shape class runs on every call), but not for torch.compile's symbolic sizes, which
     cannot be hashed."""
     if type(m) is int and type(n) is int and type(k) is int:
@@ -284,8 +284,8 @@ class Sm80Config(NamedTuple):
         return self.stages * (tm * tk + tk * tn) * element_size
 
 
-# Size bucket -> configuration.  Measured on the lent H100: docs/benchmarks.md.
-# bf16 on the lent H100, 2026-11-22, `bench_gemm.py --tune` (TFLOP/s; torch.matmul 630-695 in the same run):
+# Size bucket -> configuration.  Measured on the H100: docs/benchmarks.md.
+# bf16 on the H100, `bench_gemm.py --tune` (TFLOP/s; torch.matmul 630-695 in the same run):
 #   4096^3: 128x256 cooperative 2x1, swizzle 8: 693 (swizzle 1: 662; 256x128 1x2: 680; 128x128 ping-pong: 635);
 #   4000^3: 128x256 swizzle 8: 648 (swizzle 1: 613); 8192x8192x1024: 128x128 ping-pong 2x1: 651, 128x256: 602;
 #   128x8192x8192: 128x64 cooperative 1x2 (A multicast): 332, 128x64 1x1: 329, 128x128 stream-K: 282.
@@ -325,7 +325,7 @@ def _swizzle(config: Sm90Config, m: int, n: int) -> int:
     """The scheduler's tile swizzle: the configuration's, but 1 when there are fewer than 16 tile rows or columns,
     and halved until it divides both counts.  CUTLASS pads the swizzled side's tiles to a multiple of the swizzle
     with empty tiles: 512x14336x4096 (4 tile rows) ran at 194.6 us with swizzle 8 against 96.3 for torch.matmul
-    (`bench_gemm.py --survey`, lent H100, 2026-11-22)."""
+    (`bench_gemm.py --survey`, H100)."""
     tiles_m, tiles_n = -(-m // config.tile[0]), -(-n // config.tile[1])
     swizzle = config.swizzle if min(tiles_m, tiles_n) >= 16 else 1
     while swizzle > 1 and (tiles_m % swizzle or tiles_n % swizzle):

@@ -1,4 +1,4 @@
-"""How jitops.grouped_gemm picks its kernel: the tile configurations and tile orders measured on the lent H100,
+"""How jitops.grouped_gemm picks its kernel: the tile configurations and tile orders measured on the H100,
 the shape classes' kernel facts (dtype, operand layouts, configuration), and the layout rules that decide, per
 operand, whether the kernel reads it as it is, reads a copy, or cannot (then the ATen loop runs).
 
@@ -17,7 +17,7 @@ from ..config import config
 ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
 
 # Tile configurations: structs in grouped_gemm.cu.  One is used: each configuration is a ~50 s nvcc compile per
-# (dtype, layout of A, layout of B), and on the lent H100 (2026-11-22, bench_grouped_gemm.py --sweep-only) the
+# (dtype, layout of A, layout of B), and on the H100 (bench_grouped_gemm.py --sweep-only) the
 # 128x256 cooperative tile with a 2x1 cluster was the fastest of nine on the mixture-of-experts case (291
 # TFLOP/s; 64x256 ping-pong 290, 256x128 1x2 287, 128x128 277) and on 8 x 2048x4096x4096 (648-670; 256x128
 # 1x2 639-655, 128x256 1x1 643).  With one configuration the mixture-of-experts forward, dx and dW and the

@@ -34,7 +34,7 @@ the index width (32-bit below 2^30 elements).  The backward adds where dweight/d
 that fit in one tile), shared memory, or a column kernel for rows too long for either (n above about 20000 in
 fp32/bf16/fp16, 10000 in fp64); and from 2 to FEW_ROWS (64) rows, a kernel that sums them column by column
 straight from dy and x (no partial sums to write and reduce).  The benchmark set's buckets were measured on the
-lent H100: docs/benchmarks.md.  See kernels/layer_norm.cu.
+H100: docs/benchmarks.md.  See kernels/layer_norm.cu.
 """
 from __future__ import annotations
 
@@ -346,7 +346,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     if type(normalized_shape) is int:
         normalized_shape = (normalized_shape,)
     # With a gradient to record, the forward op saves each row's statistics for the backward; without one the
-    # inference op skips them: one allocation (2.6-3.1 us of a 12-19 us call on the lent H100's hosts) and 8
+    # inference op skips them: one allocation (2.6-3.1 us of a 12-19 us call on the H100 machine's host) and 8
     # bytes a row fewer.
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):

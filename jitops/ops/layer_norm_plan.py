@@ -1,5 +1,5 @@
 """How jitops.layer_norm picks its kernels: the hidden-size buckets (threads per row, vectors per thread), the
-vector width, and where the backward sums dweight/dbias, with the constants measured on the lent H100 that set
+vector width, and where the backward sums dweight/dbias, with the constants measured on the H100 that set
 them (benchmarks/bench_layer_norm.py --sweep; figures in docs/benchmarks.md).
 
 Pure: the shape classes in jitops/ops/layer_norm.py call forward_class, backward_class and _vector_width.
@@ -19,7 +19,7 @@ INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid 
 # in registers, and the most threads per row.  The backward also keeps dweight/dbias sums for its columns, hence
 # at most 512 threads (<= 128 registers each).  Fewer than SMALL_ROWS rows leave the GPU mostly idle and the
 # time is one row's latency: then a row is spread one 16-byte vector per thread when it fits in one block.
-# Sweep on the lent H100 (2026-11-22, bench_layer_norm.py --sweep, us ours/torch): forward tiles of 128 bytes
+# Sweep on the H100 (bench_layer_norm.py --sweep, us ours/torch): forward tiles of 128 bytes
 # against 64: (65536, 1024) bf16 98.8 vs 104.5 (torch 154.6), (4096, 4097) bf16 61.6 vs 72.2 (torch 97.5), the
 # headline (16384, 8192) bf16 equal (198); backward tiles of 32 bytes against 64: the headline 356 vs 294 (torch
 # 672), so 64.  Capping the forward grid at 4 blocks an SM instead of 16 cost 3-10%.  But 128-byte forward tiles
@@ -36,7 +36,7 @@ SMALL_ROWS = 256
 
 # From 2 to FEW_ROWS rows the backward's dweight/dbias come from layer_norm_param_grads (reads dy and x again,
 # column-wise) instead of per-block partial sums plus their reduction (writes and re-reads 2 x rows x n floats).
-# Without it (lent H100, 2026-11-22): (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only
+# Without it (H100): (64, 1024) fp16/bf16 backward 4.5-4.6 us against torch's 4.3, the only
 # rows of the benchmark set slower than torch.  One row keeps its one-kernel path (the row kernel writes them itself).
 FEW_ROWS = 64
 

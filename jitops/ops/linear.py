@@ -8,7 +8,7 @@ run in the GEMM's epilogue.
 
 Features that are not multiples of 8 (an LM head over GPT-2's 50257 tokens) rule out the TMA kernels, whose
 rows must be 16-byte multiples: the CUTLASS 2 kernels that take them, and cuBLAS, run such a layer at a fraction of
-the speed (torch.matmul took 3.46 ms for (4096, 1024) x (1024, 50257) bf16 on the lent H100, 122 TFLOP/s).  Such
+the speed (torch.matmul took 3.46 ms for (4096, 1024) x (1024, 50257) bf16 on the H100, 122 TFLOP/s).  Such
 a call copies weight (and x, bias) into zero-padded operands, runs the TMA kernel on the padded problem and copies
 the valid columns out: three extra passes over the operands and the output, all memory-bound.
 
