@@ -89,6 +89,13 @@ def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float
 _OCCUPANCY: dict[tuple[int, int, int], int] = {}
 
 
+def _grad_outputs(x: torch.Tensor, normalized_shape, need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """dx, dweight, dbias for the backward kernels to fill; an empty tensor where a gradient is not needed."""
+    return (torch.empty_like(x) if need_dx else x.new_empty((0,)),
+            x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,)),
+            x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,)))
+
+
 def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
     """The backward's persistent grid is this times the SM count: one wave, every block summing many rows."""
     key = (id(kernel), threads, shared_mem)
@@ -115,9 +122,7 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
         weight = weight.contiguous()
     n = _row_length_unchecked(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
-    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
+    dx, dw, db = _grad_outputs(x, normalized_shape, need_dx, need_dweight, need_dbias)
     params = need_dweight or need_dbias
     if not rows or not n:
         if params:  # sums over no rows
@@ -164,9 +169,7 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor
         stats = stats.contiguous()
     n = _row_length_unchecked(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    dw = x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,))
-    db = x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,))
+    dx, dw, db = _grad_outputs(x, normalized_shape, need_dx, need_dweight, need_dbias)
     if rows and n:
         k.cpu.layer_norm_backward(grad, x, stats, weight, dx if need_dx else None, dw if need_dweight else None,
                                   db if need_dbias else None, rows, n)
