@@ -122,14 +122,23 @@ def shape_class(a, b, bias, activation, out_dtype) -> GemmClass:
         _check(a, b, bias, activation, out_dtype)
     fused = bias is not None or activation is not None
     if a.is_cpu:
-        if dtype not in CPU_DTYPES:
-            _check(a, b, bias, activation, out_dtype)
-        return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
+        return _CPU_CLASSES.get((dtype, out, fused)) or _cpu_class(a, b, bias, activation, out_dtype, fused)
     if dtype is not torch.bfloat16 and dtype is not torch.float16:
         return _matmul_class(a, b, bias, activation, out_dtype)
     if not (m and n and k):  # nothing to multiply: run_cuda needs no kernel
         return GemmClass(dtype, out, True, True, 8, "empty", fused, "auto")
     return class_from_layouts(dtype, out, m, n, k, a, _layout(a, m, k), b, _layout(b, k, n), bias, fused)
+
+
+_CPU_CLASSES: dict = {}  # (dtype, out dtype, fused) -> its class: built once, not on every CPU call
+
+
+def _cpu_class(a, b, bias, activation, out_dtype, fused: bool) -> GemmClass:
+    if a.dtype not in CPU_DTYPES:
+        _check(a, b, bias, activation, out_dtype)
+    out = a.dtype if out_dtype is None else out_dtype
+    cls = _CPU_CLASSES[(a.dtype, out, fused)] = GemmClass(a.dtype, out, True, True, 1, "cpu", fused, "cpu")
+    return cls
 
 
 def _matmul_class(a, b, bias, activation, out_dtype) -> GemmClass:
@@ -152,9 +161,7 @@ def _matmul_class(a, b, bias, activation, out_dtype) -> GemmClass:
         _check(a, b, bias, activation, out_dtype)
     fused = bias is not None or activation is not None
     if a.is_cpu:
-        if dtype not in CPU_DTYPES:
-            _check(a, b, bias, activation, out_dtype)
-        return GemmClass(dtype, out, True, True, 1, "cpu", fused, "cpu")
+        return _CPU_CLASSES.get((dtype, out, fused)) or _cpu_class(a, b, bias, activation, out_dtype, fused)
     folds = _folds(b)
     route = cuda_route(dtype, not folds, dtype is torch.float32 and allow_tf32())
     if route is None:
