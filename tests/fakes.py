@@ -49,3 +49,22 @@ def request(text: str = "kernel body", kernel: str = "echo_kernel", dtype: str =
             **params: str) -> BuildRequest:
     return BuildRequest(backend="echo", kernel=kernel, source=Source.inline(kernel, text), dtype=dtype,
                         params=tuple(sorted(params.items())))
+
+
+class FakeTmaDriver:
+    """The TMA driver calls of a CUTLASS-style host side (jitops.cutlass_host, jitops.light_gemm), recorded:
+    `encode_into` stands in for cuTensorMapEncodeTiled; subclasses add the launch their host side makes."""
+
+    def __init__(self, address_field, encode_into) -> None:
+        self.address_field = address_field
+        self.encode_into = encode_into
+        self.replaced: list = []
+        self.launches: list = []
+        self.shared: list = []
+
+    def set_shared_memory(self, function, size):
+        self.shared.append(size)
+
+    def replace(self, descriptor_address, address):
+        self.replaced.append((descriptor_address, address))
+        return 0

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from jitops import cutlass_host as H
-
 from jitops.ops import gemm_plan as P
+
+from fakes import FakeTmaDriver
+
 FIXTURES = json.loads((Path(__file__).parent / "cutlass_host" / "sm90_gemm_fixtures.json").read_text())
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -113,20 +115,11 @@ def test_elf_symbol_reads_initial_bytes_and_rejects_non_elf():
         H.elf_symbol(b"not an elf image", "x")
 
 
-class FakeDriver:
+class FakeDriver(FakeTmaDriver):
     """The driver calls of Sm90Gemm, recorded: a launch keeps a copy of the Params it was given."""
 
     def __init__(self, address_field):
-        self.address_field = address_field
-        self.encode_into = Recorder()
-        self.replaced, self.launches, self.shared = [], [], []
-
-    def set_shared_memory(self, function, size):
-        self.shared.append(size)
-
-    def replace(self, descriptor_address, address):
-        self.replaced.append((descriptor_address, address))
-        return 0
+        super().__init__(address_field, Recorder())
 
     def launch(self, config_address, function, kernel_params, extra):
         config = H._LaunchConfig.from_address(config_address)

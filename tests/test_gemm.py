@@ -293,7 +293,7 @@ def test_batched_and_float32_cuda_calls_route_to_cublas():
     assert P.cuda_route(torch.float32, False, False) == "cublas_fp32"
     assert P.cuda_route(torch.float64, False, False) is None
     m = lambda *s, dtype=torch.float32: torch.empty(s, dtype=dtype, device="meta")  # noqa: E731
-    L = importlib.import_module("jitops.ops.linear")
+    from jitops.ops import linear as L
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False

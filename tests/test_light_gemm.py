@@ -8,7 +8,6 @@ against an fp32 torch.matmul reference on awkward and benchmark shapes, in every
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import re
 import struct
@@ -22,10 +21,11 @@ from jitops import light_gemm as L
 from jitops.backends import toolkit
 from jitops.backends.nvrtc import NvrtcBackend, complete_elf
 from jitops.cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, elf_symbol
+from jitops.ops import gemm as G
+from jitops.ops import gemm_plan as P
 from jitops.specs import Target
 
-G = importlib.import_module("jitops.ops.gemm")
-P = importlib.import_module("jitops.ops.gemm_plan")
+from fakes import FakeTmaDriver
 SM90A = Target.parse("sm_90a")
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -217,18 +217,9 @@ def test_problems_the_kernel_cannot_take_are_rejected():
         L.check_problem(0, 64, 64, 64, 64, 64, (0, 0, 0, 0))
 
 
-class FakeDriver:
+class FakeDriver(FakeTmaDriver):
     def __init__(self, address_field):
-        self.address_field = address_field
-        self.encode_into = Recorder()
-        self.replaced, self.launches, self.shared = [], [], []
-
-    def set_shared_memory(self, function, size):
-        self.shared.append(size)
-
-    def replace(self, descriptor_address, address):
-        self.replaced.append((descriptor_address, address))
-        return 0
+        super().__init__(address_field, Recorder())
 
     def launch(self, function, grid, block, smem, stream, params_address):
         params = ctypes.cast(params_address, ctypes.POINTER(ctypes.c_void_p))[0]
