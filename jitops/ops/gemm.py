@@ -407,8 +407,6 @@ def gemm(a, b, *, bias=None, activation=None, out_dtype=None):
                                                   (bias is not None and bias.requires_grad))
     except AttributeError:  # not tensors: the op names the argument
         needs_grad = False
-    if needs_grad and not a.is_cpu and not torch.compiler.is_compiling():
-        _op.op.prefetch(a, b, bias, activation, out_dtype)  # the backward's kernels build while the forward's do
     if needs_grad and activation in GELU_APPROXIMATE and not a.is_cpu:
         return gelu(_op(a, b, bias=bias, out_dtype=out_dtype), GELU_APPROXIMATE[activation])
     return _op(a, b, bias=bias, activation=activation, out_dtype=out_dtype)

@@ -403,9 +403,6 @@ def grouped_gemm(a, b, offsets=None, *, sizes=None, check_offsets: bool = False)
     a = shapes.check_tensor("grouped_gemm", "a", a)
     b = shapes.check_tensor("grouped_gemm", "b", b)
     offsets = _offsets_for(a, b, offsets, sizes, check_offsets)
-    if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and a.is_cuda
-            and not torch.compiler.is_compiling()):
-        grouped_gemm_ragged.op.prefetch(a, b, offsets)
     return grouped_gemm_ragged(a, b, offsets)
 
 
