@@ -24,7 +24,7 @@ initialised on a GPU and the input made, before the clock starts), the median of
 then 8 processes on 2 simulated nodes (two disk caches, one Redis) racing on the cold key, after a barrier.
 
 The kernel: with a GPU, jitops.gemm bf16 2048^3 on sm_90a (the same CUTLASS 3 kernel, whole first calls, the
-driver load included: the GPU first-call figure); without one, jitops.gelu's CPU kernel (load_inline).
+driver load included: the GPU first-call figure); without one, jitops.gelu's CPU kernel (cxx).
 
 The CUTLASS entry: --cutlass-cache DIR, a cache root that holds it (`python -m cache_tools prewarm` of
 CUTLASS_ITEM below with --arch sm_90a: no GPU needed), else built into the work directory first (one NVRTC
@@ -294,7 +294,7 @@ def main() -> None:
                          "docs/cache_tools.md, Fleets, for carrying one)")
     gpu = torch.cuda.is_available()
     kernel = ("jitops.gemm bf16 2048^3, sm_90a (CUTLASS 3, nvcc)" if gpu
-              else "jitops.gelu fp32 CPU kernel (load_inline)")
+              else "jitops.gelu fp32 CPU kernel (cxx)")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="jitops-bench-remote-"))
     work.mkdir(parents=True, exist_ok=True)
     server = RedisServer(work / "redis", binary=binary).start()

@@ -1,10 +1,10 @@
 """Build every kernel of a plan into the writable cache root, in parallel, with progress and a report.
 
 Parallelism: --jobs worker threads, so at most N compiles run at once.  NVRTC compiles in the thread (CuPy's
-binding releases the GIL); nvcc and load_inline's ninja run as subprocesses, each in a process group of its
-own (jitops.backends.processes).  An interrupt (SIGINT, or SIGTERM, which the command line turns into one)
-starts nothing new, stops every compiler process group and lets the worker threads remove their build
-directories before the command exits; NVRTC compiles under way (seconds) finish and publish.
+binding releases the GIL); nvcc, the C++ compiler and load_inline's ninja run as subprocesses, each in a
+process group of its own (jitops.backends.processes).  An interrupt (SIGINT, or SIGTERM, which the command line
+turns into one) starts nothing new, stops every compiler process group and lets the worker threads remove their
+build directories before the command exits; NVRTC compiles under way (seconds) finish and publish.
 
 Nothing here decides what is cached: jitops.runtime.prewarm() takes the per-key lock, re-checks and publishes
 atomically, so a prewarm and processes using the ops on the same cache are safe together.

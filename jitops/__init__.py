@@ -16,7 +16,7 @@ from .errors import CacheMissError, CompileError, ConfigError, JitopsError, Tool
 from .op import (CallRecorder, Impl, Kernels, Op, Public, find, find_public, op, public, public_names,
                  record_calls, registered)
 from .runtime import MissContext, reset_stats, runtime, stats
-from .specs import CppExtension, CudaKernel, CudaLibrary, Source, Target
+from .specs import CppExtension, CppLibrary, CudaKernel, CudaLibrary, Source, Target
 
 install_handler()
 
@@ -63,7 +63,7 @@ __all__ = [
     "patch", "unpatch", "prefetch", "PatchReport", "PrefetchReport",
     "record_calls", "CallRecorder",
     "op", "Impl", "Kernels", "Op", "find", "registered", "public", "Public", "find_public", "public_names",
-    "CudaKernel", "CppExtension", "CudaLibrary", "Source", "Target",
+    "CudaKernel", "CppExtension", "CppLibrary", "CudaLibrary", "Source", "Target",
     "config", "stats", "reset_stats", "wait", "runtime", "MissContext", "clear_memory_cache", "cuda_type", "shapes",
     "JitopsError", "CompileError", "CacheMissError", "ToolchainError", "ConfigError",
 ]

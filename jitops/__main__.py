@@ -1,6 +1,6 @@
 """`python -m jitops`: run every public op against torch on this machine's devices and print the counters.
 
-On a GPU-less machine this is the CPU path (C++ through load_inline, ATen for the CUTLASS ops); with a GPU
+On a GPU-less machine this is the CPU path (C++ through the host compiler, ATen for the CUTLASS ops); with a GPU
 the CUDA kernels run too.  `--manifest` prints, without running anything, the prewarm manifest of exactly
 these calls (what `make run` prewarms first), so that a run after that prewarm compiles nothing:
 

@@ -3,7 +3,7 @@
 The key has two halves:
   request   - what is compiled: kernel, entry, backend, source closure hashes, CUTLASS version, flags, exact
               arch, dtype, shape class, entry format, and the environment variables that change code generation;
-  toolchain - who compiles it: compiler versions (NVRTC, nvcc, the C++ compiler, torch for load_inline) and the
+  toolchain - who compiles it: compiler versions (NVRTC, nvcc, the C++ compiler, torch for cxx and load_inline) and the
               CUDA header set.
 An entry lives at <root>/v<FORMAT>/<arch>/<dtype>/<kernel>-<request[:16]>-<toolchain[:8]>/.
 A machine with a compiler looks up the exact pair, so a toolkit upgrade recompiles.  A machine with no

@@ -429,8 +429,8 @@ class Runtime:
 
 class _BackgroundCompiles:
     """The worker pool behind Runtime.submit: JITOPS_JOBS threads (NVRTC releases the GIL while it compiles;
-    nvcc and load_inline run as child processes), a progress bar in notebooks (tqdm.auto) and log lines
-    elsewhere."""
+    nvcc, the C++ compiler and load_inline run as child processes), a progress bar in notebooks (tqdm.auto) and
+    log lines elsewhere."""
 
     def __init__(self, runtime: "Runtime") -> None:
         self._runtime = runtime

@@ -23,7 +23,7 @@ CUDA_TYPES: dict[torch.dtype, str] = {
     torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16", torch.float64: "double",
 }
 CPU_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double"}
-# The dtype the load_inline CPU kernels (add, gelu, layer_norm) compute each dtype in: fp16 and bf16 go through
+# The dtype the C++ CPU kernels (add, gelu, layer_norm) compute each dtype in: fp16 and bf16 go through
 # the fp32 kernel on fp32 copies with one rounding at the end, which is how torch's CPU kernels compute them
 # (arithmetic in float), at no kernel build of their own.
 CPU_COMPUTE: dict[torch.dtype, torch.dtype] = {torch.float32: torch.float32, torch.float64: torch.float64,

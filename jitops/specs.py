@@ -1,7 +1,8 @@
 """What an op asks the runtime to build: kernel sources, kernel specs, and the concrete build requests.
 
-A spec (CudaKernel, CudaLibrary, CppExtension) is declared once per op; `spec.bind(dtype, **params)` turns it
-into a BuildRequest for one shape class.  Pure data: nothing here compiles, loads or touches a GPU.
+A spec (CudaKernel, CudaLibrary, CppLibrary, CppExtension) is declared once per op; `spec.bind(dtype,
+**params)` turns it into a BuildRequest for one shape class.  Pure data: nothing here compiles, loads or touches
+a GPU.
 """
 from __future__ import annotations
 
@@ -194,15 +195,15 @@ class Target:
 class BuildRequest:
     """One concrete thing to compile: a spec bound to a shape class."""
 
-    backend: str                          # "nvrtc", "load_inline" or "nvcc"
+    backend: str                          # "nvrtc", "nvcc", "cxx" or "load_inline"
     kernel: str                           # cache directory name, e.g. "gelu_forward"
     source: Source
     dtype: str                            # cache directory layer, e.g. "bf16" ("any" when dtype-free)
     params: tuple[tuple[str, str], ...]   # the shape class as it reaches the compiler
     entry: str | None = None              # NVRTC name expression, e.g. "jitops::gelu_forward<__nv_bfloat16, 8>"
     signature: tuple[str, ...] = ()       # NVRTC parameter kinds, see PARAM_KINDS
-    functions: tuple[str, ...] = ()       # exported functions (load_inline, nvcc)
-    c_signatures: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # nvcc: (name, arg kinds, return kind)
+    functions: tuple[str, ...] = ()       # exported functions (load_inline, nvcc, cxx)
+    c_signatures: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # nvcc, cxx: (name, arg kinds, return kind)
     defines: tuple[tuple[str, str], ...] = ()
     options: tuple[str, ...] = ()
     arch_specific: bool = False
@@ -298,6 +299,29 @@ class CudaLibrary:
             functions=tuple(name for name, _, _ in signatures), c_signatures=signatures,
             defines=tuple((k, str(v)) for k, v in sorted(params.items())),
             options=tuple(self.options), arch_specific=self.arch_specific)
+
+
+@dataclass(frozen=True)
+class CppLibrary:
+    """C++ CPU code compiled by the host compiler into a shared library with a C ABI, called through ctypes.
+
+    For CPU kernels over raw pointers: no torch/extension.h and no Python bindings, so a build takes about a
+    second where CppExtension's takes 20-40 s.  The source may include ATen/Parallel.h (torch's intra-op
+    threads).  `functions` maps each extern "C" function to (argument kinds, return kind), as CudaLibrary's."""
+
+    name: str
+    source: Source
+    functions: Mapping[str, tuple[tuple[str, ...], str]]
+    options: tuple[str, ...] = ("-O3",)
+
+    def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
+        signatures = tuple((fn, tuple(args), ret) for fn, (args, ret) in sorted(self.functions.items()))
+        return BuildRequest(
+            backend="cxx", kernel=self.name, source=self.source, dtype=dtype,
+            params=tuple((k, str(v)) for k, v in sorted(params.items())),
+            functions=tuple(name for name, _, _ in signatures), c_signatures=signatures,
+            defines=tuple((k, str(v)) for k, v in sorted(params.items())),
+            options=tuple(self.options), cuda=False)
 
 
 def host_machine() -> str:

@@ -19,7 +19,7 @@ os.environ["TMPDIR"] = str(_SESSION_TMP)
 tempfile.tempdir = str(_SESSION_TMP)
 atexit.register(shutil.rmtree, _SESSION_TMP, True)  # after jitops' own exit hook (stops compilers) has run
 
-# Before jitops is imported anywhere: CPU kernels (load_inline, ~30 s each on 2 cores) compile once per session
+# Before jitops is imported anywhere: kernels compile once per session
 # into this root.  JITOPS_TEST_CACHE keeps it across sessions when iterating locally.
 _SESSION_ROOT = Path(os.environ.get("JITOPS_TEST_CACHE") or _SESSION_TMP / "cache")
 os.environ["JITOPS_CACHE_DIR"] = str(_SESSION_ROOT)

@@ -1,4 +1,5 @@
-"""The nvcc (CudaLibrary) and load_inline (CppExtension) backends end to end: compile, cache, load, call."""
+"""The nvcc (CudaLibrary), cxx (CppLibrary) and load_inline (CppExtension) backends end to end: compile, cache,
+load, call."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 import jitops
 from jitops.backends import toolkit
 from jitops.runtime import runtime
-from jitops.specs import CppExtension, CudaLibrary, Source, Target
+from jitops.specs import CppExtension, CppLibrary, CudaLibrary, Source, Target
 
 LIBRARY_SOURCE = r"""
 #include <cuda_runtime.h>
@@ -97,11 +98,70 @@ def test_load_inline_cuda_extension_is_cached_and_imported_directly(fresh_cache)
     assert any(p.suffix == ".so" for p in entry.iterdir())
 
 
-def test_cpu_extension_identity_names_torch_and_the_compiler():
+def test_cpu_library_identity_names_torch_and_the_compiler():
     from jitops.ops.add import ADD_CPU
     key, can_compile = runtime.key_for(ADD_CPU.bind("fp32", SCALAR_T="float"), Target("cpu"))
     assert can_compile and key.toolchain["torch"] == torch.__version__ and key.toolchain["cxx"]
-    assert key.request["machine"] and key.arch == "cpu"
+    assert key.request["machine"] and key.arch == "cpu" and key.request["backend"] == "cxx"
+
+
+CPU_LIBRARY_SOURCE = r"""
+#include <ATen/Parallel.h>
+#include <atomic>
+#include "cpu/export.h"
+
+JITOPS_CPU_EXPORT void scale(const SCALAR_T* x, SCALAR_T* y, int64_t n, double factor) {
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] * static_cast<SCALAR_T>(factor);
+  });
+}
+
+// How many of torch's intra-op threads one at::parallel_for over n single-element tasks ran on.
+JITOPS_CPU_EXPORT int32_t threads_used(int64_t n) {
+  std::atomic<int> most{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    int mine = at::get_thread_num() + 1, seen = most.load();
+    while (mine > seen && !most.compare_exchange_weak(seen, mine)) {}
+  });
+  return most.load();
+}
+"""
+CPU_LIBRARY = CppLibrary("test_cpu_library", Source.inline("test_cpu_library.cpp", CPU_LIBRARY_SOURCE),
+                         functions={"scale": (("ptr", "ptr", "i64", "f64"), "void"), "threads_used": (("i64",), "i32")})
+
+
+def test_cpu_library_compiles_caches_and_calls_on_torchs_threads(fresh_cache):
+    request = CPU_LIBRARY.bind("fp64", SCALAR_T="double")
+    library = runtime.get_kernel(request, Target("cpu"), None)
+    x = torch.randn(100_003, dtype=torch.float64)
+    y = torch.empty_like(x)
+    library.scale(x, y, x.numel(), 2.5)
+    assert torch.equal(y, x * 2.5)
+    [entry] = fresh_cache.glob("v1/cpu/fp64/test_cpu_library-*")
+    assert (entry / "kernel.so").exists()
+    # -fopenmp at compile time, torch's own OpenMP runtime at load time: the library follows set_num_threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert library.threads_used(64) == 1
+        torch.set_num_threads(2)
+        assert library.threads_used(64) == 2  # 1 if the build lost -fopenmp: parallel_for then runs serially
+    finally:
+        torch.set_num_threads(threads)
+    runtime.clear_memory()
+    jitops.reset_stats()
+    again = runtime.get_kernel(request, Target("cpu"), None)
+    again.scale(x, y, x.numel(), -1.0)
+    assert torch.equal(y, -x) and jitops.stats.disk_hits == 1 and jitops.stats.compiles == 0
+
+
+def test_cpu_library_compile_error_carries_the_log(fresh_cache):
+    broken = CppLibrary("broken_cpu_library", Source.inline("broken_cpu_library.cpp", "int f() { return nope; }\n"),
+                        functions={"f": ((), "i32")})
+    with pytest.raises(jitops.CompileError) as info:
+        runtime.prewarm(broken.bind(), Target("cpu"))
+    assert "nope" in info.value.log and "int f() { return nope; }" in str(info.value)
+    assert not list(fresh_cache.glob("v1/cpu/*/broken_cpu_library-*"))
 
 
 def test_header_macros_are_read_from_define_lines_only(tmp_path):
@@ -116,9 +176,13 @@ def test_header_macros_are_read_from_define_lines_only(tmp_path):
 
 
 def _c_kind(declaration: str) -> str:
-    """ptr / i32 / i64 for one C parameter or return type, as CudaLibrary's functions name them."""
+    """ptr / i32 / i64 / f64 / void for one C parameter or return type, as the libraries' functions name them."""
     if "*" in declaration:
         return "ptr"
+    if "double" in declaration:
+        return "f64"
+    if declaration.split() == ["void"]:
+        return "void"
     if "long long" in declaration or "int64_t" in declaration:
         return "i64"
     if "int" in declaration:  # int, int32_t
@@ -132,6 +196,8 @@ def _exported_signatures(text: str) -> dict[str, tuple[tuple[str, ...], str]]:
     import re
 
     macros = re.findall(r'#define\s+(\w+)\s+extern\s+"C"', text)
+    if '#include "export.h"' in text:  # the CPU kernels' shared macro (kernels/cpu/export.h)
+        macros.append("JITOPS_CPU_EXPORT")
     found = {}
     for macro in macros:
         for ret, name, params in re.findall(rf"^{macro}\s+([\w\s\*]+?)\s*\b(\w+)\(([^)]*)\)", text, re.M):
@@ -140,12 +206,13 @@ def _exported_signatures(text: str) -> dict[str, tuple[tuple[str, ...], str]]:
     return found
 
 
-def test_every_cuda_library_declares_the_c_signatures_its_source_exports():
+def test_every_host_library_declares_the_c_signatures_its_source_exports():
     """ctypes cannot check a call against the C function: a Python-side signature that lags the source (an
-    argument added in the .cu, say) would pass the wrong stack and crash on the GPU.  Compare them here."""
-    from jitops.ops import conv2d, gemm, grouped_gemm
+    argument added in the .cu, say) would pass the wrong stack and crash.  Compare them here."""
+    from jitops.ops import add, conv2d, gelu, gemm, grouped_gemm, layer_norm
 
-    libraries = [gemm.SM90_GEMM_REFERENCE, grouped_gemm.GROUPED_GEMM, *conv2d.CONV_SPECS.values()]
+    libraries = [gemm.SM90_GEMM_REFERENCE, grouped_gemm.GROUPED_GEMM, *conv2d.CONV_SPECS.values(),
+                 add.ADD_CPU, gelu.GELU_CPU, layer_norm.LN_CPU]
     for library in libraries:
         exported = _exported_signatures(library.source.read())
         for name, (args, ret) in library.functions.items():

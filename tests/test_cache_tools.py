@@ -1,6 +1,6 @@
 """cache_tools: prewarm, list, verify, prune, explain, info and the command line itself.
 
-Most tests use NVRTC kernels (well under a second each, no GPU); the CPU (load_inline) path is covered in
+Most tests use NVRTC kernels (well under a second each, no GPU); the CPU (cxx) path is covered in
 test_cache_tools_deploy.py, which shares the session cache with the other CPU tests."""
 from __future__ import annotations
 

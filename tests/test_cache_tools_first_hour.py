@@ -45,7 +45,7 @@ def test_a_public_item_builds_the_forward_the_backward_and_the_no_grad_path():
     assert all(job.op == "layer_norm" for job in plan(LAYER_NORM).jobs)
     # "grad": false keeps the no-grad path: the forward kernel alone (layer_norm_inference's)
     assert kernels(plan(dict(LAYER_NORM, grad=False))) == {("layer_norm_inference", "layer_norm_forward")}
-    # on the CPU one load_inline kernel serves all three ops
+    # on the CPU one cxx kernel library serves all three ops
     cpu = plan(dict(LAYER_NORM, dtypes=["fp32"]), archs=("cpu",))
     assert [job.request.kernel for job in cpu.jobs] == ["layer_norm_cpu"]
 

@@ -1,4 +1,4 @@
-"""jitops.layer_norm without a GPU: the CPU path (C++ through load_inline, one build per dtype) against torch in
+"""jitops.layer_norm without a GPU: the CPU path (C++ through the cxx backend, one build per dtype) against torch in
 float64, gradients, gradcheck, opcheck, torch.compile; the error messages; the shape-class buckets; and NVRTC
 compiling every CUDA kernel variant for sm_80 and sm_90a."""
 from __future__ import annotations

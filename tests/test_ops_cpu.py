@@ -1,4 +1,4 @@
-"""The built-in ops' CPU path (C++ through load_inline) against torch, with gradients, gradcheck, opcheck and
+"""The built-in ops' CPU path (C++ through the cxx backend) against torch, with gradients, gradcheck, opcheck and
 torch.compile.  The first test compiles each CPU kernel (about 30 s each on a 2-core machine)."""
 from __future__ import annotations
 

@@ -545,7 +545,7 @@ def test_eight_processes_on_two_nodes_compile_a_cold_key_once(server, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_eight_processes_on_two_nodes_real_cpu_kernel_end_to_end(server, tmp_path):
-    """jitops.gelu's CPU kernel (load_inline, ~30 s): one compile in the fleet, every result right, and a
+    """jitops.gelu's CPU kernel (a real C++ compile): one compile in the fleet, every result right, and a
     third node's first call is a remote hit."""
     results, _ = _race(tmp_path, server.url, "gelu")
     assert all(r["ok"] for r in results)

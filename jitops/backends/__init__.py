@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from .base import Backend, BuildOutput
+from .cxx import CxxBackend
 from .inline import LoadInlineBackend
 from .nvcc import NvccBackend
 from .nvrtc import NvrtcBackend
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (NvrtcBackend(), LoadInlineBackend(), NvccBackend())}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (NvrtcBackend(), NvccBackend(), CxxBackend(), LoadInlineBackend())}
 
 
 def get(name: str) -> Backend:

@@ -21,8 +21,8 @@ Two paths.  The common call - the same shape, one dtype, alpha == 1 - keeps a sh
 kernels/add.cu's 16-byte vectors (non-contiguous inputs are copied first).  Every other call takes
 kernels/add_broadcast.cu, which reads each input through its strides in its own dtype (a narrower one widened
 exactly), so neither broadcasting nor a strided view nor a narrower dtype costs a copy.  CUDA: fp32, fp16,
-bf16, fp64 through NVRTC.  CPU: the same dtypes through load_inline; fp16 and bf16 are computed by the fp32
-kernel on fp32 copies with one rounding at the end, which is how torch's CPU add computes them.
+bf16, fp64 through NVRTC.  CPU: the same dtypes through the host C++ compiler (cxx); fp16 and bf16 are computed
+by the fp32 kernel on fp32 copies with one rounding at the end, which is how torch's CPU add computes them.
 
 Gradients: a's is the output's gradient and b's is the output's gradient times alpha, each summed over the
 dimensions its input was broadcast over and cast to its input's dtype (torch's rules; see backward).
@@ -39,7 +39,7 @@ import torch
 from .. import shapes
 from ..launch import UNCAPPED_GRID, elementwise_grid
 from ..op import Impl, op
-from ..specs import CppExtension, CudaKernel, Source, Target
+from ..specs import CppLibrary, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = CUDA_DTYPES
@@ -321,7 +321,9 @@ def _run_broadcast_cuda(k, a: torch.Tensor, b: torch.Tensor, alpha) -> torch.Ten
 
 
 # ---- CPU --------------------------------------------------------------------------------------------------------
-ADD_CPU = CppExtension("add_cpu", Source.file("cpu/add.cpp"), functions=("add_forward", "add_strided"))
+ADD_CPU = CppLibrary("add_cpu", Source.file("cpu/add.cpp"), functions={
+    "add_forward": (("ptr", "ptr", "ptr", "i64"), "void"),
+    "add_strided": (("ptr", "ptr", "ptr", "i64", "f64", "i32", "ptr"), "void")})
 
 
 def cpu_kernels(cls: AddClass | BroadcastClass, target: Target):
@@ -335,7 +337,7 @@ def run_cpu(k, a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
         return _run_general_cpu(k, a, b, alpha, cls)
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(a)
-    k.forward.add_forward(a, b, out)
+    k.forward.add_forward(a, b, out, out.numel())
     return out
 
 
@@ -347,7 +349,7 @@ def _run_general_cpu(k, a: torch.Tensor, b: torch.Tensor, alpha, cls) -> torch.T
     if cls.contiguous is not None:  # one shape, one dtype, alpha == 1, in fp16 or bf16
         a, b = a.contiguous().to(compute), b.contiguous().to(compute)
         out = torch.empty_like(a)
-        k.forward.add_forward(a, b, out)
+        k.forward.add_forward(a, b, out, out.numel())
         return out.to(cls.dtype)
     # Each input to the result dtype (rounding a wider 0-d one, as torch does), then to the kernel's.
     a, b = _operands(a, b, cls)
@@ -360,7 +362,8 @@ def _run_general_cpu(k, a: torch.Tensor, b: torch.Tensor, alpha, cls) -> torch.T
     if out.numel():
         sizes, strides_a, strides_b = _plan(tuple(out_shape), tuple(a.shape), a.stride(), tuple(b.shape), b.stride(),
                                             len(out_shape) + 1)
-        k.forward.add_strided(a, b, out, float(alpha), list(sizes), list(strides_a), list(strides_b))
+        layout = torch.tensor((*sizes, *strides_a, *strides_b), dtype=torch.int64)
+        k.forward.add_strided(a, b, out, out.numel(), float(alpha), len(sizes), layout)
     return out if compute is cls.dtype else out.to(cls.dtype)
 
 

@@ -7,8 +7,9 @@ Memory-bound: one read and one write per element forward, two reads and one writ
 is (dtype, vector width from the alignment, approximation, index width).  Each thread issues 2 to 4 16-byte
 loads before it computes (kernels/gelu.cu): at 2^28 elements both directions run at the device's copy
 bandwidth.  Non-contiguous inputs are copied to contiguous ones first; outputs are contiguous.  CUDA: fp32,
-fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: the same dtypes through load_inline, fp16 and
-bf16 by the fp32 kernel on fp32 copies (one rounding at the end, as torch's CPU gelu computes them).
+fp16, bf16, fp64 (NVRTC), arithmetic in fp32 (fp64 for fp64).  CPU: the same dtypes through the host C++
+compiler (cxx), fp16 and bf16 by the fp32 kernel on fp32 copies (one rounding at the end, as torch's CPU gelu
+computes them).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 from .. import shapes
 from ..launch import sm_count
 from ..op import Impl, op, public
-from ..specs import CppExtension, CudaKernel, Source, Target
+from ..specs import CppLibrary, CudaKernel, Source, Target
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -103,7 +104,9 @@ _EXPLICIT = {
                                   "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>",
                                   "ptr ptr ptr i64")),
 }
-GELU_CPU = CppExtension("gelu_cpu", Source.file("cpu/gelu.cpp"), functions=("gelu_forward", "gelu_backward"))
+GELU_CPU = CppLibrary("gelu_cpu", Source.file("cpu/gelu.cpp"), functions={
+    "gelu_forward": (("ptr", "ptr", "i64", "i32"), "void"),
+    "gelu_backward": (("ptr", "ptr", "ptr", "i64", "i32"), "void")})
 
 
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
@@ -162,7 +165,7 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) -
     dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
     grad, x = _cpu_operand(grad, compute), _cpu_operand(x, compute)
     dx = torch.empty_like(x)
-    k.cpu.gelu_backward(grad, x, dx, APPROXIMATIONS[approximate])
+    k.cpu.gelu_backward(grad, x, dx, dx.numel(), APPROXIMATIONS[approximate])
     return dx if dtype is compute else dx.to(dtype)
 
 
@@ -207,7 +210,7 @@ def run_cpu(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
     dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
     x = _cpu_operand(x, compute)
     y = torch.empty_like(x)
-    k.cpu.gelu_forward(x, y, APPROXIMATIONS[approximate])
+    k.cpu.gelu_forward(x, y, y.numel(), APPROXIMATIONS[approximate])
     return y if dtype is compute else y.to(dtype)
 
 

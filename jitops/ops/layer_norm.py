@@ -15,8 +15,8 @@ come back as empty tensors.  dweight and dbias are deterministic: per-block part
 a second kernel adds them in a fixed order (no floating-point atomics), so the same inputs on the same device
 give the same bits.  Double backward is not supported.
 
-Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU the same through
-load_inline (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).
+Dtypes: CUDA fp32, fp16, bf16 (statistics and arithmetic in fp32) and fp64 (NVRTC); CPU the same through the
+host C++ compiler (sums in double; fp16 and bf16 by the fp32 kernel on fp32 copies, rounded once at the end).
 weight and bias must have x's dtype.  n may be anything from 1 up (1, 7, 4097, 65536...), rows anything from 0
 up.
 
@@ -44,7 +44,7 @@ import torch
 
 from .. import shapes
 from ..op import Impl, op, public
-from ..specs import CppExtension, CudaKernel, Source, Target
+from ..specs import CppLibrary, CudaKernel, Source, Target
 from .layer_norm_plan import (_ITEMSIZE, CPU_COMPUTE, FEW_ROWS, INT32_LIMIT, SMALL_ROWS, BackwardClass, ForwardClass,
                               _vector_width, backward_class, forward_class)
 from .layer_norm_run import (STATS_DTYPE, _forward_cuda, _rows, run_backward_cpu, run_backward_cuda, run_cpu,
@@ -190,8 +190,10 @@ LN_PARAM_GRADS = CudaKernel("layer_norm_param_grads", Source.file("layer_norm.cu
 # -ffp-contract=off: dx subtracts mean(g) from g = dy * w, and a fused multiply-add there leaves the product's
 # rounding error where the difference is exactly 0 (all of dx when n == 1).  x86-64's baseline has no FMA, but
 # where it is (aarch64, -march=native) GCC fuses by default.
-LN_CPU = CppExtension("layer_norm_cpu", Source.file("cpu/layer_norm.cpp"),
-                      functions=("layer_norm_forward", "layer_norm_backward"), options=("-O3", "-ffp-contract=off"))
+LN_CPU = CppLibrary("layer_norm_cpu", Source.file("cpu/layer_norm.cpp"), functions={
+    "layer_norm_forward": (("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "f64"), "void"),
+    "layer_norm_backward": (("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64"), "void"),
+}, options=("-O3", "-ffp-contract=off"))
 
 
 def cuda_kernels(cls: ForwardClass, target: Target):

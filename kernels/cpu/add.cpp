@@ -1,36 +1,36 @@
 // jitops.add on the CPU.  SCALAR_T comes from the shape class (-D): float or double (fp16 and bf16 are computed
 // in float: jitops/ops/add.py converts them).
-//   add_forward: out = a + b over contiguous buffers of one shape.
-//   add_strided: out = a + alpha * b, out contiguous; a and b read through the (size, stride) dimensions that
-//                add.py's _plan leaves, outermost first, a broadcast dimension having stride 0 (nothing is
-//                expanded in memory).
+//   add_forward: out = a + b over contiguous buffers of n elements.
+//   add_strided: out = a + alpha * b, out contiguous (n elements); a and b read through the `dims` (size,
+//                stride) dimensions that add.py's _plan leaves, outermost first, a broadcast dimension having
+//                stride 0 (nothing is expanded in memory).  layout holds the sizes, then a's strides, then b's.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "export.h"
+
 // 32768 elements a task: below that, threading costs more than it saves.
 constexpr int64_t kGrain = 32768;
 
-void add_forward(at::Tensor a, at::Tensor b, at::Tensor out) {
-  const SCALAR_T* pa = a.data_ptr<SCALAR_T>();
-  const SCALAR_T* pb = b.data_ptr<SCALAR_T>();
-  SCALAR_T* po = out.data_ptr<SCALAR_T>();
-  at::parallel_for(0, a.numel(), kGrain, [&](int64_t begin, int64_t end) {
+JITOPS_CPU_EXPORT
+void add_forward(const SCALAR_T* pa, const SCALAR_T* pb, SCALAR_T* po, int64_t n) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) po[i] = pa[i] + pb[i];
   });
 }
 
-void add_strided(at::Tensor a, at::Tensor b, at::Tensor out, double alpha, std::vector<int64_t> sizes,
-                 std::vector<int64_t> a_strides, std::vector<int64_t> b_strides) {
-  const SCALAR_T* pa = a.data_ptr<SCALAR_T>();
-  const SCALAR_T* pb = b.data_ptr<SCALAR_T>();
-  SCALAR_T* po = out.data_ptr<SCALAR_T>();
+JITOPS_CPU_EXPORT
+void add_strided(const SCALAR_T* pa, const SCALAR_T* pb, SCALAR_T* po, int64_t n, double alpha, int32_t dims,
+                 const int64_t* layout) {
+  const int64_t* sizes = layout;
+  const int64_t* a_strides = layout + dims;
+  const int64_t* b_strides = layout + 2 * dims;
   const SCALAR_T scale = static_cast<SCALAR_T>(alpha);
-  const int dims = static_cast<int>(sizes.size());
   const int64_t inner = sizes[dims - 1], step_a = a_strides[dims - 1], step_b = b_strides[dims - 1];
-  at::parallel_for(0, out.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     // The task's first element as an index per dimension, then runs along the innermost one with a carry.
     std::vector<int64_t> index(dims);
     int64_t rest = begin, offset_a = 0, offset_b = 0;

@@ -1,7 +1,9 @@
-// jitops.gelu on the CPU, forward and backward, over contiguous buffers.  SCALAR_T comes from the shape class.
-// approximate: 0 = erf form, 1 = tanh form (a runtime argument here: one compile serves both).
+// jitops.gelu on the CPU, forward and backward, over contiguous buffers of n elements.  SCALAR_T comes from the
+// shape class.  approximate: 0 = erf form, 1 = tanh form (a runtime argument here: one compile serves both).
 #include <ATen/Parallel.h>
 #include <cmath>
+
+#include "export.h"
 
 namespace {
 constexpr double kInvSqrt2 = 0.70710678118654752440, kSqrt2OverPi = 0.79788456080286535588,
@@ -24,21 +26,18 @@ inline SCALAR_T gelu_derivative(SCALAR_T x, bool tanh_form) {
 }
 }  // namespace
 
-void gelu_forward(at::Tensor x, at::Tensor y, int64_t approximate) {
-  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
-  SCALAR_T* py = y.data_ptr<SCALAR_T>();
+JITOPS_CPU_EXPORT
+void gelu_forward(const SCALAR_T* px, SCALAR_T* py, int64_t n, int32_t approximate) {
   const bool tanh_form = approximate == 1;
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) py[i] = gelu_value(px[i], tanh_form);
   });
 }
 
-void gelu_backward(at::Tensor dy, at::Tensor x, at::Tensor dx, int64_t approximate) {
-  const SCALAR_T* pg = dy.data_ptr<SCALAR_T>();
-  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
-  SCALAR_T* pd = dx.data_ptr<SCALAR_T>();
+JITOPS_CPU_EXPORT
+void gelu_backward(const SCALAR_T* pg, const SCALAR_T* px, SCALAR_T* pd, int64_t n, int32_t approximate) {
   const bool tanh_form = approximate == 1;
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * gelu_derivative(px[i], tanh_form);
   });
 }

@@ -1,31 +1,25 @@
 // jitops.layer_norm on the CPU, forward and backward, over `rows` contiguous rows of `n` elements.
 // SCALAR_T comes from the shape class (float or double); every sum is taken in double.  stats holds the mean
 // of every row, then its rstd (2 x rows, SCALAR_T).
+// weight, bias, dx, dweight and dbias may be null (absent or not wanted).
 // dweight/dbias: each column is summed over the rows in row order by one task, whatever the thread count,
 // so the result is deterministic.
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
-#include <optional>
 #include <vector>
 
+#include "export.h"
+
 namespace {
-const SCALAR_T* data_or_null(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? t->data_ptr<SCALAR_T>() : nullptr;
-}
-SCALAR_T* mutable_data_or_null(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? t->data_ptr<SCALAR_T>() : nullptr;
-}
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 constexpr int64_t kColumnGrain = 256;
 }  // namespace
 
-void layer_norm_forward(at::Tensor x, std::optional<at::Tensor> weight, std::optional<at::Tensor> bias,
-                        at::Tensor y, at::Tensor stats, int64_t rows, int64_t n, double eps) {
-  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
-  const SCALAR_T* pw = data_or_null(weight);
-  const SCALAR_T* pb = data_or_null(bias);
-  SCALAR_T* py = y.data_ptr<SCALAR_T>();
-  SCALAR_T* mean_out = stats.data_ptr<SCALAR_T>();
+JITOPS_CPU_EXPORT
+void layer_norm_forward(const SCALAR_T* px, const SCALAR_T* pw, const SCALAR_T* pb, SCALAR_T* py,
+                        SCALAR_T* stats, int64_t rows, int64_t n, double eps) {
+  SCALAR_T* mean_out = stats;
   SCALAR_T* rstd_out = mean_out + rows;
   at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -52,17 +46,11 @@ void layer_norm_forward(at::Tensor x, std::optional<at::Tensor> weight, std::opt
   });
 }
 
-void layer_norm_backward(at::Tensor dy, at::Tensor x, at::Tensor stats, std::optional<at::Tensor> weight,
-                         std::optional<at::Tensor> dx, std::optional<at::Tensor> dweight,
-                         std::optional<at::Tensor> dbias, int64_t rows, int64_t n) {
-  const SCALAR_T* pg = dy.data_ptr<SCALAR_T>();
-  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
-  const SCALAR_T* mean = stats.data_ptr<SCALAR_T>();
+JITOPS_CPU_EXPORT
+void layer_norm_backward(const SCALAR_T* pg, const SCALAR_T* px, const SCALAR_T* stats, const SCALAR_T* pw,
+                         SCALAR_T* pdx, SCALAR_T* pdw, SCALAR_T* pdb, int64_t rows, int64_t n) {
+  const SCALAR_T* mean = stats;
   const SCALAR_T* rstd = mean + rows;
-  const SCALAR_T* pw = data_or_null(weight);
-  SCALAR_T* pdx = mutable_data_or_null(dx);
-  SCALAR_T* pdw = mutable_data_or_null(dweight);
-  SCALAR_T* pdb = mutable_data_or_null(dbias);
   if (pdx) {
     at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
