@@ -37,9 +37,16 @@ def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def c_comments(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every // and /* */ comment of a C, C++ or CUDA source."""
+    text = path.read_text()
+    return [(text.count("\n", 0, match.start()) + 1, match.group(0))
+            for match in re.finditer(r"//[^\n]*|/\*.*?\*/", text, re.S)]
+
+
 def diary_lines(path: Path) -> list[str]:
     bad = []
-    for line, text in comments_and_docstrings(path):
+    for line, text in (comments_and_docstrings(path) if path.suffix == ".py" else c_comments(path)):
         for pattern, what in ((DATE, "run date"), (CLOCK, "clock time"), (RUN_N, "run number")):
             for match in pattern.finditer(text):
                 bad.append(f"{path.relative_to(REPO)}:{line}: {what} {match.group(0)!r}")
@@ -61,6 +68,26 @@ def test_no_clock_times_or_run_diaries_in_comments(path):
                      "docs/benchmarks.md:\n  " + "\n  ".join(bad))
 
 
+KERNEL_SOURCES = sorted(p for p in (REPO / "kernels").rglob("*") if p.suffix in (".cu", ".cuh", ".cpp", ".h"))
+# A kernel source's comments are part of its cache key (the key hashes the source): cleaning them would make every
+# prewarmed cache miss these kernels.  Each is cleaned with the kernel's next real change; remove it here then.
+KERNEL_EXCEPTIONS = {
+    "kernels/conv/conv2d_sm90.cu": "conv2d's sm_90a library: its key moves with any edit",
+    "kernels/conv/im2col.cu": "conv2d's im2col kernel: its key moves with any edit",
+    "kernels/conv/wgrad_reduce.cu": "conv2d's wgrad reduction: its key moves with any edit",
+}
+
+
+@pytest.mark.parametrize("path", KERNEL_SOURCES, ids=lambda p: str(p.relative_to(REPO / "kernels")))
+def test_no_clock_times_or_run_diaries_in_kernel_comments(path):
+    relative = str(path.relative_to(REPO))
+    bad = diary_lines(path)
+    if relative in KERNEL_EXCEPTIONS:
+        assert bad, f"{relative} is clean now: remove it from KERNEL_EXCEPTIONS"
+        return
+    assert not bad, "comments say why with the number that matters:\n  " + "\n  ".join(bad)
+
+
 def test_the_patterns_can_fail(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('"""Measured 2026-11-22 13:13 on the lent H100."""\n'
@@ -69,6 +96,10 @@ def test_the_patterns_can_fail(tmp_path):
     found = [line.split(": ", 1)[1] for line in diary_lines_at(sample, tmp_path)]
     assert found == ["run date '2026-11-22'", "clock time '13:13'", "run number 'second run'", "benchmarks/results/gone_1642.json is not "
                      "in the tree", "clock time '16:42'", "run number 'run 7'"]
+    kernel = tmp_path / "k.cu"
+    kernel.write_text("// tile 128 (lent H100, 2026-11-22 13:57)\nint a = b ? 1:2;\n/* run 9:\n   slower */\n")
+    found = [line.split(": ", 1)[1] for line in diary_lines_at(kernel, tmp_path)]
+    assert found == ["run date '2026-11-22'", "clock time '13:57'", "run number 'run 9'"]
 
 
 def diary_lines_at(path: Path, root: Path) -> list[str]:
