@@ -10,9 +10,9 @@ RawModule and a Triton kernel.  Also the hot cost of jitops.add against torch.ad
     python benchmarks/bench_jit_latency.py --cpu-host   # gemm, linear, layer_norm, gelu host time on the CPU
     python benchmarks/bench_jit_latency.py --cpu-host-profile   # where each of those calls spends it (cProfile)
 
---cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM) into an
-empty cache, each in a fresh process, timed from the request to the published entry; the machine's cores are
-printed with it (compiles use one core each).  Families: COMPILE_FAMILIES below.
+--cold-compile: one kernel of each CUTLASS family compiled for sm_90a (sm_80 for the CUTLASS 2 GEMM), and gelu's
+CPU kernel built two ways, into an empty cache, each in a fresh process, timed from the request to the published
+entry; the machine's cores are printed with it (compiles use one core each).  Families: COMPILE_FAMILIES below.
 
 Every cold and warm figure is one fresh Python process (torch imported and CUDA initialised before the clock
 starts), repeated; the table shows the median.  Hot figures are wall-clock microseconds per call over 20000 calls
@@ -189,8 +189,28 @@ def child(method: str, cache: str) -> dict:
 # by nvcc (the reference of the bit-for-bit test, and what jitops.gemm compiled before).  gemm_sm90_light is the
 # raw-PTX kernel JITOPS_GEMM_SM90_KERNEL=light builds for the same class with b K-major (x @ w.t()), and
 # gemm_sm90_light_fused its fused-epilogue build (bias and activation).
+# cpu_cxx is jitops.gelu's fp32 CPU kernel as jitops builds it (CppLibrary: the C++ compiler, a C ABI);
+# cpu_load_inline the same kernel code built as before, through load_inline with tensor wrappers (CppExtension).
 COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d", "gemm_sm90_light",
-                    "gemm_sm90_light_fused")
+                    "gemm_sm90_light_fused", "cpu_cxx", "cpu_load_inline")
+GELU_CPU_WRAPPERS = """
+#include <torch/extension.h>
+#include "cpu/gelu.cpp"
+void gelu_forward_tensors(at::Tensor x, at::Tensor y, int64_t approximate) {
+  gelu_forward(x.data_ptr<SCALAR_T>(), y.data_ptr<SCALAR_T>(), x.numel(), static_cast<int32_t>(approximate));
+}
+"""
+
+
+def _cpu_family_request(family: str):
+    import jitops
+    from jitops.ops import gelu
+
+    if family == "cpu_cxx":
+        return gelu.GELU_CPU.bind("fp32", SCALAR_T="float")
+    spec = jitops.CppExtension("gelu_cpu_load_inline", jitops.Source.inline("gelu_cpu_tensors.cpp", GELU_CPU_WRAPPERS),
+                               functions=("gelu_forward_tensors",), cuda=False)
+    return spec.bind("fp32", SCALAR_T="float")
 
 
 def family_request(family: str):
@@ -198,6 +218,8 @@ def family_request(family: str):
     from jitops.ops import PREWARM, gemm, gemm_plan
     from jitops.specs import Target
 
+    if family.startswith("cpu_"):
+        return _cpu_family_request(family), Target("cpu")
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
                "gemm_sm90_light_fused": "gemm", "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
@@ -230,7 +252,7 @@ def compile_child(family: str, cache: str) -> dict:
 
 
 def cold_compile(families: list[str]) -> None:
-    """Cold compile seconds per CUTLASS family, one fresh process and one empty cache each."""
+    """Cold compile seconds per kernel family, one fresh process and one empty cache each."""
     cores = os.cpu_count()
     rows = {}
     for family in families:

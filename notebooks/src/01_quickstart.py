@@ -16,8 +16,8 @@
 # 4. `python -m cache_tools list` shows what the cache holds.
 #
 # It runs on any machine. With a GPU, the CUDA kernels run (NVRTC compiles each in a fraction of a second).
-# Without one, jitops' CPU kernels run instead: C++ compiled by torch's `load_inline`, about 30 s a kernel on a
-# small machine, which makes the difference between a cold and a warm call easy to see.
+# Without one, jitops' CPU kernels run instead: C++ compiled by the machine's C++ compiler, about a second a
+# kernel on a small machine.
 
 # %%
 import json
@@ -51,7 +51,7 @@ if torch.cuda.is_available():
     print(f"GPU: {torch.cuda.get_device_name()}. The CUDA kernels run.")
 else:
     DEVICE, DTYPE = "cpu", torch.float32
-    print("No GPU here: jitops' CPU kernels (C++ through torch's load_inline) run instead of the CUDA ones.")
+    print("No GPU here: jitops' CPU kernels (C++ built by the C++ compiler) run instead of the CUDA ones.")
 print(f"jitops {jitops.__version__}, torch {torch.__version__}, cache {jitops.config.cache_dir}")
 
 

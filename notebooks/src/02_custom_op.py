@@ -13,7 +13,7 @@
 # parameters of the step, not inputs to differentiate, so they get no gradient.
 #
 # The CUDA kernel runs where there is a GPU. So that this notebook also runs (and is tested) on machines
-# without one, the op has a CPU twin: the same update compiled as C++ through torch's `load_inline`. On a GPU
+# without one, the op has a CPU twin: the same update compiled as C++ by the machine's C++ compiler. On a GPU
 # both run; without one, the CUDA kernel is still compiled (NVRTC needs no GPU), just not launched.
 
 # %%
@@ -82,18 +82,16 @@ def cuda_source(physics):
 
 
 # %% [markdown]
-# Its CPU twin: the same update in a loop over the coordinates, parallelised with ATen's `parallel_for`.
-# `SCALAR_T` is a macro the shape class sets (`-DSCALAR_T=double`), and `particle_step` is the function the
-# compiled module exports.
+# Its CPU twin: the same update in a loop over the coordinates, parallelised with ATen's `parallel_for` (on
+# torch's own threads). `SCALAR_T` is a macro the shape class sets (`-DSCALAR_T=double`). `particle_step` is a
+# plain C function over data pointers, which the compiled library exports (`JITOPS_CPU_EXPORT`) and Python
+# calls through ctypes: no torch/extension.h, so it compiles in about a second.
 
 # %%
 CPU_LOOP = r"""
-void particle_step(at::Tensor x, at::Tensor v, at::Tensor x_next, at::Tensor v_next, double gravity, double dt) {
-  const SCALAR_T* px = x.data_ptr<SCALAR_T>();
-  const SCALAR_T* pv = v.data_ptr<SCALAR_T>();
-  SCALAR_T* pxn = x_next.data_ptr<SCALAR_T>();
-  SCALAR_T* pvn = v_next.data_ptr<SCALAR_T>();
-  at::parallel_for(0, x.numel(), 16384, [&](int64_t begin, int64_t end) {
+JITOPS_CPU_EXPORT void particle_step(const SCALAR_T* px, const SCALAR_T* pv, SCALAR_T* pxn, SCALAR_T* pvn,
+                                     double gravity, double dt, int64_t n) {
+  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       SCALAR_T accel = (i % 3 == 2) ? SCALAR_T(-gravity) : SCALAR_T(0);
       particle_update<SCALAR_T>(px[i], pv[i], accel, SCALAR_T(dt), pxn[i], pvn[i]);
@@ -104,7 +102,7 @@ void particle_step(at::Tensor x, at::Tensor v, at::Tensor x_next, at::Tensor v_n
 
 
 def cpu_source(physics):
-    return "#include <ATen/Parallel.h>\n#define HOST_DEVICE\n" + physics + CPU_LOOP
+    return '#include <ATen/Parallel.h>\n#include "cpu/export.h"\n#define HOST_DEVICE\n' + physics + CPU_LOOP
 
 
 # %% [markdown]
@@ -114,8 +112,8 @@ def cpu_source(physics):
 #
 # - **shape_class** checks the inputs and returns what changes the compiled code: here only the dtype (sizes,
 #   `gravity` and `dt` are runtime arguments);
-# - **kernels** names the kernels one shape class needs: a `CudaKernel` (NVRTC) or a `CppExtension`
-#   (`load_inline`), bound to the shape class. `entry` names the template instantiation; `signature` gives the
+# - **kernels** names the kernels one shape class needs: a `CudaKernel` (NVRTC) or a `CppLibrary` (the C++
+#   compiler), bound to the shape class. `entry` names the template instantiation; `signature` gives the
 #   kernel's parameter kinds;
 # - **run** allocates the outputs and launches: `k.step(grid, block, *kernel arguments)` on the GPU
 #   (tensors pass their data pointer), `k.step.particle_step(...)` on the CPU;
@@ -150,7 +148,7 @@ def run_cuda(k, x, v, gravity, dt):
 def run_cpu(k, x, v, gravity, dt):
     x, v = x.contiguous(), v.contiguous()
     x_next, v_next = torch.empty_like(x), torch.empty_like(v)
-    k.step.particle_step(x, v, x_next, v_next, gravity, dt)
+    k.step.particle_step(x, v, x_next, v_next, gravity, dt, x.numel())  # tensors pass their data pointer
     return x_next, v_next
 
 
@@ -171,9 +169,8 @@ def backward(ctx, grad_x_next, grad_v_next):
 def declare(physics):
     cuda_kernel = jitops.CudaKernel("particle_step", jitops.Source.inline("particle_step.cu", cuda_source(physics)),
                                     entry="particle_step<{T}>", signature="ptr ptr ptr ptr f64 f64 i64")
-    cpu_kernel = jitops.CppExtension("particle_step_cpu",
-                                     jitops.Source.inline("particle_step.cpp", cpu_source(physics)),
-                                     functions=("particle_step",))
+    cpu_kernel = jitops.CppLibrary("particle_step_cpu", jitops.Source.inline("particle_step.cpp", cpu_source(physics)),
+                                   functions={"particle_step": (("ptr", "ptr", "ptr", "ptr", "f64", "f64", "i64"), "void")})
     return jitops.op(
         "physics::particle_step(Tensor x, Tensor v, float gravity, float dt) -> (Tensor, Tensor)",
         shape_class=shape_class,
@@ -214,8 +211,8 @@ print(jitops.stats)
 # ## Run it
 #
 # A hundred particles, thrown up and sideways. The first call compiles for this shape class: the CUDA kernel
-# for this GPU's architecture, or, without a GPU, the C++ twin (about 30 s on a small machine). On the CPU we
-# use float64: the op tester's gradcheck below needs it, so one compile serves both.
+# for this GPU's architecture, or, without a GPU, the C++ twin (about a second on a small machine). On the CPU
+# we use float64: the op tester's gradcheck below needs it, so one compile serves both.
 
 # %%
 DEVICE = "cuda" if GPU else "cpu"
