@@ -8,9 +8,8 @@ GPU is present the GPU cells run; elsewhere they print a "No GPU here" note, whi
 Where nbclient or ipykernel is not installed (a bare GPU machine), the code cells run in order as one script in
 a fresh interpreter instead: the notebooks use no IPython syntax, so that is the same program.
 
-Without a GPU the four notebooks cost about 270 CPU-seconds (266 measured on the 2-core development box,
-2026-11-22), most of it five single-threaded C++ compiles through load_inline (01: gelu; 02: the custom op, then
-its edited source; 03: gelu for the recorded run, then the prewarm): 4 to 5 minutes on an idle 2-core machine.
+Without a GPU the four notebooks take about 45 s on an idle 2-core machine; their C++ compiles (01: gelu; 02: the
+custom op, then its edited source; 03: gelu for the recorded run, then the prewarm) take about a second each.
 Each notebook uses temporary caches of its own on purpose: a first call must compile, an edit must recompile,
 a recorded run must miss, and a prewarm must build.
 """
@@ -30,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-CELL_TIMEOUT = 900  # seconds; the slowest cell is one load_inline compile (~30 s on 2 cores)
+CELL_TIMEOUT = 900  # seconds; generous: a loaded CI machine can be several times slower than an idle one
 HAVE_NBCLIENT = all(importlib.util.find_spec(m) is not None for m in ("nbclient", "nbformat", "ipykernel"))
 GPU = torch.cuda.is_available()
 
