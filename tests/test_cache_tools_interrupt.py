@@ -18,53 +18,9 @@ import pytest
 from jitops.backends import processes, toolkit
 
 from cache_tools_helpers import entry_dirs, write_manifest
+from proc_helpers import alive, descendants, wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _stat(pid: int) -> tuple[str, str, int] | None:
-    """(comm, state, ppid) of a live process, or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    state, ppid = text[text.rindex(")") + 2:].split()[:2]
-    return comm, state, int(ppid)
-
-
-def _alive(pid: int) -> bool:
-    found = _stat(pid)
-    return found is not None and found[1] != "Z"
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> comm of every live descendant of `root`."""
-    parents: dict[int, tuple[int, str]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            found = _stat(int(name))
-            if found is not None and found[1] != "Z":
-                parents[int(name)] = (found[2], found[0])
-    result: dict[int, str] = {}
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, comm) in parents.items():
-            if ppid == parent and pid not in result:
-                result[pid] = comm
-                frontier.append(pid)
-    return result
-
-
-def _wait_gone(pids, seconds: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc")
@@ -85,7 +41,7 @@ def test_an_interrupted_run_stops_the_whole_process_group(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert _wait_gone([int(pidfile.read_text())]) == []  # the grandchild, not only the shell
+    assert wait_gone([int(pidfile.read_text())]) == []  # the grandchild, not only the shell
     assert processes.running() == 0
 
 
@@ -102,7 +58,7 @@ def test_stop_all_stops_compiles_running_in_other_threads(tmp_path):
         assert processes.stop_all(refuse_new=True) == 1
         worker.join(10)
         assert results and results[0].returncode != 0
-        assert _wait_gone([int(pidfile.read_text())]) == []
+        assert wait_gone([int(pidfile.read_text())]) == []
         with pytest.raises(InterruptedError):  # a worker about to start one after the interrupt
             processes.run(["true"])
     finally:
@@ -192,7 +148,7 @@ def test_an_interrupted_prewarm_stops_its_compilers_and_leaves_nothing(sig, code
         # Signal only while the compilers run at once: a short-lived cc1plus (nvcc's host preprocessing) seen in
         # one poll may be gone by the next, and a check against everything ever seen failed in CI that way.
         while time.monotonic() < deadline and prewarm.poll() is None:
-            running = _descendants(prewarm.pid)
+            running = descendants(prewarm.pid)
             seen.update(running)
             names = set(running.values())
             if COMPILERS & names and (not with_nvcc or NVCC & names):
@@ -204,7 +160,7 @@ def test_an_interrupted_prewarm_stops_its_compilers_and_leaves_nothing(sig, code
         out, err = prewarm.communicate(timeout=60)
         assert prewarm.returncode == code, out + err
         assert ("terminated" if sig == signal.SIGTERM else "interrupted") in err and "Traceback" not in err, err
-        assert _wait_gone(list(running)) == [], {p: running[p] for p in running if _alive(p)}
+        assert wait_gone(list(running)) == [], {p: running[p] for p in running if alive(p)}
         assert not [p.name for p in temp.iterdir() if p.name.startswith("jitops-")]  # build directories
         # A compile that ended between the last poll and the signal keeps its whole entry (CI saw nvcc's last
         # step end in that gap); the compile the signal stopped leaves none, and nothing is half-written.

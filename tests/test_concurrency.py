@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import descendants
+
 REPO = Path(__file__).resolve().parent.parent
 
 RACER = r"""
@@ -81,7 +83,7 @@ def test_a_lock_holder_killed_with_sigkill_does_not_block_the_next_process(tmp_p
 
 KILLED_MID_COMPILE = r"""
 import torch, jitops
-jitops.gelu(torch.randn(8, dtype=torch.float32))   # cold CPU compile, ~30 s
+jitops.gelu(torch.randn(8, dtype=torch.float32))   # cold CPU compile: cc1plus, then the link, then the publish
 """
 
 
@@ -91,7 +93,12 @@ def test_a_process_killed_mid_compile_leaves_no_entry_and_no_lock(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", KILLED_MID_COMPILE], stderr=subprocess.PIPE, text=True,
                               env=_env(cache, JITOPS_PROGRESS_SECONDS="0"))
     assert "compiling" in victim.stderr.readline()  # the compile has started, under the lock
-    time.sleep(2)
+    # Killed while its compiler runs (the build takes about a second, so a fixed sleep would miss it): the link
+    # and the publish come after cc1plus, so nothing can be published yet.
+    deadline = time.monotonic() + 120
+    while "cc1plus" not in descendants(victim.pid).values():
+        assert victim.poll() is None and time.monotonic() < deadline, "the victim finished before it was killed"
+        time.sleep(0.005)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     assert not list(cache.glob("v1/cpu/*/*/meta.json"))  # nothing half-published
