@@ -20,7 +20,7 @@ import ctypes
 import os
 import struct
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -340,19 +340,21 @@ _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "u32": ctypes.c_uint32
            "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double, "void": None}
 
 
-class HostFunction:
-    """An extern "C" function of a host library.  Tensors pass their data pointer."""
-
-    def __init__(self, fn: Any, name: str, arg_kinds: Sequence[str], ret_kind: str) -> None:
-        fn.argtypes = [_CTYPES[k] for k in arg_kinds]
-        fn.restype = _CTYPES[ret_kind]
-        self._fn, self.name = fn, name
-        self._is_ptr = tuple(k == "ptr" for k in arg_kinds)
-
-    def __call__(self, *args: Any) -> Any:
-        values = [(a.data_ptr() if isinstance(a, torch.Tensor) else a) if is_ptr else a
-                  for is_ptr, a in zip(self._is_ptr, args)]
-        return self._fn(*values)
+def host_function(fn: Any, name: str, arg_kinds: Sequence[str], ret_kind: str) -> Callable[..., Any]:
+    """An extern "C" function of a host library as a Python function of its arguments; tensors given for `ptr`
+    arguments pass their data pointer.  The function is generated for its signature, one expression per
+    argument: a generic loop over the arguments cost 0.8 us a call on the dev box, as much as the ctypes call."""
+    fn.argtypes = [_CTYPES[k] for k in arg_kinds]
+    fn.restype = _CTYPES[ret_kind]
+    args = [f"a{i}" for i in range(len(arg_kinds))]
+    values = [f"({a}.data_ptr() if isinstance({a}, Tensor) else {a})" if kind == "ptr" else a
+              for a, kind in zip(args, arg_kinds)]
+    namespace: dict[str, Any] = {"fn": fn, "Tensor": torch.Tensor}
+    exec(f"def call({', '.join(args)}):\n    return fn({', '.join(values)})\n", namespace)  # noqa: S102
+    call = namespace["call"]
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{name}({', '.join(arg_kinds)}) -> {ret_kind}"
+    return call
 
 
 class HostLibrary:
@@ -362,4 +364,4 @@ class HostLibrary:
         self._lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # local: two builds of one template never clash
         self.path = path
         for name, arg_kinds, ret_kind in signatures:
-            setattr(self, name, HostFunction(getattr(self._lib, name), name, arg_kinds, ret_kind))
+            setattr(self, name, host_function(getattr(self._lib, name), name, arg_kinds, ret_kind))
