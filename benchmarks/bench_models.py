@@ -21,7 +21,6 @@ torch eager in the same run.  Results: benchmarks/results/models.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import io
 import json
