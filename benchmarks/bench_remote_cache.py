@@ -57,6 +57,16 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))
 
+# Counts the warnings jitops logs in a child process (the goal: a single warning with Redis down).
+COUNT_WARNINGS = r"""
+warnings = []
+class Count(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("jitops").addHandler(Count())
+"""
+
 CHILD = r"""
 import json, logging, os, sys, time
 from pathlib import Path
@@ -66,13 +76,7 @@ gpu = torch.cuda.is_available()
 if gpu:
     torch.cuda.init()
 
-warnings = []
-class Count(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("jitops").addHandler(Count())
-
+""" + COUNT_WARNINGS + r"""
 if os.environ.get("RACE_DIR"):  # start together, after the imports
     ready = Path(os.environ["RACE_DIR"])
     (ready / f"ready.{os.getpid()}").touch()
@@ -122,13 +126,7 @@ import jitops
 from jitops.runtime import runtime
 from cache_tools.manifest import parse_item, plan
 
-warnings = []
-class Count(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(record.getMessage())
-logging.getLogger("jitops").addHandler(Count())
-
+""" + COUNT_WARNINGS + r"""
 # The request a call of jitops.gemm would make (the op's shape class on meta tensors), before the clock.
 [job] = plan(parse_item(json.loads(os.environ["BENCH_ITEM"]), [os.environ["BENCH_ARCH"]], "bench")).jobs
 if os.environ.get("BENCH_CLIENT_IMPORTED"):

@@ -292,13 +292,7 @@ class CudaLibrary:
     arch_specific: bool = False
 
     def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
-        signatures = tuple((fn, tuple(args), ret) for fn, (args, ret) in sorted(self.functions.items()))
-        return BuildRequest(
-            backend="nvcc", kernel=self.name, source=self.source, dtype=dtype,
-            params=tuple((k, str(v)) for k, v in sorted(params.items())),
-            functions=tuple(name for name, _, _ in signatures), c_signatures=signatures,
-            defines=tuple((k, str(v)) for k, v in sorted(params.items())),
-            options=tuple(self.options), arch_specific=self.arch_specific)
+        return _library_request("nvcc", self, dtype, params, arch_specific=self.arch_specific)
 
 
 @dataclass(frozen=True)
@@ -315,13 +309,17 @@ class CppLibrary:
     options: tuple[str, ...] = ("-O3",)
 
     def bind(self, dtype: str = "any", **params: object) -> BuildRequest:
-        signatures = tuple((fn, tuple(args), ret) for fn, (args, ret) in sorted(self.functions.items()))
-        return BuildRequest(
-            backend="cxx", kernel=self.name, source=self.source, dtype=dtype,
-            params=tuple((k, str(v)) for k, v in sorted(params.items())),
-            functions=tuple(name for name, _, _ in signatures), c_signatures=signatures,
-            defines=tuple((k, str(v)) for k, v in sorted(params.items())),
-            options=tuple(self.options), cuda=False)
+        return _library_request("cxx", self, dtype, params, cuda=False)
+
+
+def _library_request(backend: str, spec: "CudaLibrary | CppLibrary", dtype: str, params: Mapping[str, object],
+                     **extra: bool) -> BuildRequest:
+    """A C-ABI library's request: its functions' signatures, the params as -D macros too."""
+    signatures = tuple((fn, tuple(args), ret) for fn, (args, ret) in sorted(spec.functions.items()))
+    items = tuple((k, str(v)) for k, v in sorted(params.items()))
+    return BuildRequest(backend=backend, kernel=spec.name, source=spec.source, dtype=dtype, params=items,
+                        functions=tuple(name for name, _, _ in signatures), c_signatures=signatures, defines=items,
+                        options=tuple(spec.options), **extra)
 
 
 def host_machine() -> str:
