@@ -221,9 +221,14 @@ def family_request(family: str):
     if family.startswith("cpu_"):
         return _cpu_family_request(family), Target("cpu")
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
-               "gemm_sm90_light_fused": "gemm", "grouped_gemm": "grouped_gemm_ragged"}.get(family, family)
+               "gemm_sm90_light_fused": "gemm"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
     target = Target.parse("sm_80" if family == "gemm_sm80" else "sm_90a")
+    if family == "grouped_gemm":  # a public name over two ops (list and ragged forms): the manifest planner
+        from cache_tools import manifest as cache_manifest
+
+        plan = cache_manifest.plan(cache_manifest.parse_item(item, (), "PREWARM"), (target.arch(True),))
+        return plan.jobs[0].request, plan.jobs[0].target
     op = jitops.find(item["op"])
     args = op.example_args(item["dtypes"][0], item["shapes"][0], item.get("kwargs", {}),
                            (item.get("strides") or [None])[0])
