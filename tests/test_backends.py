@@ -155,6 +155,28 @@ def test_cpu_library_compiles_caches_and_calls_on_torchs_threads(fresh_cache):
     assert torch.equal(y, -x) and jitops.stats.disk_hits == 1 and jitops.stats.compiles == 0
 
 
+def test_cpu_library_builds_with_the_compiler_cxx_names(fresh_cache, tmp_path, monkeypatch):
+    """$CXX picks the compiler for the build and for the key's toolchain alike: a build by another compiler is
+    another entry."""
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "wrapped-c++"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "wrapped c++ 1.0"; exit 0; fi\n'
+                       f'echo "$@" >> {calls}\nexec c++ "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    request = CPU_LIBRARY.bind("fp32", SCALAR_T="float")
+    key, can_compile = runtime.key_for(request, Target("cpu"))
+    assert can_compile and key.toolchain["cxx"] == "wrapped c++ 1.0"
+    library = runtime.get_kernel(request, Target("cpu"), None)
+    x = torch.arange(5, dtype=torch.float32)
+    y = torch.empty_like(x)
+    library.scale(x, y, 5, 3.0)
+    assert torch.equal(y, 3 * x)
+    compile_step, link_step = calls.read_text().splitlines()
+    assert "-fopenmp" in compile_step and "-c" in compile_step.split()
+    assert "-shared" in link_step and "-ltorch_cpu" in link_step and "gomp" not in link_step
+
+
 def test_cpu_library_compile_error_carries_the_log(fresh_cache):
     broken = CppLibrary("broken_cpu_library", Source.inline("broken_cpu_library.cpp", "int f() { return nope; }\n"),
                         functions={"f": ((), "i32")})
