@@ -358,7 +358,7 @@ def host_function(fn: Any, name: str, arg_kinds: Sequence[str], ret_kind: str) -
 
 
 class HostLibrary:
-    """A shared library built by the nvcc backend; its functions are attributes."""
+    """A shared library with a C ABI (the nvcc and cxx backends build them); its functions are attributes."""
 
     def __init__(self, path: str, signatures: Sequence[tuple[str, Sequence[str], str]]) -> None:
         self._lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # local: two builds of one template never clash

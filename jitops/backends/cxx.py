@@ -1,16 +1,16 @@
 """C++ CPU kernels -> a shared library with a C ABI, built by the host compiler and called through ctypes.
 
 The built-in CPU kernels take raw pointers and sizes, so they need no torch/extension.h and no pybind11 module:
-gelu_cpu compiles in under a second on the 2-core box, where load_inline took 24 s (all but a fraction of it
-parsing torch's headers and building the Python bindings).  The only torch header a kernel includes is
+gelu_cpu compiles in about a second on the 2-core box, where load_inline took 23-26 s (nearly all of it torch's
+headers and the Python bindings).  The only torch header a kernel includes is
 ATen/Parallel.h, for `at::parallel_for` on torch's own intra-op thread pool.
 
 Two steps, so that the library never names an OpenMP runtime of its own:
   * compile with -fopenmp: torch's CPU build is OpenMP (ATen/Config.h), and `at::parallel_for` is inline code
     that opens `#pragma omp parallel` itself; without the flag it runs on one thread;
   * link against libc10 and libtorch_cpu only, not libgomp: the GOMP_* and omp_* symbols resolve at load time
-    to the runtime libtorch_cpu already loaded (torch's wheels bundle theirs under another soname), so a kernel
-    shares torch's threads and `torch.set_num_threads` instead of starting a second pool.
+    to the runtime libtorch_cpu already loaded (a torch wheel may bundle its own under another soname), so a
+    kernel shares torch's threads and `torch.set_num_threads` instead of starting a second pool.
 No rpath: the libraries are matched by soname to the ones `import torch` loaded, so an entry built in one
 environment loads in another with the same torch (the torch version is part of the key).
 """
