@@ -16,8 +16,6 @@ environment loads in another with the same torch (the torch version is part of t
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -40,13 +38,6 @@ def _torch_dirs() -> tuple[Path, Path]:
     return root / "include", root / "lib"
 
 
-def compiler() -> str:
-    found = shutil.which(os.environ.get("CXX") or "c++")
-    if found is None:
-        raise ToolchainError("jitops: no C++ compiler (c++ or $CXX) on PATH: install g++ or clang++, or set CXX")
-    return found
-
-
 class CxxBackend(Backend):
     name = "cxx"
 
@@ -66,12 +57,15 @@ class CxxBackend(Backend):
         return None
 
     def commands(self, request: BuildRequest, source: Path, build_dir: Path) -> list[list[str]]:
+        compiler = toolkit.host_compiler_path()
+        if compiler is None:  # the key's identity found one; it went away since
+            raise ToolchainError("jitops: no C++ compiler (c++ or $CXX) on PATH: install g++ or clang++, or set CXX")
         include, lib = _torch_dirs()
         include_dirs = [source.parent, kernels_root(), include]
         obj = build_dir / "kernel.o"
-        compile_ = [compiler(), *FLAGS, "-fopenmp", *request.options, *[f"-I{d}" for d in include_dirs],
+        compile_ = [compiler, *FLAGS, "-fopenmp", *request.options, *[f"-I{d}" for d in include_dirs],
                     *[f"-D{k}={v}" for k, v in request.defines], "-c", str(source), "-o", str(obj)]
-        link = [compiler(), "-shared", str(obj), "-o", str(build_dir / LIBRARY), f"-L{lib}", "-lc10",
+        link = [compiler, "-shared", str(obj), "-o", str(build_dir / LIBRARY), f"-L{lib}", "-lc10",
                 "-ltorch_cpu"]
         return [compile_, link]
 

@@ -203,9 +203,14 @@ def nvcc_identity() -> str | None:
     return _version_line(str(path), last=True) if path else None
 
 
+def host_compiler_path(compiler: str | None = None) -> str | None:
+    """The C++ compiler the builds run: `compiler`, else $CXX, else c++ on PATH; None if there is none."""
+    return shutil.which(compiler or os.environ.get("CXX") or "c++")
+
+
 def host_compiler_identity(compiler: str | None = None) -> str | None:
     """e.g. 'c++ (Debian 12.2.0-14+deb12u1) 12.2.0'."""
-    path = shutil.which(compiler or os.environ.get("CXX") or "c++")
+    path = host_compiler_path(compiler)
     return _version_line(path, last=False) if path else None
 
 
