@@ -5,7 +5,6 @@ shape classes and kernel specs are in jitops/ops/conv2d.py, the plans in jitops/
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import torch
 
@@ -20,28 +19,10 @@ _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)"
 
 
 # ---- the CUTLASS conv library's entry point ---------------------------------------------------------------------
-def _raw_entry(library):
-    """The library's jitops_conv2d as a bare ctypes function: called with data pointers it skips HostFunction's
-    per-argument conversion loop (27 arguments; ~3 us a call)."""
-    fn = _RAW_ENTRIES.get(library.path)
-    if fn is None:
-        fn = ctypes.CDLL(library.path, mode=ctypes.RTLD_LOCAL).jitops_conv2d  # the same handle: already loaded
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 15 + [ctypes.c_longlong] * 3 + \
-            [ctypes.c_int] * 3 + [ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        _RAW_ENTRIES[library.path] = fn
-    return fn
-
-
-_RAW_ENTRIES: dict[str, object] = {}
-
-
 def _call(library, op_name: str, a, b, d, bias, *args) -> None:
-    if hasattr(library, "path"):  # a loaded kernel library (the CPU tests pass a stand-in that takes tensors)
-        status = _raw_entry(library)(a.data_ptr(), b.data_ptr(), d.data_ptr(),
-                                     None if bias is None else bias.data_ptr(), *args)
-    else:
-        status = library.jitops_conv2d(a, b, d, bias, *args)
+    # The library's function is generated for its declared C signature (launch.host_function): tensors pass
+    # their data pointer with no per-argument loop, so a bare ctypes handle of its own is not needed.
+    status = library.jitops_conv2d(a, b, d, bias, *args)
     if status:
         args = (a, b, d, bias, *args)
         raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
