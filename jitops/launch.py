@@ -303,6 +303,7 @@ class CudaFunction:
     def max_active_blocks(self, block: int, shared_mem: int = 0) -> int:
         """Blocks of `block` threads and `shared_mem` bytes of dynamic shared memory that one multiprocessor holds
         at once (the driver's occupancy calculator): a persistent grid is this times the SM count."""
+        ensure_context(self.device_index)  # autograd's device threads start with none (CUDA_ERROR_INVALID_CONTEXT)
         if shared_mem > self._dynamic_smem_limit:
             self._raise_smem_limit(shared_mem)
         lib = self._driver.lib
@@ -317,6 +318,7 @@ class CudaFunction:
 
     def attribute(self, name: str) -> int:
         """A function attribute, e.g. attribute('NUM_REGS') or attribute('LOCAL_SIZE_BYTES')."""
+        ensure_context(self.device_index)
         value = ctypes.c_int()
         self._driver.check("cuFuncGetAttribute", self._driver.lib.cuFuncGetAttribute(
             ctypes.byref(value), _FUNC_ATTRIBUTES[name], self.handle))
