@@ -130,7 +130,8 @@ GENERAL = [  # (a, b, alpha, dims the kernel gets, inputs copied first)
     (lambda: torch.randn(()), lambda: torch.randn(()), 2, 1, False),
     (lambda: torch.randn(2, 2, 2, 2, 2, 2, 2).permute(6, 5, 4, 3, 2, 1, 0), lambda: torch.randn(2, 2, 2, 2, 2, 2, 2),
      2, 1, True),                                                                  # 7 unmergeable strides: copies
-]
+    (lambda: torch.randn(2, 3, 1, 4, 1, 5, 1), lambda: torch.randn(3, 7, 1, 6, 5, 2), 2, 1, True),  # 7 groups:
+]                                                                                  # both copied to the result's shape
 
 
 @pytest.mark.parametrize("case", range(len(GENERAL)))
@@ -152,8 +153,9 @@ def test_add_general_class_limits():
     meta = lambda *shape, dtype=f32: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
     big = add_module.shape_class(meta(2**16, 2**15 + 1), meta(2**15 + 1), 1)
     assert big.index == "long long" and big.dims == 2  # 2^31 + 2^16 elements: 64-bit index math
-    with pytest.raises(ValueError, match="jitops.add: arguments 'a' of shape .* more than 6 separate groups"):
-        add_module.shape_class(meta(*(2, 1) * 4), meta(*(1, 2) * 4), 1)  # 8 groups broadcast in turn
+    # 8 groups broadcast in turn, more than the kernel's 6 even contiguous: both are copied out to the result
+    alternating = add_module.shape_class(meta(*(2, 1) * 4), meta(*(1, 2) * 4), 1)
+    assert (alternating.dims, alternating.copy, alternating.expand) == (1, True, True)
     # the common call keeps its class: one shape, one dtype, alpha == 1 (alpha 1.0 and True included)
     for alpha in (1, 1.0, True):
         assert isinstance(add_module.shape_class(meta(3, 5), meta(3, 5), alpha), add_module.AddClass)

@@ -71,6 +71,7 @@ class BroadcastClass(NamedTuple):
     dims: int              # dimensions left once _plan merged them (0: the CPU, or sizes not known yet)
     index: str             # "unsigned" (32-bit) or "long long"
     copy: bool = False     # the inputs are made contiguous first: their own strides need more than MAX_DIMS
+    expand: bool = False   # both are copied out to the result's shape: even contiguous, more than MAX_DIMS groups
     # Always None.  AddClass.contiguous is True or False, so the `if not cls.contiguous` that the common call
     # makes anyway sends this class to the general path without a test of its own on that call.
     contiguous: None = None
@@ -215,11 +216,10 @@ def _general_class(a: torch.Tensor, b: torch.Tensor, alpha) -> BroadcastClass:
     if plan is None:
         copy = True
         plan = _cuda_plan(a, b, out_shape, copy)
-        if plan is None:
-            raise ValueError(f"jitops.add: arguments 'a' of shape {tuple(a.shape)} and 'b' of shape "
-                             f"{tuple(b.shape)} broadcast over more than {MAX_DIMS} separate groups of dimensions, "
-                             "more than jitops.add's kernel takes: reshape them so that broadcast dimensions are "
-                             "next to each other")
+        if plan is None:  # rare: both inputs are copied out to the result's shape, one flat dimension
+            numel = math.prod(out_shape)
+            return BroadcastClass(dtype, a_dtype, b_dtype, 1, _index_type(((numel,), (1,), (1,)), numel),
+                                  copy=True, expand=True)
     return BroadcastClass(dtype, a_dtype, b_dtype, len(plan[0]), _index_type(plan, math.prod(out_shape)), copy)
 
 
@@ -230,7 +230,10 @@ def _operands(a: torch.Tensor, b: torch.Tensor, cls: BroadcastClass) -> tuple[to
         a = a.to(cls.a_dtype)
     if b.dtype is not cls.b_dtype:
         b = b.to(cls.b_dtype)
-    if cls.copy:
+    if cls.expand:
+        out_shape = _broadcast(a.shape, b.shape)
+        a, b = a.expand(out_shape).contiguous(), b.expand(out_shape).contiguous()
+    elif cls.copy:
         a, b = a.contiguous(), b.contiguous()
     return a, b
 
