@@ -1,9 +1,23 @@
-"""Process trees read from /proc, for tests that stop or kill processes mid-compile (Linux only)."""
+"""Child processes for tests: a clean environment for a fresh jitops process, and process trees read from /proc
+for tests that stop or kill processes mid-compile (Linux only)."""
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a fresh jitops process: none of this session's JITOPS_ settings (a read-only root of
+    prebuilt kernels, JITOPS_CACHE_PATH, would turn a cold run warm), this checkout first on the path, then
+    whatever the session's path holds (the GPU machine's carried wheels)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITOPS_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env["JITOPS_LOG_LEVEL"] = "WARNING"
+    env.update(extra)
+    return env
 
 
 def stat(pid: int) -> tuple[str, str, int] | None:

@@ -5,7 +5,6 @@ session cache, so the CPU op tests that run after it find their kernels there.""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cache_tools_helpers import entry_dirs, snapshot, write_manifest
+from proc_helpers import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,20 +44,13 @@ def _run(argv, env, timeout=1500):
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
 
 
-def _base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JITOPS_")}
-    env.update(PYTHONPATH=str(REPO), JITOPS_LOG_LEVEL="WARNING")
-    env.update(extra)
-    return env
-
-
 @pytest.mark.timeout(1800)
 def test_prewarmed_directory_serves_an_offline_process_with_zero_compiles(session_cache, tmp_path):
     image_cache = session_cache  # the build stage's /opt/jitops-cache
     manifest = write_manifest(tmp_path / "kernels.json", *DEPLOY_ITEMS, archs=["sm_90a", "cpu"])
 
     # Build stage (a machine with the toolchain and no GPU): prewarm into the directory, check coverage.
-    build = _base_env()
+    build = child_env()
     done = _run([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest), "--cache-dir",
                  str(image_cache), "--json"], build)
     assert done.returncode == 0, done.stderr
@@ -72,7 +65,7 @@ def test_prewarmed_directory_serves_an_offline_process_with_zero_compiles(sessio
 
     # Runtime stage: the directory as a read-only root, offline, no writable root, and no compiler on PATH.
     before = snapshot(image_cache)
-    runtime_env = _base_env(JITOPS_CACHE_PATH=str(image_cache), JITOPS_OFFLINE="1", JITOPS_CACHE_DIR="",
+    runtime_env = child_env(JITOPS_CACHE_PATH=str(image_cache), JITOPS_OFFLINE="1", JITOPS_CACHE_DIR="",
                             JITOPS_CUDA_HOME=str(tmp_path / "no-cuda"), PATH=str(tmp_path / "empty-bin"),
                             HOME=str(tmp_path / "home"))
     ran = _run([sys.executable, "-c", RUN_OPS], runtime_env)
@@ -111,7 +104,7 @@ def test_prewarm_and_normal_use_at_the_same_time_on_one_cache(tmp_path):
                                       ("add", [[4096], [4096]], {}))]
     manifest = write_manifest(tmp_path / "m.json", *gpu, dict(gpu[0], dtypes=["fp64"], archs=["cpu"]),
                               archs=["sm_80", "sm_90a"])
-    env = _base_env(JITOPS_CACHE_DIR=str(cache))
+    env = child_env(JITOPS_CACHE_DIR=str(cache))
     prewarm = subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest),
                                 "--json", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env, cwd=REPO)
@@ -140,7 +133,7 @@ def test_two_prewarms_of_one_manifest_at_once_compile_each_kernel_once(tmp_path)
     items = [{"op": "gelu", "grad": False, "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096]]],
               "kwargs": {"approximate": a}} for a in ("none", "tanh")]
     manifest = write_manifest(tmp_path / "m.json", *items, archs=["sm_80", "sm_90a"])
-    env = _base_env(JITOPS_CACHE_DIR=str(cache))
+    env = child_env(JITOPS_CACHE_DIR=str(cache))
     runs = [subprocess.Popen([sys.executable, "-m", "cache_tools", "prewarm", "--manifest", str(manifest), "--json",
                               "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              cwd=REPO) for _ in range(2)]

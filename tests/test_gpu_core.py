@@ -3,7 +3,6 @@ torch.compile, streams, threads, alignment classes, and cold-then-warm across pr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 
 import jitops
 from jitops.testing import check_compile, check_op
+from proc_helpers import child_env
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ print(json.dumps({"ok": bool(ok), "ms": ms, **jitops.stats.as_dict()}))
 
 
 def test_cold_then_warm_in_a_fresh_process(tmp_path):
-    env = dict(os.environ, JITOPS_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    env = child_env(JITOPS_CACHE_DIR=str(tmp_path / "cache"))
     runs = [json.loads(subprocess.run([sys.executable, "-c", COLD_WARM], env=env, capture_output=True, text=True,
                                       check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
     cold, warm = runs
@@ -142,10 +142,8 @@ def test_offline_image_runs_prewarmed_cache_with_zero_compiles(tmp_path):
             "args = op.example_args('bf16', [[4096]], {'approximate': 'tanh'});"
             "t = Target.parse('sm_90');"
             "[jitops.runtime.prewarm(r, t) for r in op.requests_for(args, t).values()]")
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, JITOPS_CACHE_DIR=str(image),
-                                                                       PYTHONPATH=str(REPO)))
-    env = dict(os.environ, JITOPS_CACHE_PATH=str(image), JITOPS_CACHE_DIR=str(tmp_path / "empty"),
-               JITOPS_OFFLINE="1", PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-c", code], check=True, env=child_env(JITOPS_CACHE_DIR=str(image)))
+    env = child_env(JITOPS_CACHE_PATH=str(image), JITOPS_CACHE_DIR=str(tmp_path / "empty"), JITOPS_OFFLINE="1")
     out = subprocess.run([sys.executable, "-c", COLD_WARM.replace("1 << 20", "4096")], env=env, capture_output=True,
                          text=True, check=True).stdout.strip().splitlines()[-1]
     result = json.loads(out)
