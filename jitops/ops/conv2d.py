@@ -158,11 +158,12 @@ _OPERATOR_CODE = {"fprop": 0, "dgrad": 1, "wgrad": 2}
 _ELEMENT = {torch.float16: "cutlass::half_t", torch.bfloat16: "cutlass::bfloat16_t"}
 
 
-def _request(name: str, cls: ConvClass, target: Target):
+def _request(name: str, cls: ConvClass, target: Target, fp32_out: bool = False):
+    """The library of operator `name` for the class; fp32_out: the split-K form (fp32 slices) even unsplit."""
     if target.capability is None or target.capability[0] != 9:
         return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
     tile = TILES[cls.tile]
-    split = name != "wgrad" and cls.splits > 1
+    split = fp32_out or (name != "wgrad" and cls.splits > 1)
     defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,
                    CLUSTER_M=tile.cluster_m, CLUSTER_N=tile.cluster_n, SPLIT_K=int(split))
     if tile.taps > 1:
@@ -184,8 +185,9 @@ def _no_kernels(cls: ConvClass, target: Target):
 IM2COL = CudaKernel("conv2d_im2col", Source.file("conv/im2col.cu"), "jitops::conv2d_im2col<{T}>",
                     "ptr ptr i64 i32 i32 i32 i32 i32 i32 i32 i64 i64 i64 i64 i32 i32 i32 i32 i32 i32 i32 i32")
 
-# dgrad of those layers: the columns' gradient dy . W as a 1x1 conv (the fprop kernel), then this gather into dx.
-COL2IM = CudaKernel("conv2d_col2im", Source.file("conv/im2col.cu"), "jitops::conv2d_col2im<{T}>",
+# dgrad of those layers: the columns' gradient dy . W in fp32 as a 1x1 conv (the fprop kernel's split-K form),
+# then this gather sums them into dx.
+COL2IM = CudaKernel("conv2d_col2im", Source.file("conv/im2col.cu"), "jitops::conv2d_col2im<{T}, float>",
                     "ptr ptr i64 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32")
 
 
@@ -243,8 +245,8 @@ def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) 
 
 
 def input_grad_cuda_kernels(cls: ConvClass, target: Target):
-    if cls.im2col:  # the columns' gradient as a 1x1 fprop, then col2im
-        kernels = _request("fprop", cls, target)
+    if cls.im2col:  # the columns' gradient in fp32 as a 1x1 fprop, then col2im sums the taps and rounds once
+        kernels = _request("fprop", cls, target, fp32_out=True)
         if kernels:
             kernels["col2im"] = COL2IM.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
         return kernels

@@ -193,7 +193,8 @@ def _taps_slice(taps: tuple[int, ...]) -> slice:
 def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx: torch.Tensor, k8: int):
     """Few input channels (the stem): columns [N, P, Q, R*S*C padded] = dy . W, a 1x1 conv with the filter as
     R*S*C output channels over K input channels (one k-step for K=64, where the direct dgrad's 64-wide tile
-    carries 8 padded channels: 963 us for the stem against cuDNN's 474), then col2im sums them into dx."""
+    carries 8 padded channels: 963 us for the stem against cuDNN's 474), then col2im sums them into dx.  The
+    columns are fp32 (the split-K kernel, one slice), so each pixel's taps are rounded once, as torch rounds."""
     cls = kern.shape_class
     n, c, h, w = dx.shape
     k, _, r, s = weight.shape
@@ -201,7 +202,7 @@ def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx
     width = round_up(r * s * c)
     w_columns = torch.zeros((width, 1, 1, k8), dtype=weight.dtype, device=weight.device)
     w_columns[:r * s * c, 0, 0, :k].copy_(weight.permute(2, 3, 1, 0).reshape(r * s * c, k))  # rows (r, s, c)
-    columns = torch.empty((n, p, q, width), dtype=dx.dtype, device=dx.device)
+    columns = torch.empty((n, p, q, width), dtype=torch.float32, device=dx.device)
     _call(kern.fprop, "conv2d_input_grad", dy, w_columns, columns, None, n, p, q, k8, width, 1, 1, 0, 0, 0, 0,
           1, 1, 1, 1, 0, 0, 0, 1, *_launch_args(dy))
     elements = dx.numel()

@@ -5,8 +5,8 @@
 //
 // x is read through its own strides (NCHW, channels_last or any other), so no layout conversion precedes this.
 // It replaces torch's zero-fill, padded copy and 6-D strided copy (innermost extent C=3), which took most of the
-// stem's 313 us fprop and wgrad on the lent H100 (docs/benchmarks_conv2d.md, run 9): the matrix is 122 MB at
-// batch 32, about 45 us to write.
+// stem's 313 us fprop and wgrad on the H100 (docs/benchmarks.md, conv2d): the matrix is 122 MB at batch 32,
+// about 45 us to write.
 #include "jitops/common.cuh"
 
 namespace jitops {
@@ -15,10 +15,9 @@ namespace jitops {
 // matrix, with 16-byte stores.  Building them, neighbouring threads take neighbouring rows of one column, so a
 // warp's loads read neighbouring pixels of x, and each thread keeps its row's window in registers and walks
 // columns, whose offsets come from a table in shared memory (a broadcast: a warp reads one column's entry).
-// Earlier versions, timed on the stem's 122 MB matrix (lent H100, 2026-11-22 13:57-14:13, probe_conv_wgrad.py
-// --stem; a copy of the matrix reads and writes it in 83 us): a thread per 8 columns of a row, 147 us (its
-// loads spread over seven image rows); a thread per 16 columns with neighbouring threads on neighbouring rows,
-// 384 us (its stores 304 bytes apart); staged like this one but every element placed from scratch, 137 us and
+// Earlier versions, timed on the stem's 122 MB matrix on the H100 (a copy of the matrix reads and writes it in
+// 83 us): a thread per 8 columns of a row, 147 us (its loads spread over seven image rows); a thread per 16
+// columns with neighbouring threads on neighbouring rows, 384 us (its stores 304 bytes apart); staged like this one but every element placed from scratch, 137 us and
 // issue-bound (Nsight Compute: SM 76%, memory 72%).  This one: 81.5 us; with its rows padded to an odd number
 // of words (no bank conflicts staging, but 4-byte stores to write them), 85.9 us.
 // Shared memory (the caller sizes it): the rows [block rows][columns], then per column x's offset for the tap
@@ -84,8 +83,10 @@ __global__ void conv2d_im2col(const T* __restrict__ x, T* __restrict__ out, i64 
 // One thread per element of dx (NHWC, channels fastest) gathers the entries that land on it: for each filter
 // row r whose tap reaches its image row (h + pad - r*dil divisible by the stride, inside dy), each such filter
 // column s.  No atomics: the sum is in a fixed order (r, then s), accumulated in fp32.
-template <typename T>
-__global__ void conv2d_col2im(const T* __restrict__ columns_in, T* __restrict__ dx, i64 elements, int h, int w,
+// The columns are fp32 (the 1x1 conv's split-K output): summing taps rounded to bf16 lost up to 0.046 at 0.39
+// on torch's OpInfo samples (a 3x3 dgrad, stride 2), where one rounding at the end stays within torch's tolerance.
+template <typename T, typename TC>
+__global__ void conv2d_col2im(const TC* __restrict__ columns_in, T* __restrict__ dx, i64 elements, int h, int w,
                               int c, int p, int q, int r, int s, int columns, int stride_h, int stride_w, int pad_h,
                               int pad_w, int dil_h, int dil_w) {
   const i64 e = global_thread();
@@ -102,7 +103,7 @@ __global__ void conv2d_col2im(const T* __restrict__ columns_in, T* __restrict__ 
     if (ph < 0 || ph % stride_h) continue;
     const int pi = ph / stride_h;
     if (pi >= p) continue;
-    const T* row = columns_in + ((image * p + pi) * q) * columns + (rr * s) * c + ch;
+    const TC* row = columns_in + ((image * p + pi) * q) * columns + (rr * s) * c + ch;
     for (int ss = 0; ss < s; ++ss) {
       const int pw = wi + pad_w - ss * dil_w;
       if (pw < 0 || pw % stride_w) continue;
