@@ -12,10 +12,11 @@ Models, built from their configs (random init, no downloads), bf16, AdamW:
     resnet50  timm resnet50, batch 32 at 224, channels_last (transformers' ResNet with --tiny)
 Modes: eager (torch), patched (jitops.patch, eager), compile (torch.compile), patched_compile.
 
-Per model and mode: the steady training step (forward, backward, optimizer; median of timed blocks), the host
-time of a step (the GPU held busy by a sleep kernel first, so nothing waits on it: what the CPU spends issuing the
-step), GPU kernel time per step (torch.profiler), the first step's wall time and jitops compiles, peak memory,
-and the loss and gradients of one step against the unpatched model from the same weights.  Ratios are against
+Per model and mode: the steady training step (forward, backward, optimizer; median of timed blocks, the modes'
+blocks interleaved), the host time of a step (the GPU held busy by a sleep kernel first, so nothing waits on it:
+what the CPU spends issuing the step), GPU kernel time per step (torch.profiler), the first step's wall time and
+jitops compiles, peak memory, and the loss and gradients of one step against the unpatched model from the same
+weights.  Ratios are against
 torch eager in the same run.  Results: benchmarks/results/models.json.
 """
 from __future__ import annotations
@@ -179,17 +180,14 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def steady_ms(step: Callable[[], Any], device: str, blocks: int = 5, steps: int = 10) -> float:
-    """Median over `blocks` of the mean step time of `steps` back-to-back steps."""
-    times = []
-    for _ in range(blocks):
-        sync(device)
-        started = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync(device)
-        times.append((time.perf_counter() - started) / steps * 1e3)
-    return statistics.median(times)
+def block_ms(step: Callable[[], Any], device: str, steps: int) -> float:
+    """Mean time of `steps` back-to-back steps."""
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - started) / steps * 1e3
 
 
 def host_ms(step: Callable[[], Any], device: str, reps: int = 5) -> float:
@@ -245,10 +243,28 @@ def compare_with_eager(model: Model, base_state: dict, device: str, dtype: torch
             "grads_compared": len(g_ref), "grads_missing": len(set(g_ref) - set(g))}
 
 
-def run_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str, args) -> dict[str, Any]:
+@dataclass
+class Run:
+    """One mode of one model, built and past its first steps: what the timed blocks call."""
+    row: dict[str, Any]
+    runner: Any
+    net: torch.nn.Module
+    opt: torch.optim.Optimizer
+    step: Callable[[], Any]
+    block_times: list[float]
+
+
+def start_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mode: str, args) -> Run:
+    """A fresh copy of the model in `mode`, its first step timed (jitops compiles or loads kernels in it, as
+    torch.compile compiles), then warmed up.  Peak memory is what this copy adds at its peak over what was
+    allocated before it was built (the other modes' copies stay alive for the interleaved blocks)."""
     batch = batch_for(model, device, dtype)
     jitops.reset_stats()
     torch.manual_seed(3)
+    if device == "cuda":
+        sync(device)
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     runner, net, report = make(model, base_state, device, dtype, mode)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
     step = lambda: train_step(model, runner, net, batch, opt)  # noqa: E731
@@ -258,8 +274,6 @@ def run_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mo
         row["fused_pairs"] = len(report.fused)
         row["left_alone"] = [f"{a.kind}: {a.reason}" for a in report.left_alone][:20]
         print(report, flush=True)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     sync(device)
     started = time.perf_counter()
     step()
@@ -269,19 +283,44 @@ def run_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, mo
     row["first_step_disk_hits"] = jitops.stats.disk_hits
     for _ in range(args.warmup):
         step()
-    row["step_ms"] = steady_ms(step, device, blocks=args.blocks, steps=args.steps)
-    row["host_ms"] = host_ms(step, device)
     if device == "cuda":
-        row["gpu_ms"] = gpu_ms(step)
-        row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        sync(device)
+        row["peak_mem_gb"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+    return Run(row, runner, net, opt, step, [])
+
+
+def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: torch.dtype, args) -> dict[str, Any]:
+    """The steady step (median of its interleaved blocks), host and GPU time, and the check against eager."""
+    row, mode = run.row, run.row["mode"]
+    row["step_ms"] = statistics.median(run.block_times)
+    row["step_ms_blocks"] = run.block_times
+    row["host_ms"] = host_ms(run.step, device)
+    if device == "cuda":
+        row["gpu_ms"] = gpu_ms(run.step)
     if args.profile and mode == "patched":
-        profile_step(step, device)
+        profile_step(run.step, device)
     if args.host_ops and mode == "patched" and device == "cuda":
-        row["host_ops"] = host_per_module(model, runner, batch)
-    del opt, runner, net
+        row["host_ops"] = host_per_module(model, run.runner, batch_for(model, device, dtype))
+    run.runner = run.net = run.opt = run.step = None  # free this copy before the check builds two more
     if mode != "eager" and not args.no_check:
-        row.update(compare_with_eager(model, base_state, device, dtype, mode, batch))
+        row.update(compare_with_eager(model, base_state, device, dtype, mode, batch_for(model, device, dtype)))
     return row
+
+
+def run_model(model: Model, base_state: dict, device: str, dtype: torch.dtype, modes: list[str],
+              args) -> list[dict[str, Any]]:
+    """Every mode of one model, their timed blocks interleaved (eager, patched, ..., eager, patched, ...): the
+    host-bound steps here drift by a third between minutes on the GPU machine (ViT-B/16 eager: 29.1 ms in one
+    call, 18.6 ms in the next), and interleaving puts the same drift into every mode's median."""
+    runs = [start_mode(model, base_state, device, dtype, mode, args) for mode in modes]
+    for _ in range(args.blocks):
+        for run in runs:
+            run.block_times.append(block_ms(run.step, device, args.steps))
+    rows = []
+    for run in runs:
+        rows.append(finish_mode(run, model, base_state, device, dtype, args))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def profile_step(step: Callable[[], Any], device: str) -> None:
@@ -317,11 +356,10 @@ def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
     def hook(module, inputs, output):
         key = (type(module).__name__, tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)))
         if key not in captured and inputs and isinstance(inputs[0], torch.Tensor):
-            captured[key] = (module, inputs[0].detach())
+            captured[key] = (module, inputs[0].detach(), inputs[0].requires_grad)
 
     handles = [m.register_forward_hook(hook) for m in net.modules() if "_jitops_original" in type(m).__dict__]
-    with torch.no_grad():
-        model.loss(net, batch)
+    model.loss(net, batch)  # with autograd on: a hook sees which inputs carry a gradient in the step
     for h in handles:
         h.remove()
 
@@ -338,9 +376,11 @@ def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
         return min(times)
 
     rows = []
-    for (kind, shapes), (module, x) in captured.items():
+    for (kind, shapes), (module, x, x_needs_grad) in captured.items():
         original = _original_class(type(module)).forward
-        xg = x.clone().requires_grad_(x.is_floating_point())
+        # as in the model: a stem's input (the images) needs no gradient, and asking for one would time a data
+        # gradient that the step never runs
+        xg = x.clone().requires_grad_(x_needs_grad)
         g = torch.ones_like(module(xg))
         cases = {
             "forward": (lambda: module(x), lambda: original(module, x)),
@@ -484,10 +524,7 @@ def main() -> int:
         model = MODELS[name](args.tiny)
         torch.manual_seed(0)
         base_state = {k: v.clone() for k, v in model.build().state_dict().items()}
-        for mode in modes:
-            row = run_mode(model, base_state, args.device, dtype, mode, args)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        rows += run_model(model, base_state, args.device, dtype, modes, args)
     eager = {r["model"]: r for r in rows if r["mode"] == "eager"}
     compiled = {r["model"]: r for r in rows if r["mode"] == "compile"}
     print(f"\n{'model':10s} {'mode':16s} {'step ms':>9s} {'x eager':>8s} {'host ms':>8s} {'gpu ms':>8s} "
