@@ -88,8 +88,11 @@ while [ $i -lt ${#steps[@]} ]; do
       tail -3 "$OUT/notebooks.log" 2>/dev/null
       grep -q "^exit 0" "$OUT/notebooks.log" 2>/dev/null || status=1 ;;
     tests)
-      # $GPU_TESTS: test files or node ids (default: every GPU test)
-      python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log"
+      # $GPU_TESTS: test files or node ids (default: every GPU test).  The kernels the tests had to compile are
+      # recorded in $OUT/gpu-tests-misses.jsonl: `cache_tools prewarm --record` builds them into the next pack (the
+      # tests are compile-bound without it: 40-70 s per nvcc conv or grouped kernel on this machine).
+      JITOPS_TEST_RECORD="$OUT/gpu-tests-misses.jsonl" python3 -m pytest -q -m gpu -p no:cacheprovider \
+        ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       names=()

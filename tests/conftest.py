@@ -28,6 +28,8 @@ if os.environ.get("JITOPS_TEST_CACHE_PATH"):  # read-only roots of prebuilt kern
     os.environ["JITOPS_CACHE_PATH"] = os.environ["JITOPS_TEST_CACHE_PATH"]
 os.environ.pop("JITOPS_OFFLINE", None)
 os.environ.pop("JITOPS_RECORD", None)
+if os.environ.get("JITOPS_TEST_RECORD"):  # a GPU session lists what its tests compiled, to prebuild it next time
+    os.environ["JITOPS_RECORD"] = os.environ["JITOPS_TEST_RECORD"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
