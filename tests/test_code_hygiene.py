@@ -58,12 +58,6 @@ def diary_lines(path: Path) -> list[str]:
 
 
 KERNEL_SOURCES = sorted(p for p in (REPO / "kernels").rglob("*") if p.suffix in (".cu", ".cuh", ".cpp", ".h"))
-# A kernel source's comments are part of its cache key (the key hashes the source): cleaning them would make every
-# prewarmed cache miss these kernels.  Each is cleaned with the kernel's next real change; remove it here then.
-EXCEPTIONS.update({
-    "kernels/conv/conv2d_sm90.cu": "conv2d's sm_90a library: its key moves with any edit",
-    "kernels/conv/wgrad_reduce.cu": "conv2d's wgrad reduction: its key moves with any edit",
-})
 
 
 @pytest.mark.parametrize("path", SOURCES + KERNEL_SOURCES, ids=lambda p: str(p.relative_to(REPO)))

@@ -38,7 +38,7 @@ using ClusterShape = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
 // SPLIT_K (fprop, dgrad; wgrad always splits): the kernel writes fp32 partial sums of `splits` slices of
 // GEMM-K, packed [split][M][N] (M = N*P*Q or N*H*W linear, N = channels), and the caller reduces them.
 // WGRAD_DIRECT (wgrad, one slice, K and C multiples of 8): the kernel writes dw itself, KRSC in ELEMENT, where
-// the fp32 slice and torch's copy into dw cost 2-4 us more on the 7x7 layers (bench_conv2d.py, 2026-11-22 13:22).
+// the fp32 slice and torch's copy into dw cost 2-4 us more on the 7x7 layers (bench_conv2d.py, H100).
 #ifndef SPLIT_K
 #define SPLIT_K 0
 #endif
@@ -73,7 +73,7 @@ using EpilogueTileShape = cute::conditional_t<kWgradFlat, Shape<Int<TILE_M>, Int
 
 // Outputs store through TMA: an im2col store of NHWC tiles, or wgrad's flat matrix (whose element-by-element
 // stores from registers, 2 or 4 bytes each, had 4x the ideal L2 sectors and stalled the 7x7 layers' short
-// kernels: Nsight Compute, 2026-11-22 15:31).  Written straight from registers: fprop/dgrad partial sums (their
+// kernels: Nsight Compute, H100).  Written straight from registers: fprop/dgrad partial sums (their
 // linearized M mode is hierarchical; they are small next to the operands), wgrad's hierarchical output, and
 // its 64-row tiles (their two warpgroups split the tile by columns, so an epilogue sub-tile belongs to one of
 // them, which the cooperative TMA epilogue's shared-memory copies cannot express).
