@@ -8,6 +8,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --tiles 128x128c2x1,64x128 --operators wgrad   # candidate tiles too
     python benchmarks/bench_conv2d.py --prewarm sm_90a --tiles 128x128c2x1 --operators wgrad   # build those
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
+    python benchmarks/bench_conv2d.py --grouped       # depthwise and grouped layers against cuDNN (the ATen route)
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
@@ -303,6 +304,52 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
+# --grouped (issue 19: depthwise and grouped conv2d at least x0.9 of cuDNN): layers of depthwise-separable and
+# grouped networks at batch 32, channels_last, K = C.  jitops.conv2d runs groups != 1 through ATen (cuDNN), so
+# the GPU rows time the same kernel on both sides and the eager rows the route's own cost around it.
+GROUPED_LAYERS = [  # (network, C, input size, kernel, stride, padding, groups)
+    ("MobileNetV2", 32, 112, 3, 1, 1, 32), ("MobileNetV2", 96, 112, 3, 2, 1, 96),
+    ("MobileNetV2", 144, 56, 3, 1, 1, 144), ("MobileNetV2", 192, 28, 3, 2, 1, 192),
+    ("MobileNetV2", 576, 14, 3, 1, 1, 576), ("MobileNetV2", 960, 7, 3, 1, 1, 960),
+    ("ConvNeXt-T", 96, 56, 7, 1, 3, 96), ("ConvNeXt-T", 192, 28, 7, 1, 3, 192),
+    ("ConvNeXt-T", 384, 14, 7, 1, 3, 384), ("ConvNeXt-T", 768, 7, 7, 1, 3, 768),
+    ("ResNeXt-50 32x4d", 128, 56, 3, 1, 1, 32), ("ResNeXt-50 32x4d", 256, 28, 3, 1, 1, 32),
+    ("ResNeXt-50 32x4d", 512, 14, 3, 1, 1, 32), ("ResNeXt-50 32x4d", 1024, 7, 3, 1, 1, 32),
+]
+
+
+def grouped(bench) -> list[float]:
+    """jitops.conv2d against F.conv2d on GROUPED_LAYERS, forward, fp16, bf16 and fp32: GPU time (CUDA graph
+    replays) and eager time (events around plain calls); returns the GPU rows' speeds."""
+    speeds = []
+    for dtype_name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for network, c, size, kernel, stride, padding, groups in GROUPED_LAYERS:
+            x = torch.randn(BATCH, c, size, size, device="cuda", dtype=dtype)
+            x = x.contiguous(memory_format=torch.channels_last)
+            w = torch.randn(c, c // groups, kernel, kernel, device="cuda", dtype=dtype)
+            w = w / (c // groups * kernel ** 2) ** 0.5
+            w = w.contiguous(memory_format=torch.channels_last)
+            out = conv_plan.output_size(size, kernel, stride, padding, 1)
+            flops = 2.0 * BATCH * out * out * c * (c // groups) * kernel * kernel
+
+            def ours(x=x, w=w, stride=stride, padding=padding, groups=groups):
+                return jitops.conv2d(x, w, None, stride, padding, 1, groups)
+
+            def theirs(x=x, w=w, stride=stride, padding=padding, groups=groups):
+                return torch.nn.functional.conv2d(x, w, None, stride, padding, 1, groups)
+
+            error = relative_error(ours(), theirs())
+            if not error < 1e-2:
+                raise SystemExit(f"bench_conv2d --grouped: {network} C={c} {dtype_name} differs by {error:.2e}")
+            shape = f"{network} C{c} {size}x{size} k{kernel}s{stride} g{groups}"
+            for timing, label in (("graph", "gpu"), ("events", "eager")):
+                row = bench.compare(op=f"conv2d grouped fprop ({label})", shape=shape, dtype=dtype_name, ours=ours,
+                                    baseline=theirs, baseline_name="F.conv2d (cuDNN)", flops=flops, timing=timing)
+                if timing == "graph":
+                    speeds.append(row.speedup)
+    return speeds
+
+
 def variant_of(args) -> str | None:
     """A sweep or a partial run names its variant, so its record does not replace the full run's
     (harness.save_record)."""
@@ -330,6 +377,8 @@ def main() -> int:
                              "config.conv2d_dgrad_phase_streams)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
+    parser.add_argument("--grouped", action="store_true", help="depthwise and grouped layers (MobileNetV2, "
+                        "ConvNeXt-T, ResNeXt-50) against cuDNN alone; needs no prebuilt kernels")
     args = parser.parse_args()
     if args.report:
         print(report(args.report))
@@ -338,6 +387,16 @@ def main() -> int:
         prewarm(args.prewarm, args.jobs, [t for t in args.tiles.split(",") if t], tuple(args.operators.split(",")))
         return 0
 
+    if args.grouped:
+        import harness
+
+        torch.backends.cudnn.benchmark = True
+        bench = harness.Bench("conv2d", baseline="cuDNN (F.conv2d, cudnn.benchmark on)", variant="grouped")
+        speeds = grouped(bench)
+        bench.summarize(grouped_gpu_min=round(min(speeds), 3), grouped_gpu_geomean=round(
+            statistics.geometric_mean(speeds), 3), batch=BATCH)
+        bench.finish()
+        return 0
     if not (os.environ.get("JITOPS_CACHE_PATH") or os.environ.get("JITOPS_CONV2D_COMPILE_HERE")):
         # benchmarks/gpu_session.sh runs every benchmark: without prebuilt kernels this one would spend ~15
         # minutes of the GPU lease in nvcc.

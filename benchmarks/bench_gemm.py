@@ -8,6 +8,7 @@
     python benchmarks/bench_gemm.py --sweep-survey | --sweep-decode | --sweep-skinny
                                                # candidate configurations on the survey, decode or skinny shapes
     python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS
+    python benchmarks/bench_gemm.py --fp32     # float32 gemm and linear (cuBLAS route), TF32 on and off
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -253,6 +254,33 @@ def light(bench) -> None:
                           timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
 
 
+def float32(bench) -> list[float]:
+    """float32 gemm and linear on CUDA (issue 19: at least x0.95 torch.matmul under TF32): jitops routes them to
+    cuBLAS (jitops.gemm's cuda_route), so what is timed is the route's cost around the same cuBLAS call, TF32 on
+    (torch.set_float32_matmul_precision("high")) and off ("highest"), the six shapes."""
+    ratios = []
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision, label in (("high", "tf32"), ("highest", "fp32")):
+            torch.set_float32_matmul_precision(precision)
+            for m, n, k in SHAPES:
+                a, b, _ = shape_args(m, n, k, torch.float32)
+                check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} {label}")
+                row = bench.compare(op="gemm float32", shape=f"{m}x{n}x{k}", dtype=label,
+                                    ours=lambda a=a, b=b: jitops.gemm(a, b),
+                                    baseline=lambda a=a, b=b: torch.matmul(a, b), baseline_name="torch.matmul",
+                                    flops=2 * m * n * k, timing="auto", graph_below_ms=GRAPH_BELOW_MS)
+                ratios.append(row.speedup)
+                w = b.t().contiguous()  # nn.Linear's (N, K) weight
+                bench.compare(op="linear float32", shape=f"{m}x{n}x{k}", dtype=label,
+                              ours=lambda a=a, w=w: jitops.linear(a, w), baseline=lambda a=a, w=w: F.linear(a, w),
+                              baseline_name="F.linear", flops=2 * m * n * k, timing="auto",
+                              graph_below_ms=GRAPH_BELOW_MS)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return ratios
+
+
 def survey(bench) -> None:
     """jitops.gemm against torch.matmul beyond the goal's shapes (bf16), every call timed on the device (CUDA
     graphs where short), so the table compares kernels; the host's cost per call is the overhead table's."""
@@ -431,6 +459,8 @@ def main() -> None:
     parser.add_argument("--sweep-skinny", action="store_true", help="the skinny candidates on skinny shapes")
     parser.add_argument("--light", action="store_true",
                         help="the light sm_90a kernel against CUTLASS's and torch.matmul alone")
+    parser.add_argument("--fp32", action="store_true",
+                        help="float32 gemm and linear (the cuBLAS route) against torch.matmul and F.linear alone")
     args = parser.parse_args()
     if args.cold_compile:
         cold_compile(args.cold_compile, Target.parse("sm_90"))
@@ -438,7 +468,8 @@ def main() -> None:
 
     from harness import Bench, time_cuda
 
-    variant = "tune" if args.tune_only else "survey" if args.survey else "light" if args.light else None
+    variant = "tune" if args.tune_only else "survey" if args.survey else "light" if args.light else \
+        "fp32" if args.fp32 else None
     bench = Bench("gemm", baseline=BASELINE, variant=variant, rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name in SWEEPS:
@@ -451,6 +482,12 @@ def main() -> None:
         return
     if args.light:
         light(bench)
+        bench.finish()
+        return
+    if args.fp32:
+        ratios = float32(bench)
+        bench.summarize(**{"float32 gemm geomean vs torch.matmul": round(
+            math.exp(sum(map(math.log, ratios)) / len(ratios)), 3), "float32 gemm min": round(min(ratios), 3)})
         bench.finish()
         return
     if args.tune_only:
