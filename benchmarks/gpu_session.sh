@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: install what it lacks, run the GPU tests, run the benchmarks.
-#   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [smoke] [notebooks-bg] [tests] [wait] [bench NAME...]
-#                                  [notebooks]  (default: tests and every benchmark)
+#   bash benchmarks/gpu_session.sh [prebuilt] [build-gemm] [prewarm-models] [smoke] [notebooks-bg] [tests] [wait]
+#                                  [bench NAME...] [notebooks]  (default: tests and every benchmark)
 # prebuilt: import every archive in .prebuilt-pack/ (cache_tools export archives of the CUTLASS ops' kernels, made on
 #   a GPU-less machine or by an earlier call here; conv2d's, gemm's and grouped_gemm's were 47 MB on 2026-11-22, under
 #   the 64 MiB a call carries with the tree) into one root that the GPU tests and benchmarks read, so nvcc runs
@@ -10,8 +10,8 @@
 #   on the 2-core development box), those the tests and bench_gemm.py load and, in a second root, the other
 #   candidates of bench_gemm.py --tune; both are exported to $OUT (gemm.tar.gz, gemm-tune.tar.gz) to be carried
 #   in .prebuilt-pack/ next time.
-# models: build the kernels of bench_models.py's models ($MODELS, comma-separated, default all), listed from a
-#   step on meta tensors, with every core; exported to $OUT/models-kernels.tar.gz for .prebuilt-pack/.
+# prewarm-models: build the kernels of bench_models.py's models ($MODELS, comma-separated, default all), listed from
+#   a step on meta tensors, with every core; exported to $OUT/models-kernels.tar.gz for .prebuilt-pack/.
 # smoke: benchmarks/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
 #   or a hang in a new kernel costs one step, not the call).
 # bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS; each writes its
@@ -62,7 +62,7 @@ while [ $i -lt ${#steps[@]} ]; do
       done
       roots=${roots:+$roots:}/tmp/jitops-gemm:/tmp/jitops-gemm-tune
       export JITOPS_TEST_CACHE_PATH=$roots JITOPS_CACHE_PATH=$roots ;;
-    models)
+    prewarm-models)  # not `models`: `bench models` names the benchmark
       python3 benchmarks/bench_models.py --prewarm-only --models "${MODELS:-gpt2,llama,vit,resnet50}" \
         --jobs "$(nproc)" > "$OUT/models-prewarm.log" 2>&1 || status=1
       tail -4 "$OUT/models-prewarm.log"
@@ -98,13 +98,14 @@ while [ $i -lt ${#steps[@]} ]; do
       printf '%s\n' $files | JITOPS_TEST_RECORD="$OUT/gpu-tests-misses.jsonl" xargs -P "${GPU_TEST_JOBS:-8}" -I{} \
         sh -c 'log="$0/tests/$(basename {} .py).log"; timeout -s INT -k 30 "$1" python3 -m pytest -q -m gpu \
                -p no:cacheprovider -p no:benchmark -rfE --tb=short {} > "$log" 2>&1; \
-               echo "{}: exit $? $(grep -E "passed|failed|error|skipped|no tests ran" "$log" | tail -1)"' "$OUT" "${GPU_TEST_TIMEOUT:-400}" \
+               echo "{}: exit $? $(grep -E "passed|failed|error|skipped|no tests ran" "$log" | tail -1)"' \
+        "$OUT" "${GPU_TEST_TIMEOUT:-400}" \
         | tee "$OUT/gpu-tests.log"
       grep -h -E '^(FAILED|ERROR)' "$OUT"/tests/*.log | tee -a "$OUT/gpu-tests.log"
       grep -q -v ": exit 0 " "$OUT/gpu-tests.log" && status=1 ;;
     bench)
       names=()
-      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|models|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
+      while [ $((i + 1)) -lt ${#steps[@]} ] && [[ ! "${steps[$((i + 1))]}" =~ ^(tests|bench|prewarm-models|notebooks|notebooks-bg|wait|prebuilt|build-gemm|smoke)$ ]]; do
         i=$((i + 1)); names+=("${steps[$i]}")
       done
       [ ${#names[@]} -eq 0 ] && names=($(ls benchmarks/bench_*.py | xargs -n1 basename | sed 's/^bench_//; s/\.py$//'))
