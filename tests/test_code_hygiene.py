@@ -73,9 +73,10 @@ def test_no_clock_times_or_run_diaries_in_comments(path):
 
 def test_the_patterns_can_fail(tmp_path):
     # The samples are written from parts ({day}, {hhmm}...) so that this file itself holds no diary line.
-    day, hhmm, late, again, nth = "2026-11-22", "13" + ":13", "16" + ":42", "run " + "7", "second " + "run"
+    day, hhmm, late, again, nth = "2026-" + "11-22", "13" + ":13", "16" + ":42", "run " + "7", "second " + "run"
     sample = tmp_path / "sample.py"
-    sample.write_text(f'"""Measured {day} {hhmm} on the lent H100."""\n'
+    stamp = " ".join((day, hhmm))  # a date and a clock time, the pattern the check must catch
+    sample.write_text('"""Timed ' + stamp + '."""\n'
                       f"x = a[1:10]  # {nth}: 21.2 us (benchmarks/results/gone_1642.json)\n"
                       f"y = 1  # {late} UTC, {again}\n")
     found = [line.split(": ", 1)[1] for line in diary_lines_at(sample, tmp_path)]
@@ -84,7 +85,7 @@ def test_the_patterns_can_fail(tmp_path):
                      f"run number '{again}'"]
     kernel_clock, kernel_run = "13" + ":57", "run " + "9"
     kernel = tmp_path / "k.cu"
-    kernel.write_text(f"// tile 128 (lent H100, {day} {kernel_clock})\nint a = b ? 1:2;\n"
+    kernel.write_text("// tile 128 (" + " ".join((day, kernel_clock)) + ")\nint a = b ? 1:2;\n"
                       f"/* {kernel_run}:\n   slower */\n")
     found = [line.split(": ", 1)[1] for line in diary_lines_at(kernel, tmp_path)]
     assert found == [f"run date '{day}'", f"clock time '{kernel_clock}'", f"run number '{kernel_run}'"]
