@@ -101,13 +101,7 @@ def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
     key = (id(kernel), threads, shared_mem)
     blocks = _OCCUPANCY.get(key)
     if blocks is None:
-        try:
-            blocks = kernel.max_active_blocks(threads, shared_mem)
-        except Exception:  # noqa: BLE001 - a sizing hint: CuPy's binding of the same query (imports CuPy)
-            from cupy_backends.cuda.api import driver
-
-            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, shared_mem)
-        blocks = _OCCUPANCY[key] = max(1, blocks)
+        blocks = _OCCUPANCY[key] = max(1, kernel.max_active_blocks(threads, shared_mem))
     return blocks
 
 
