@@ -45,8 +45,9 @@ multiple of 8 in copies of x, w (and dy), and the output is computed at the padd
 channels_last result.  Cost: one extra pass over x and the output, plus the GEMM work of the padded channels.
 Aligned channels take none of this.  Layers with at most 16 (padded) input channels, like the 7x7 stem (C=3),
 run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead, and dgrad as the matrix's gradient
-(a 1x1 conv with fp32 output) summed into dx by col2im; both transforms are NVRTC kernels (see IM2COL_MAX_CHANNELS).  A strided
-fprop or wgrad (the stem) folds only `stride` filter rows into the matrix and convolves the rest (_plan_fold).
+(a 1x1 conv with fp32 output) summed into dx by col2im; both transforms are NVRTC kernels (see
+IM2COL_MAX_CHANNELS).  A strided fprop or wgrad (the stem) folds only `stride` filter rows into the matrix and
+convolves the rest (_plan_fold).
 
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
