@@ -16,8 +16,7 @@ Per model and mode: the steady training step (forward, backward, optimizer; medi
 blocks interleaved), the host time of a step (the GPU held busy by a sleep kernel first, so nothing waits on it:
 what the CPU spends issuing the step), GPU kernel time per step (torch.profiler), the first step's wall time and
 jitops compiles, peak memory, and the loss and gradients of one step against the unpatched model from the same
-weights.  Ratios are against
-torch eager in the same run.  Results: benchmarks/results/models.json.
+weights.  Ratios are against torch eager in the same run.  Results: benchmarks/results/models.json.
 """
 from __future__ import annotations
 
@@ -250,6 +249,7 @@ class Run:
     runner: Any
     net: torch.nn.Module
     opt: torch.optim.Optimizer
+    batch: tuple[Any, ...]
     step: Callable[[], Any]
     block_times: list[float]
 
@@ -286,7 +286,7 @@ def start_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, 
     if device == "cuda":
         sync(device)
         row["peak_mem_gb"] = (torch.cuda.max_memory_allocated() - before) / 2**30
-    return Run(row, runner, net, opt, step, [])
+    return Run(row, runner, net, opt, batch, step, [])
 
 
 def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: torch.dtype, args) -> dict[str, Any]:
@@ -300,10 +300,10 @@ def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: to
     if args.profile and mode == "patched":
         profile_step(run.step, device)
     if args.host_ops and mode == "patched" and device == "cuda":
-        row["host_ops"] = host_per_module(model, run.runner, batch_for(model, device, dtype))
+        row["host_ops"] = host_per_module(model, run.runner, run.batch)
     run.runner = run.net = run.opt = run.step = None  # free this copy before the check builds two more
     if mode != "eager" and not args.no_check:
-        row.update(compare_with_eager(model, base_state, device, dtype, mode, batch_for(model, device, dtype)))
+        row.update(compare_with_eager(model, base_state, device, dtype, mode, run.batch))
     return row
 
 
