@@ -2,7 +2,6 @@
 cicc, ptxas and host compiler; ninja with c++ and cc1plus) and remove their build directories."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jitops.backends import processes, toolkit
+from jitops.cache.disk import CacheEntry, CacheRoot
 
 from cache_tools_helpers import entry_dirs, write_manifest
 from proc_helpers import alive, descendants, wait_gone
@@ -115,15 +115,6 @@ def _default_sigint() -> None:
 NVCC = {"nvcc", "cicc", "cudafe++", "ptxas"}
 
 
-def _assert_whole(entry: Path) -> None:
-    """Every file meta.json lists is there with its recorded size and sha256."""
-    files = json.loads((entry / "meta.json").read_text())["files"]
-    assert files, entry
-    for name, info in files.items():
-        data = (entry / name).read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (info["size"], info["sha256"]), (entry, name)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -166,8 +157,9 @@ def test_an_interrupted_prewarm_stops_its_compilers_and_leaves_nothing(sig, code
         # step end in that gap); the compile the signal stopped leaves none, and nothing is half-written.
         left = entry_dirs(cache)
         assert len(left) < len(archs), left
-        for entry in left:
-            _assert_whole(entry)
+        root = CacheRoot(cache, writable=True)
+        for entry in left:  # every file meta.json lists, with its size and sha256 (CorruptEntry otherwise)
+            CacheEntry(entry, root, json.loads((entry / "meta.json").read_text())).verify()
         assert not (cache / "v1" / "tmp").exists() or list((cache / "v1" / "tmp").iterdir()) == []
     finally:
         if prewarm.poll() is None:
