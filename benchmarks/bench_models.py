@@ -310,8 +310,8 @@ def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: to
 def run_model(model: Model, base_state: dict, device: str, dtype: torch.dtype, modes: list[str],
               args) -> list[dict[str, Any]]:
     """Every mode of one model, their timed blocks interleaved (eager, patched, ..., eager, patched, ...): the
-    host-bound steps here drift by a third between minutes on the GPU machine (ViT-B/16 eager: 29.1 ms in one
-    call, 18.6 ms in the next), and interleaving puts the same drift into every mode's median."""
+    host-bound steps here drift by up to a third on the H100's host (ViT-B/16 eager: 18.6 to 29.1 ms a step),
+    and interleaving puts the same drift into every mode's median."""
     runs = [start_mode(model, base_state, device, dtype, mode, args) for mode in modes]
     for _ in range(args.blocks):
         for run in runs:

@@ -90,7 +90,7 @@ while [ $i -lt ${#steps[@]} ]; do
     tests)
       # $GPU_TESTS: test files (default: every file with GPU tests).  One pytest process per file, $GPU_TEST_JOBS
       # (default 8) at a time, each stopped by SIGINT after $GPU_TEST_TIMEOUT seconds (default 400) so that it
-      # still prints its summary: one serial run of every GPU test did not fit a 600 s call (2026-11-27).  Logs:
+      # still prints its summary: one serial run of every GPU test did not fit a 600 s call on the H100.  Logs:
       # $OUT/tests/FILE.log.  The kernels the tests had to compile are recorded in $OUT/gpu-tests-misses.jsonl:
       # `cache_tools prewarm --record` builds them into the next pack (40-70 s per nvcc kernel here otherwise).
       mkdir -p "$OUT/tests"
