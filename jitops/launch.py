@@ -31,6 +31,7 @@ _CUDA_ERROR_INVALID_CONTEXT = 201
 _TIER_UP_LAUNCHES = 100
 _MAX_STATIC_SMEM = 48 * 1024
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_EVENT_DISABLE_TIMING = 2
 _FUNC_ATTRIBUTES = {"MAX_THREADS_PER_BLOCK": 0, "SHARED_SIZE_BYTES": 1, "CONST_SIZE_BYTES": 2,
                     "LOCAL_SIZE_BYTES": 3, "NUM_REGS": 4, "PTX_VERSION": 5, "BINARY_VERSION": 6,
                     "MAX_DYNAMIC_SHARED_SIZE_BYTES": 8}
@@ -73,9 +74,13 @@ class _Driver:
         lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(void_p), ctypes.c_int]
         lib.cuDevicePrimaryCtxRelease.argtypes = [ctypes.c_int]
         lib.cuLaunchKernel.argtypes = [void_p, uint, uint, uint, uint, uint, uint, uint, void_p, void_p, void_p]
+        lib.cuEventCreate.argtypes = [ctypes.POINTER(void_p), uint]
+        lib.cuEventRecord.argtypes = [void_p, void_p]
+        lib.cuStreamWaitEvent.argtypes = [void_p, void_p, uint]
         for fn in (lib.cuModuleLoadData, lib.cuModuleGetFunction, lib.cuFuncSetAttribute, lib.cuFuncGetAttribute,
                    lib.cuLaunchKernel, lib.cuGetErrorName, lib.cuCtxGetCurrent, lib.cuCtxSetCurrent, lib.cuDeviceGet,
-                   lib.cuDevicePrimaryCtxRetain, lib.cuDevicePrimaryCtxRelease):
+                   lib.cuDevicePrimaryCtxRetain, lib.cuDevicePrimaryCtxRelease, lib.cuEventCreate, lib.cuEventRecord,
+                   lib.cuStreamWaitEvent):
             fn.restype = ctypes.c_int
         self.lib = lib
         ctypes_launch = lib.cuLaunchKernel
@@ -188,6 +193,58 @@ def elementwise_grid(vectors: int, block: int, device_index: int, waves: int = 8
 def current_stream(device_index: int) -> int:
     """The raw cudaStream_t of torch's current stream on a device (0.09 us)."""
     return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+class SideStreams:
+    """A few streams of one device for work that may overlap, forked from a caller's stream and joined back into
+    it through the driver (cuEventRecord, cuStreamWaitEvent): torch's Python stream API (torch.cuda.stream(),
+    Stream.wait_stream) cost about 25 us a fork or join on the H100's host, through torch.cuda's device-index
+    lookups, 8 of them a strided dgrad.  Fork and join work under CUDA graph capture (the side streams join the
+    capture through the event)."""
+
+    COUNT = 4  # at most this many in flight; more pieces of work share them
+    _per_device: dict[int, "SideStreams"] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, device_index: int) -> None:
+        ensure_context(device_index)
+        self.device_index = device_index
+        self._torch_streams = [torch.cuda.Stream(device_index) for _ in range(self.COUNT)]  # kept alive
+        self.streams = [s.cuda_stream for s in self._torch_streams]
+        driver = _Driver.get()
+        self._lib, self._check = driver.lib, driver.check
+        self._events = []
+        for _ in range(self.COUNT + 1):  # one to fork, one per stream to join
+            event = ctypes.c_void_p()
+            self._check("cuEventCreate", self._lib.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING))
+            self._events.append(event.value)
+
+    @classmethod
+    def of(cls, device_index: int) -> "SideStreams":
+        streams = cls._per_device.get(device_index)
+        if streams is None:
+            with cls._guard:
+                streams = cls._per_device.get(device_index)
+                if streams is None:
+                    streams = cls._per_device[device_index] = SideStreams(device_index)
+        return streams
+
+    def fork(self, stream: int, count: int) -> list[int]:
+        """`count` raw streams (repeating after COUNT) that run after what `stream` has queued so far."""
+        ensure_context(self.device_index)
+        lib, check, fork = self._lib, self._check, self._events[0]
+        check("cuEventRecord", lib.cuEventRecord(fork, stream))
+        used = self.streams[:min(count, self.COUNT)]
+        for side in used:
+            check("cuStreamWaitEvent", lib.cuStreamWaitEvent(side, fork, 0))
+        return [used[i % len(used)] for i in range(count)]
+
+    def join(self, stream: int, count: int) -> None:
+        """`stream` waits for what the first `count` side streams have queued (fork's `count`)."""
+        lib, check = self._lib, self._check
+        for side, event in zip(self.streams[:min(count, self.COUNT)], self._events[1:]):
+            check("cuEventRecord", lib.cuEventRecord(event, side))
+            check("cuStreamWaitEvent", lib.cuStreamWaitEvent(stream, event, 0))
 
 
 class CudaFunction:

@@ -32,6 +32,7 @@ CASES = [
     ((2, 3, 11, 11), (5, 3, 3), 2, 1, 1),      # unaligned channels (C=3, K=5)
     ((1, 3, 15, 15), (8, 7, 7), 2, 3, 1),      # stem-like 7x7, C=3
     ((2, 12, 8, 8), (20, 3, 3), (2, 1), (1, 0), (1, 2)),  # asymmetric stride/padding/dilation
+    ((2, 24, 9, 11), (16, 3, 3), 2, 1, 1),     # stride 2 over more channels than im2col takes: dgrad phases
 ]
 IDS = [f"x{c[0]}-k{c[1]}-s{c[2]}-p{c[3]}-d{c[4]}".replace(" ", "") for c in CASES]
 
@@ -390,11 +391,23 @@ def k_tile_masks(channels: int, r: int, s: int, splits: int):
     return masks
 
 
+def packed(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """What a kernel given t's address reads as a packed channel-last tensor of `shape` ([N, H, W, C] or
+    [K, R, S, C]): t must hold exactly that memory, as a contiguous tensor of that shape or a channels_last one of
+    the matching [N, C, H, W] shape (the run functions pass either; the kernel takes only the address)."""
+    n, h, w, c = shape
+    if tuple(t.shape) == (n, c, h, w) and t.is_contiguous(memory_format=torch.channels_last):
+        t = t.permute(0, 2, 3, 1)
+    assert tuple(t.shape) == tuple(shape) and t.is_contiguous(), (tuple(t.shape), t.stride(), shape)
+    return t
+
+
 class FakeConvLibrary:
     """The C ABI of kernels/conv/conv2d_sm90.cu, computed with ATen on CPU tensors.  It checks what the kernel
     requires (channel counts multiple of 8, 16-byte aligned, channel-contiguous operands, the dy extent CUTLASS
-    derives, unit-stride dgrad) and writes through the output view it is given, as TMA stores would; split-K
-    calls write one partial sum per slice of GEMM-K, as the kernel does."""
+    derives, unit-stride dgrad), reads its operands as the packed memory at their addresses, and writes dgrad's
+    dx through the strides it is given from the output's address, as TMA stores would; split-K calls write one
+    partial sum per slice of GEMM-K, as the kernel does."""
 
     def __init__(self, op: int) -> None:
         self.op = op
@@ -405,13 +418,20 @@ class FakeConvLibrary:
         self.calls.append(dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pads=(ph, ph_hi, pw, pw_hi), stride=(sh, sw),
                                dilation=(dh, dw), splits=splits))
         assert c % 8 == 0 and k % 8 == 0
-        out_view = d.permute(0, 2, 3, 1) if self.op == 2 and d.dim() == 4 else d  # direct wgrad: dw as KRSC
-        for t in (a, b, out_view):
-            assert t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-        assert a.is_contiguous() and b.is_contiguous()
+        for t in (a, b, d):
+            assert t.data_ptr() % 16 == 0
         p = (h + ph + ph_hi - (r - 1) * dh - 1) // sh + 1
         q = (w + pw + pw_hi - (s - 1) * dw - 1) // sw + 1
         split = d.dim() == 5  # fp32 slices; wgrad's direct variant writes dw [k, c, r, s] itself
+        if self.op == 0:
+            a, b = packed(a, (n, h, w, c)), packed(b, (k, r, s, c))
+            d = d if split else packed(d, (n, p, q, k))
+        elif self.op == 1:
+            a, b = packed(a, (n, p, q, k)), packed(b, (k, r, s, c))
+            if not split:  # dx from d's address with the strides given (a phase of a strided dgrad)
+                d = torch.as_strided(d, (n, h, w, c), (d_sn, d_sh, d_sw, 1), d.storage_offset())
+        else:
+            a, b = packed(a, (n, p, q, k)), packed(b, (n, h, w, c))
         if split:
             assert d.is_contiguous() and d.dtype == torch.float32 and d.shape[0] == splits and bias is None
         else:
@@ -437,8 +457,6 @@ class FakeConvLibrary:
             assert (sh, sw) == (1, 1), "CUTLASS's sm90 dgrad is unit-stride only"
             assert tuple(a.shape) == (n, p, q, k), f"dy {tuple(a.shape)} != derived {(n, p, q, k)}"
             assert tuple(d.shape[-4:]) == (n, h, w, c)
-            if not split:
-                assert d.stride()[:3] == (d_sn, d_sh, d_sw)
             weight = b.permute(0, 3, 1, 2).double()                                       # [k, c, r, s]
             masks = k_tile_masks(k, r, s, splits).double() if split else None
             for index in range(splits if split else 1):
@@ -574,6 +592,8 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     x, w, b, *geometry = make_args(case, dtype, "cpu", channels_last=layout == "channels_last")
     if layout == "strided":
         x = x.transpose(2, 3).contiguous().transpose(2, 3)  # NCWH memory
+    if layout == "channels_last":  # as a channels_last model's: its KRSC memory is used in place
+        w = w.contiguous(memory_format=torch.channels_last)
     kern = cuda_path_on_cpu(jitops.conv2d, (x, w, b, *geometry), "fprop", splits=splits)
     y = conv_run.run_cuda(kern, x, w, b, *geometry)
     assert bool(getattr(kern, "im2col", None) and kern.im2col.calls) == kern.shape_class.im2col

@@ -255,6 +255,36 @@ def test_runs_on_torchs_current_stream_and_from_empty_batches():
     assert empty.shape == (0, *expected.shape[1:])
 
 
+@pytest.mark.parametrize("phase_streams", [True, False], ids=["side-streams", "in-turn"])
+def test_strided_dgrad_phases_on_a_side_stream_and_under_cuda_graph_capture(phase_streams):
+    """A stride-2 3x3 dgrad runs four phases (forked onto side streams through the driver and joined back, or in
+    turn): called from a non-default stream and captured in a CUDA graph, it gives the eager result on new
+    data."""
+    x, w, _, *geometry = make_args(((4, 64, 28, 28), (64, 3, 3), 2, 1, 1), torch.bfloat16, "cuda",
+                                   channels_last=True)
+    grad = torch.randn_like(jitops.conv2d(x, w, None, *geometry))
+    with jitops.config.scope(conv2d_dgrad_phase_streams=phase_streams):
+        eager = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
+        _, (want, _) = fp32_reference(x, w, None, *geometry, grad=grad)
+        assert relative_error(eager, want) < TOLERANCE[torch.bfloat16]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            side = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.testing.assert_close(side, eager, rtol=0, atol=0)
+        static_grad = grad.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = jitops.ops.conv2d.conv2d_input_grad(static_grad, w, list(x.shape), *geometry)
+        new_grad = torch.randn_like(grad)
+        static_grad.copy_(new_grad)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(captured, jitops.ops.conv2d.conv2d_input_grad(new_grad, w, list(x.shape),
+                                                                                   *geometry), rtol=0, atol=0)
+
+
 def test_misaligned_and_strided_views_are_copied_not_misread():
     base = torch.randn(2 * 8 * 9 * 11 + 1, device="cuda", dtype=torch.float16)
     x = base[1:].view(2, 9, 11, 8).permute(0, 3, 1, 2)  # channels_last strides, 2-byte aligned start
@@ -317,7 +347,7 @@ def test_wgrad_reduce_kernel_sums_slices_exactly_in_every_warp_split(dtype):
                 reduce.launch(-(-k * taps * c // conv_run.REDUCE_BLOCK), conv_run.REDUCE_BLOCK, partial, dw,
                               1, partial[0].numel(), k * taps, c, c8)
             else:
-                conv_run._reduce_into(kern, partial, dw)
+                conv_run._reduce_into(kern, partial, dw, taps, c8)
             want = partial.double().sum(0)[:k, :, :c]                      # [k, taps, c]
             got = dw.permute(0, 2, 3, 1).reshape(k, taps, c).double()
             assert not torch.isnan(got).any(), (splits, k, taps, c)

@@ -4,12 +4,10 @@ shape classes and kernel specs are in jitops/ops/conv2d.py, the plans in jitops/
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..config import config
-from ..launch import current_stream, sm_count
+from ..launch import SideStreams, current_stream, sm_count
 from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _im2col_shared_bytes,
                           dgrad_phases, normalize_splits, output_size, round_up)
 
@@ -76,14 +74,15 @@ def _im2col(kern, x: torch.Tensor, r: int, s: int, stride, padding, dilation, p:
 
 
 def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
-    """t [N, C, H, W] (any strides) as an NHWC tensor [N, H, W, channels], channel-contiguous and 16-byte
-    aligned; channels beyond C are zero.  A channels_last, aligned t with channels == C is returned as a view."""
+    """t [N, C, H, W] (any strides) as NHWC memory with `channels` channels, channel-contiguous and 16-byte
+    aligned, for the kernels, which take only its address: t itself when it is channels_last, aligned and
+    channels == C, else an NHWC copy [N, H, W, channels] whose channels beyond C are zero.  (No permuted view:
+    each view costs an aten call, 4 us on the H100's host, and a ResNet-50 step made 423 of them.)"""
+    if channels == t.shape[1] and t.is_contiguous(memory_format=CHANNELS_LAST) and t.data_ptr() % 16 == 0:
+        return t
     n, c, h, w = t.shape
-    view = t.permute(0, 2, 3, 1)
-    if channels == c and view.is_contiguous() and t.data_ptr() % 16 == 0:
-        return view
     out = torch.empty((n, h, w, channels), dtype=t.dtype, device=t.device)
-    out[..., :c].copy_(view)
+    out[..., :c].copy_(t.permute(0, 2, 3, 1))
     if channels > c:
         out[..., c:].zero_()
     return out
@@ -112,54 +111,68 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
         return dx.zero_()
     c8, k8 = round_up(c), round_up(k)
     dy = _nhwc(grad, k8)
-    if cls.im2col:
-        return _input_grad_through_columns(kern, dy, weight, dx, k8)
-    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC with C and K padded.
-    w_krsc = weight.permute(0, 2, 3, 1)
-    if (c8, k8) != (c, k) or not w_krsc.is_contiguous():
-        padded = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
-        padded[:k, :, :, :c].copy_(w_krsc)
-        w_krsc = padded
-    out = dx.permute(0, 2, 3, 1) if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)
-    stride, padding, dilation = cls.stride, cls.padding, cls.dilation
     p, q = grad.shape[2], grad.shape[3]
-    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), stride, padding, dilation)
+    if cls.im2col:
+        return _input_grad_through_columns(kern, dy, p, q, weight, dx, k8)
+    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC memory, C and K padded
+    krsc = None  # a channels_last weight [K, C, R, S] is KRSC memory itself
+    if (c8, k8) != (c, k) or not weight.is_contiguous(memory_format=CHANNELS_LAST):
+        krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+        krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    out = dx if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)  # NHWC memory
+    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), cls.stride, cls.padding, cls.dilation)
     if not full:
         out.zero_()
     device, sms, stream = _launch_args(grad)
-    # A strided dgrad's phases write disjoint pixels of dx: each runs on a side stream of its own, forked from and
-    # joined back into the caller's stream, so that their short kernels overlap instead of each leaving the SMs
-    # to drain (config.conv2d_dgrad_phase_streams).
-    side = _side_streams(device, len(phases)) if (config.conv2d_dgrad_phase_streams and len(phases) > 1 and
-                                                  dx.is_cuda) else None
-    main = torch.cuda.current_stream(device) if side else None
-    for index, (rows, cols) in enumerate(phases):
-        with torch.cuda.stream(side[index]) if side else contextlib.nullcontext():
-            if side:
-                side[index].wait_stream(main)
-                stream = side[index].cuda_stream
-            _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, (n, h, w, c8, k8, r, s), device, sms, stream)
-    for other in side or ():
-        main.wait_stream(other)
+    dims = (n, h, w, c8, k8, r, s)
+    if len(phases) == 1:
+        rows, cols = phases[0]
+        _dgrad_phase(kern, cls, dy, _sub_filter(weight, krsc, rows, cols), out, rows, cols, dims, device, sms,
+                     stream)
+    else:
+        # The phases write disjoint pixels of dx.  Their filters are cut first, on the caller's stream; then each
+        # phase runs on a side stream forked from it and joined back, so that their short kernels overlap instead
+        # of each leaving the SMs to drain (config.conv2d_dgrad_phase_streams).  A split phase's reduction is a
+        # torch op on the current stream, so split plans run in order on the caller's stream.
+        filters = [_sub_filter(weight, krsc, rows, cols) for rows, cols in phases]
+        side = SideStreams.of(device) if (config.conv2d_dgrad_phase_streams and cls.splits == 1 and
+                                          dx.is_cuda) else None
+        streams = side.fork(stream, len(phases)) if side else [stream] * len(phases)
+        for (rows, cols), sub, on in zip(phases, filters, streams):
+            _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
+        if side:
+            side.join(stream, len(phases))
     if c8 != c:
         dx.permute(0, 2, 3, 1).copy_(out[..., :c])
     return dx
 
 
-def _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, dims, device, sms, stream) -> None:
+def _sub_filter(weight: torch.Tensor, krsc: torch.Tensor | None, rows, cols) -> torch.Tensor:
+    """The KRSC memory of a phase's taps: all of the filter (`krsc`, padded, or else the channels_last weight
+    itself) at unit stride; else its evenly spaced taps, one strided view of that memory (no index tensor, so
+    CUDA graphs can capture this; slicing a permuted view took four aten calls more) copied contiguous for TMA."""
+    k, c, r, s = weight.shape
+    if len(rows.taps) == r and len(cols.taps) == s:
+        return weight if krsc is None else krsc
+    memory = weight if krsc is None else krsc
+    k8, c8 = (k, c) if krsc is None else (krsc.shape[0], krsc.shape[3])
+    step_r = rows.taps[1] - rows.taps[0] if len(rows.taps) > 1 else 1
+    step_s = cols.taps[1] - cols.taps[0] if len(cols.taps) > 1 else 1
+    view = memory.as_strided((k8, len(rows.taps), len(cols.taps), c8), (r * s * c8, step_r * s * c8, step_s * c8, 1),
+                             memory.storage_offset() + (rows.taps[0] * s + cols.taps[0]) * c8)
+    return view.contiguous()
+
+
+def _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, stream) -> None:
     """One phase of a dgrad (all of it at unit stride): dx's pixels of these rows and columns from the taps
-    that reach them."""
+    that reach them.  `out` holds dx's NHWC memory [n, h, w, c8]; a phase writes every stride-th pixel from
+    (rows.start, cols.start) through one strided view (slicing it took six aten calls)."""
     n, h, w, c8, k8, r, s = dims
-    stride = cls.stride
-    # The taps of a phase are evenly spaced: a sliced view of the filter (no index tensor, so CUDA graphs can
-    # capture this), made contiguous for TMA.
-    sub = w_krsc
-    if len(rows.taps) != r or len(cols.taps) != s:
-        sub = w_krsc[:, _taps_slice(rows.taps), _taps_slice(cols.taps)].contiguous()
-    if rows.count == h and cols.count == w:  # unit stride: the phase is all of dx
-        view = out
-    else:
-        view = out[:, rows.start::stride[0], cols.start::stride[1], :][:, :rows.count, :cols.count]
+    sn, sh, sw = h * w * c8, cls.stride[0] * w * c8, cls.stride[1] * c8
+    view = out
+    if cls.splits > 1 or rows.count != h or cols.count != w:
+        view = out.as_strided((n, rows.count, cols.count, c8), (sn, sh, sw, 1),
+                              out.storage_offset() + (rows.start * w + cols.start) * c8)
     problem = (n, rows.count, cols.count, c8, k8, len(rows.taps), len(cols.taps), rows.lower, rows.upper,
                cols.lower, cols.upper, 1, 1, rows.dilation, cols.dilation)
     if cls.splits > 1:
@@ -170,27 +183,11 @@ def _dgrad_phase(kern, cls, dy, w_krsc, out, rows, cols, dims, device, sms, stre
               stream)
         view.copy_(partial[0] if splits == 1 else partial.sum(0))
     else:
-        sn, sh, sw, _ = view.stride()
         _call(kern.dgrad, "conv2d_input_grad", dy, sub, view, None, *problem, sn, sh, sw, 1, device, sms, stream)
 
 
-# Side streams per device for a strided dgrad's phases (at most 4 in flight; more phases share them).
-_SIDE_STREAMS: dict[int, list] = {}
-
-
-def _side_streams(device: int, count: int) -> list:
-    streams = _SIDE_STREAMS.get(device)
-    if streams is None:
-        streams = _SIDE_STREAMS[device] = [torch.cuda.Stream(device) for _ in range(4)]
-    return [streams[i % len(streams)] for i in range(count)]
-
-
-def _taps_slice(taps: tuple[int, ...]) -> slice:
-    step = taps[1] - taps[0] if len(taps) > 1 else 1
-    return slice(taps[0], taps[-1] + 1, step)
-
-
-def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx: torch.Tensor, k8: int):
+def _input_grad_through_columns(kern, dy: torch.Tensor, p: int, q: int, weight: torch.Tensor, dx: torch.Tensor,
+                                k8: int):
     """Few input channels (the stem): columns [N, P, Q, R*S*C padded] = dy . W, a 1x1 conv with the filter as
     R*S*C output channels over K input channels (one k-step for K=64, where the direct dgrad's 64-wide tile
     carries 8 padded channels: 963 us for the stem against cuDNN's 474), then col2im sums them into dx.  The
@@ -198,7 +195,6 @@ def _input_grad_through_columns(kern, dy: torch.Tensor, weight: torch.Tensor, dx
     cls = kern.shape_class
     n, c, h, w = dx.shape
     k, _, r, s = weight.shape
-    p, q = dy.shape[1], dy.shape[2]
     width = round_up(r * s * c)
     w_columns = torch.zeros((width, 1, 1, k8), dtype=weight.dtype, device=weight.device)
     w_columns[:r * s * c, 0, 0, :k].copy_(weight.permute(2, 3, 1, 0).reshape(r * s * c, k))  # rows (r, s, c)
@@ -223,22 +219,23 @@ def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation
 REDUCE_BLOCK = 256
 
 
-def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor) -> None:
+def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, width: int) -> None:
     """dw (channels_last [K, C, R, S], i.e. KRSC memory, seen as [K, taps, channels]) = the sum over partial's
-    slices [splits][K8][taps][padded channels] of its first K rows and `channels` channels per tap."""
-    splits, _, taps, _ = partial.shape
+    slices [splits][K8][taps][width] (contiguous, any shape) of its first K rows and `channels` channels per tap."""
+    splits, k8 = partial.shape[0], partial.shape[1]
     k = dw.shape[0]
     channels = dw.numel() // (k * taps)
     if not config.conv2d_wgrad_reduce_kernel or splits == 1:
-        total = partial[0] if splits == 1 else partial.sum(0)
+        slices = partial.view(splits, k8, taps, width)
+        total = slices[0] if splits == 1 else slices.sum(0)
         dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(total[:k, :, :channels])
         return
     rows = k * taps
     if rows * channels >= 2**31:
         raise ValueError(f"jitops.conv2d_weight_grad: the weight gradient has {rows * channels} elements; the "
                          "reduction kernel indexes it with 32 bits (at most 2**31 - 1)")
-    kern.reduce.launch(-(-rows * channels // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits, partial[0].numel(),
-                       rows, channels, partial.shape[-1])
+    kern.reduce.launch(-(-rows * channels // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits, k8 * taps * width,
+                       rows, channels, width)
 
 
 def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
@@ -266,7 +263,7 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
               width, k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
         # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
         folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
-        _reduce_into(kern, partial.view(splits, k8, taps, width), folded)
+        _reduce_into(kern, partial, folded, taps, width)
         dw.permute(0, 2, 3, 1).copy_(folded.permute(0, 2, 3, 1).reshape(k, taps * fold, s, c)[:, :r])
         return dw
     if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
@@ -275,7 +272,7 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
         partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
-        _reduce_into(kern, partial.view(splits, k8, 1, width), dw)  # the columns are (r, s, c): KRSC order
+        _reduce_into(kern, partial, dw, 1, width)  # the columns are (r, s, c): KRSC order
         return dw
     geometry = (cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
                 cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
@@ -286,7 +283,7 @@ def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) 
     partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           *geometry)
-    _reduce_into(kern, partial.view(splits, k8, r * s, c8), dw)
+    _reduce_into(kern, partial, dw, r * s, c8)
     return dw
 
 
@@ -344,7 +341,7 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
             total += bias.float()
         y.permute(0, 2, 3, 1).copy_(total[..., :k])
         return y
-    out = y.permute(0, 2, 3, 1) if k8 == k else torch.empty((n, p, q, k8), dtype=x.dtype, device=x.device)
+    out = y if k8 == k else torch.empty((n, p, q, k8), dtype=x.dtype, device=x.device)  # NHWC memory
     _call(kern.fprop, "conv2d", _nhwc(x, c8), w_krsc, out, bias, *problem, 1, *_launch_args(x))
     if k8 != k:
         y.permute(0, 2, 3, 1).copy_(out[..., :k])
