@@ -559,11 +559,30 @@ class FakeCol2imKernel:
         dx_nhwc.copy_(dx.permute(0, 2, 3, 1))
 
 
+class FakeFoldWeightKernel:
+    """kernels/conv/fold_weight.cu's launch, computed with ATen: the filter in the folded matrix's column order."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def launch(self, grid, block, weight, out, elements, k, c, r, s, fold, taps, columns, sk, sc, sr, ss):
+        self.calls.append(dict(fold=fold, taps=taps, columns=columns))
+        assert grid * block >= elements == out.numel() and out.is_contiguous()
+        assert tuple(weight.shape) == (k, c, r, s) and (sk, sc, sr, ss) == weight.stride()
+        assert tuple(out.shape[1:]) == (taps, 1, columns) and out.shape[0] >= k and taps == -(-r // fold)
+        out.zero_()
+        krsc = weight.permute(0, 2, 3, 1)
+        for tap in range(taps):
+            rows = krsc[:, tap * fold:(tap + 1) * fold]  # the last tap may have fewer rows
+            out[:k, tap, 0, :rows.shape[1] * s * c].copy_(rows.reshape(k, -1))
+
+
 # A stand-in per kernel name the conv ops request (conv2d.py: _request, _with_im2col, the weight gradient's
 # reduction, the input gradient's col2im).
 STAND_INS = {"fprop": lambda: FakeConvLibrary(0), "dgrad": lambda: FakeConvLibrary(1),
              "wgrad": lambda: FakeConvLibrary(2), "wgrad_direct": lambda: FakeConvLibrary(2),
-             "reduce": FakeReduceKernel, "im2col": FakeIm2colKernel, "col2im": FakeCol2imKernel}
+             "reduce": FakeReduceKernel, "im2col": FakeIm2colKernel, "col2im": FakeCol2imKernel,
+             "fold_weight": FakeFoldWeightKernel}
 
 
 @pytest.fixture

@@ -343,8 +343,16 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
 
+# The conv over a folded matrix (the stem) takes its filter in the matrix's column order, built by one kernel.
+FOLD_WEIGHT = CudaKernel("conv2d_fold_weight", Source.file("conv/fold_weight.cu"),
+                         "jitops::conv2d_fold_weight<{T}>", "ptr ptr i32 i32 i32 i32 i32 i32 i32 i32 i64 i64 i64 i64")
+
+
 def cuda_kernels(cls: ConvClass, target: Target):
-    return _with_im2col(_request("fprop", cls, target), cls)
+    kernels = _with_im2col(_request("fprop", cls, target), cls)
+    if kernels and cls.fold:
+        kernels["fold_weight"] = FOLD_WEIGHT.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
+    return kernels
 
 
 def fake(x, weight, bias, stride, padding, dilation):

@@ -40,18 +40,16 @@ def _folded_im2col(kern, x: torch.Tensor, cls: ConvClass, p: int, q: int) -> tup
     return matrix, taps
 
 
-def _fold_weight(weight: torch.Tensor, fold: int, k8: int, columns: int) -> torch.Tensor:
-    """w [K, C, R, S] -> [k8, ceil(R/fold), 1, columns] (KRSC): tap j's channels are filter rows j*fold ..
-    j*fold + fold - 1 in (row, s, c) order, as the folded matrix's columns; missing rows and padding zero."""
+def _fold_weight(kern, weight: torch.Tensor, fold: int, k8: int, columns: int) -> torch.Tensor:
+    """w [K, C, R, S] (any strides) -> [k8, ceil(R/fold), 1, columns] (KRSC): tap j's channels are filter rows
+    j*fold .. j*fold + fold - 1 in (row, s, c) order, as the folded matrix's columns; missing rows and padding
+    zero (kernels/conv/fold_weight.cu)."""
     k, c, r, s = weight.shape
-    taps, per_tap = _ceil(r, fold), fold * s * c
-    out = torch.zeros((k8, taps, 1, columns), dtype=weight.dtype, device=weight.device)
-    krsc = weight.permute(0, 2, 3, 1)
-    whole = r // fold  # taps with all `fold` rows; a last one may have fewer
-    out[:k, :whole, 0, :per_tap].copy_(krsc[:, :whole * fold].reshape(k, whole, per_tap))
-    if whole < taps:
-        rest = r - whole * fold
-        out[:k, whole, 0, :rest * s * c].copy_(krsc[:, whole * fold:].reshape(k, rest * s * c))
+    taps = _ceil(r, fold)
+    out = torch.empty((k8, taps, 1, columns), dtype=weight.dtype, device=weight.device)
+    elements = out.numel()
+    kern.fold_weight.launch(-(-elements // IM2COL_BLOCK), IM2COL_BLOCK, weight, out, elements, k, c, r, s, fold,
+                            taps, columns, *weight.stride())
     return out
 
 
@@ -313,7 +311,7 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     if cls.im2col and cls.fold:  # a conv of ceil(R/fold) taps over the matrix of `fold` filter rows (_plan_fold)
         x, taps = _folded_im2col(kern, x, cls, p, q)
         x = x.permute(0, 3, 1, 2)
-        w_krsc = _fold_weight(weight, cls.fold, k8, x.shape[1])
+        w_krsc = _fold_weight(kern, weight, cls.fold, k8, x.shape[1])
         c, h, w, r, s, c8 = x.shape[1], x.shape[2], q, taps, 1, x.shape[1]
         cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
     elif cls.im2col:  # a 1x1 conv over the im2col matrix [N, P, Q, R*S*C]: x and w become (R*S*C)-channel tensors
