@@ -735,7 +735,8 @@ class Op:
             return []
         if needs is None:
             needs = (True,) * len(self._differentiable)
-        return [(getattr(fn, "op", fn), tuple(call_args)) for fn, call_args in self.companions(*args, needs=tuple(needs))]
+        calls = self.companions(*args, needs=tuple(needs))
+        return [(getattr(fn, "op", fn), tuple(call_args)) for fn, call_args in calls]
 
     def prefetch(self, *args: Any) -> list[threading.Thread]:
         """Start loading (compiling, on a cold cache) the kernels this call's backward will need, each in a daemon

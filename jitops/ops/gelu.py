@@ -233,7 +233,8 @@ def companions(x, approximate, *, needs):
 # Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items; each builds the forward and the
 # backward).
 PREWARM = [
-    {"op": "gelu", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 8192]]], "kwargs": {"approximate": approximate}}
+    {"op": "gelu", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 8192]]],
+     "kwargs": {"approximate": approximate}}
     for approximate in ("none", "tanh")
 ]
 

@@ -261,8 +261,8 @@ def _padded_backward(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool
 def _direct(grad, x, weight) -> bool:
     """Plain contiguous CUDA tensors of one dtype, not traced: the backward's GEMMs can launch directly."""
     return type(grad) is _Tensor and grad.is_cuda and grad.is_contiguous() and x.is_contiguous() and \
-        grad.dtype is x.dtype and weight.dtype is x.dtype and x.dtype in CUDA_DTYPES and x.numel() > 0 and grad.numel() > 0 and \
-        weight.shape[1] > 0 and not torch.compiler.is_compiling()
+        grad.dtype is x.dtype and weight.dtype is x.dtype and x.dtype in CUDA_DTYPES and x.numel() > 0 and \
+        grad.numel() > 0 and weight.shape[1] > 0 and not torch.compiler.is_compiling()
 
 
 def _backward_products(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool, transposed: bool):
