@@ -16,11 +16,12 @@ instead of 2.4 ms a kernel, measured), and hot code gets CuPy's cheaper launch.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -213,6 +214,7 @@ class SideStreams:
         self.streams = [s.cuda_stream for s in self._torch_streams]
         driver = _Driver.get()
         self._lib, self._check = driver.lib, driver.check
+        self._lock = threading.Lock()
         self._events = []
         for _ in range(self.COUNT + 1):  # one to fork, one per stream to join
             event = ctypes.c_void_p()
@@ -229,22 +231,24 @@ class SideStreams:
                     streams = cls._per_device[device_index] = SideStreams(device_index)
         return streams
 
-    def fork(self, stream: int, count: int) -> list[int]:
-        """`count` raw streams (repeating after COUNT) that run after what `stream` has queued so far."""
-        ensure_context(self.device_index)
-        lib, check, fork = self._lib, self._check, self._events[0]
-        check("cuEventRecord", lib.cuEventRecord(fork, stream))
-        used = self.streams[:min(count, self.COUNT)]
-        for side in used:
-            check("cuStreamWaitEvent", lib.cuStreamWaitEvent(side, fork, 0))
-        return [used[i % len(used)] for i in range(count)]
-
-    def join(self, stream: int, count: int) -> None:
-        """`stream` waits for what the first `count` side streams have queued (fork's `count`)."""
-        lib, check = self._lib, self._check
-        for side, event in zip(self.streams[:min(count, self.COUNT)], self._events[1:]):
-            check("cuEventRecord", lib.cuEventRecord(event, side))
-            check("cuStreamWaitEvent", lib.cuStreamWaitEvent(stream, event, 0))
+    @contextlib.contextmanager
+    def forked(self, stream: int, count: int) -> Iterator[list[int]]:
+        """`count` raw streams (repeating after COUNT) that run after what `stream` has queued so far; at exit
+        `stream` waits for everything queued on them.  One fork at a time per device, since the events are shared
+        (a thread's fork recorded between another's fork and its waits would move that one's starting point)."""
+        with self._lock:
+            ensure_context(self.device_index)
+            lib, check, fork = self._lib, self._check, self._events[0]
+            used = self.streams[:min(count, self.COUNT)]
+            check("cuEventRecord", lib.cuEventRecord(fork, stream))
+            for side in used:
+                check("cuStreamWaitEvent", lib.cuStreamWaitEvent(side, fork, 0))
+            try:
+                yield [used[i % len(used)] for i in range(count)]
+            finally:
+                for side, event in zip(used, self._events[1:]):
+                    check("cuEventRecord", lib.cuEventRecord(event, side))
+                    check("cuStreamWaitEvent", lib.cuStreamWaitEvent(stream, event, 0))
 
 
 class CudaFunction:

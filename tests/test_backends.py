@@ -303,3 +303,70 @@ def test_cutlass_compiles_off_the_main_thread_run_in_a_child_and_keep_their_erro
     assert started and started[0][1:] == ["-m", "jitops.backends.nvrtc_child"]
     assert caught and caught[0].kernel == request.label() and "error" in caught[0].log
     assert "this is not C++" in caught[0].excerpt()
+
+
+# ---- launch.SideStreams: fork and join through the driver, with a stand-in for libcuda (no GPU needed) ----------
+class _RecordingDriver:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def cuEventRecord(self, event, stream):  # noqa: N802 - the driver's names
+        self.calls.append(("record", event, stream))
+        return 0
+
+    def cuStreamWaitEvent(self, stream, event, flags):  # noqa: N802
+        self.calls.append(("wait", stream, event))
+        return 0
+
+
+def _side_streams(monkeypatch) -> tuple[jitops.launch.SideStreams, _RecordingDriver]:
+    import threading
+
+    monkeypatch.setattr(jitops.launch, "ensure_context", lambda index: None)
+    side = object.__new__(jitops.launch.SideStreams)  # the streams and events a GPU would give, as numbers
+    driver = _RecordingDriver()
+    side.device_index, side.streams, side._events = 0, [101, 102, 103, 104], [900, 901, 902, 903, 904]
+    side._lib, side._check, side._lock = driver, lambda call, status: None, threading.Lock()
+    return side, driver
+
+
+def test_side_streams_fork_after_the_callers_work_and_join_back_even_on_errors(monkeypatch):
+    side, driver = _side_streams(monkeypatch)
+    with side.forked(7, 6) as streams:
+        assert streams == [101, 102, 103, 104, 101, 102]  # six pieces of work share the four streams
+        forked = list(driver.calls)
+    assert forked == [("record", 900, 7)] + [("wait", s, 900) for s in (101, 102, 103, 104)]
+    joined = driver.calls[len(forked):]
+    assert joined == [c for s, e in zip((101, 102, 103, 104), (901, 902, 903, 904))
+                      for c in (("record", e, s), ("wait", 7, e))]
+    driver.calls.clear()
+    with pytest.raises(RuntimeError, match="launch failed"):
+        with side.forked(8, 2):
+            raise RuntimeError("launch failed")
+    assert driver.calls[-4:] == [("record", 901, 101), ("wait", 8, 901), ("record", 902, 102), ("wait", 8, 902)]
+
+
+def test_side_streams_let_one_fork_at_a_time_use_the_shared_events(monkeypatch):
+    import threading
+
+    side, driver = _side_streams(monkeypatch)
+    inside, release = threading.Event(), threading.Event()
+
+    def first():
+        with side.forked(1, 2):
+            inside.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait(5)
+    second = threading.Thread(target=lambda: side.forked(2, 2).__enter__())
+    second.start()
+    second.join(0.2)
+    assert second.is_alive() and all(call[1:] != (900, 2) for call in driver.calls), \
+        "a second fork recorded the shared event inside the first one"
+    release.set()
+    thread.join(5)
+    second.join(5)
+    first_join = driver.calls.index(("wait", 1, 902))
+    assert driver.calls.index(("record", 900, 2)) > first_join

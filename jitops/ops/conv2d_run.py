@@ -133,13 +133,13 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
         # of each leaving the SMs to drain (config.conv2d_dgrad_phase_streams).  A split phase's reduction is a
         # torch op on the current stream, so split plans run in order on the caller's stream.
         filters = [_sub_filter(weight, krsc, rows, cols) for rows, cols in phases]
-        side = SideStreams.of(device) if (config.conv2d_dgrad_phase_streams and cls.splits == 1 and
-                                          dx.is_cuda) else None
-        streams = side.fork(stream, len(phases)) if side else [stream] * len(phases)
-        for (rows, cols), sub, on in zip(phases, filters, streams):
-            _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
-        if side:
-            side.join(stream, len(phases))
+        if config.conv2d_dgrad_phase_streams and cls.splits == 1 and dx.is_cuda:
+            with SideStreams.of(device).forked(stream, len(phases)) as streams:
+                for (rows, cols), sub, on in zip(phases, filters, streams):
+                    _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
+        else:
+            for (rows, cols), sub in zip(phases, filters):
+                _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, stream)
     if c8 != c:
         dx.permute(0, 2, 3, 1).copy_(out[..., :c])
     return dx
