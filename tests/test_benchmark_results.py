@@ -102,3 +102,10 @@ def test_fprop_dgrad_fitter_reproduces_conv2d_constants_from_tools_data(capsys, 
     for operator in ("fprop", "dgrad"):
         printed = ast.literal_eval(re.search(rf'^    "{operator}": (\{{.*\}}),$', out, re.M).group(1))
         assert _close(printed, fit.conv.GEMM_TILE_US[operator]), (operator, printed)
+
+
+def test_benchmarks_page_stays_a_results_page():
+    """docs/benchmarks.md holds the latest table per op, not a history (issue 20: under 300 lines); git keeps
+    earlier runs."""
+    lines = (REPO / "docs" / "benchmarks.md").read_text().splitlines()
+    assert len(lines) < 300, f"docs/benchmarks.md has {len(lines)} lines: keep the latest figures, drop history"
