@@ -86,6 +86,18 @@ def _nhwc(t: torch.Tensor, channels: int) -> torch.Tensor:
     return out
 
 
+def _krsc(weight: torch.Tensor, c8: int, k8: int) -> torch.Tensor:
+    """The filter's KRSC memory [k8, R, S, c8] for the kernels (only its address is read): a channels_last,
+    16-byte aligned weight with C == c8 and K == k8 itself, else a copy whose padded filters and channels are
+    zero."""
+    k, c, r, s = weight.shape
+    if (c8, k8) == (c, k) and weight.is_contiguous(memory_format=CHANNELS_LAST) and weight.data_ptr() % 16 == 0:
+        return weight
+    out = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
+    out[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    return out
+
+
 def _channels_last_like(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=CHANNELS_LAST)
 
@@ -112,52 +124,41 @@ def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilatio
     p, q = grad.shape[2], grad.shape[3]
     if cls.im2col:
         return _input_grad_through_columns(kern, dy, p, q, weight, dx, k8)
-    # dgrad's B operand is the filter viewed as (C, (K, S, R)): KRSC memory, C and K padded
-    krsc = None  # a channels_last weight [K, C, R, S] is KRSC memory itself
-    if (c8, k8) != (c, k) or not weight.is_contiguous(memory_format=CHANNELS_LAST):
-        krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
-        krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+    krsc = _krsc(weight, c8, k8)  # dgrad's B operand is the filter viewed as (C, (K, S, R))
     out = dx if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)  # NHWC memory
     phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), cls.stride, cls.padding, cls.dilation)
     if not full:
         out.zero_()
     device, sms, stream = _launch_args(grad)
     dims = (n, h, w, c8, k8, r, s)
-    if len(phases) == 1:
-        rows, cols = phases[0]
-        _dgrad_phase(kern, cls, dy, _sub_filter(weight, krsc, rows, cols), out, rows, cols, dims, device, sms,
-                     stream)
+    # The phases write disjoint pixels of dx.  Their filters are cut first, on the caller's stream; then several
+    # phases run each on a side stream forked from it and joined back, so that their short kernels overlap instead
+    # of each leaving the SMs to drain (config.conv2d_dgrad_phase_streams).  A split phase's reduction is a torch
+    # op on the current stream, so split plans run in order on the caller's stream.
+    filters = [_sub_filter(krsc, rows, cols, dims) for rows, cols in phases]
+    if len(phases) > 1 and config.conv2d_dgrad_phase_streams and cls.splits == 1 and dx.is_cuda:
+        with SideStreams.of(device).forked(stream, len(phases)) as streams:
+            for (rows, cols), sub, on in zip(phases, filters, streams):
+                _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
     else:
-        # The phases write disjoint pixels of dx.  Their filters are cut first, on the caller's stream; then each
-        # phase runs on a side stream forked from it and joined back, so that their short kernels overlap instead
-        # of each leaving the SMs to drain (config.conv2d_dgrad_phase_streams).  A split phase's reduction is a
-        # torch op on the current stream, so split plans run in order on the caller's stream.
-        filters = [_sub_filter(weight, krsc, rows, cols) for rows, cols in phases]
-        if config.conv2d_dgrad_phase_streams and cls.splits == 1 and dx.is_cuda:
-            with SideStreams.of(device).forked(stream, len(phases)) as streams:
-                for (rows, cols), sub, on in zip(phases, filters, streams):
-                    _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
-        else:
-            for (rows, cols), sub in zip(phases, filters):
-                _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, stream)
+        for (rows, cols), sub in zip(phases, filters):
+            _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, stream)
     if c8 != c:
         dx.permute(0, 2, 3, 1).copy_(out[..., :c])
     return dx
 
 
-def _sub_filter(weight: torch.Tensor, krsc: torch.Tensor | None, rows, cols) -> torch.Tensor:
-    """The KRSC memory of a phase's taps: all of the filter (`krsc`, padded, or else the channels_last weight
-    itself) at unit stride; else its evenly spaced taps, one strided view of that memory (no index tensor, so
-    CUDA graphs can capture this; slicing a permuted view took four aten calls more) copied contiguous for TMA."""
-    k, c, r, s = weight.shape
+def _sub_filter(krsc: torch.Tensor, rows, cols, dims) -> torch.Tensor:
+    """The KRSC memory of a phase's taps: all of the filter at unit stride; else its evenly spaced taps, one
+    strided view of that memory (no index tensor, so CUDA graphs can capture this; slicing a permuted view took
+    four aten calls more) copied contiguous for TMA."""
+    c8, k8, r, s = dims[3], dims[4], dims[5], dims[6]
     if len(rows.taps) == r and len(cols.taps) == s:
-        return weight if krsc is None else krsc
-    memory = weight if krsc is None else krsc
-    k8, c8 = (k, c) if krsc is None else (krsc.shape[0], krsc.shape[3])
+        return krsc
     step_r = rows.taps[1] - rows.taps[0] if len(rows.taps) > 1 else 1
     step_s = cols.taps[1] - cols.taps[0] if len(cols.taps) > 1 else 1
-    view = memory.as_strided((k8, len(rows.taps), len(cols.taps), c8), (r * s * c8, step_r * s * c8, step_s * c8, 1),
-                             memory.storage_offset() + (rows.taps[0] * s + cols.taps[0]) * c8)
+    view = krsc.as_strided((k8, len(rows.taps), len(cols.taps), c8), (r * s * c8, step_r * s * c8, step_s * c8, 1),
+                           krsc.storage_offset() + (rows.taps[0] * s + cols.taps[0]) * c8)
     return view.contiguous()
 
 
@@ -319,11 +320,8 @@ def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
         weight = weight.permute(0, 2, 3, 1).reshape(k, r * s * c, 1, 1)
         c, h, w, r, s, c8 = r * s * c, p, q, 1, 1, x.shape[1]
         cls = cls._replace(stride=(1, 1), padding=(0, 0), dilation=(1, 1))
-    if w_krsc is None and k8 == k:
-        w_krsc = _nhwc(weight, c8)
     if w_krsc is None:
-        w_krsc = torch.zeros((k8, r, s, c8), dtype=weight.dtype, device=weight.device)
-        w_krsc[:k, :, :, :c].copy_(weight.permute(0, 2, 3, 1))
+        w_krsc = _krsc(weight, c8, k8)
     if bias is not None and (k8 != k or not bias.is_contiguous() or bias.data_ptr() % 16):
         padded = torch.zeros(k8, dtype=bias.dtype, device=bias.device)
         padded[:k].copy_(bias)
