@@ -12,8 +12,8 @@ GEMMs), 16-byte aligned (N and the leading dimensions multiples of 8), bf16 or f
 out, with the fused bias and activation.  `unsupported()` says why a class is not covered; jitops.gemm then
 builds CUTLASS's kernel.
 
-The kernel takes one 320-byte parameter (its `Params`): the two TMA descriptors, from the driver's
-cuTensorMapEncodeTiled, then D and bias pointers and six ints.  The kernel exports the launch facts (shared
+The kernel takes one 448-byte parameter (its `Params`): the TMA descriptors of A, B and D, from the driver's
+cuTensorMapEncodeTiled, then the bias pointer and five ints.  The kernel exports the launch facts (shared
 memory, threads, tile, stages, Params size) as the `__constant__` array jitops_light_gemm_info, read here from
 the cubin without a GPU; tests/test_light_gemm.py checks them against `expected_info`.
 """
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
+from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
 from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
@@ -44,14 +44,16 @@ GROUP_ROWS = 8                # tile rows per raster group (L2 reuse of B's tile
 OUT_TYPES = {torch.bfloat16: 0, torch.float16: 0, torch.float32: 1}
 IN_TYPES = {torch.bfloat16: 0, torch.float16: 1}
 
-# Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A and B, then D, bias, m, n, k, ldd, activation,
-# group_m.  The kernel's static_asserts hold it to these offsets.
-PARAMS_SIZE = 320
-TMA_A, TMA_B, FIELDS = 0, 128, 256
-_FIELDS = struct.Struct("<QQiiiiii")
+# Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A, B and D, then bias, m, n, k, activation, group_m.
+# The kernel's static_asserts hold it to these offsets.
+PARAMS_SIZE = 448
+TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
+_FIELDS = struct.Struct("<Qiiiii")
+STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
+EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
-INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "a_kmajor",
-               "b_kmajor")
+INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
+               "store_cols", "a_kmajor", "b_kmajor")
 
 
 class LightInfo(NamedTuple):
@@ -63,6 +65,8 @@ class LightInfo(NamedTuple):
     stages: int
     params_size: int
     tma_b: int
+    tma_d: int
+    store_cols: int
     a_kmajor: int
     b_kmajor: int
 
@@ -72,13 +76,14 @@ class LightInfo(NamedTuple):
                                           "kernels/gemm/sm90_light_gemm.cu"))
 
 
-def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True) -> LightInfo:
-    """What the kernel computes for a tile width: as many 128 x 64 + tile_n x 64 stages as fit (at most 8), and
-    1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage."""
+def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2) -> LightInfo:
+    """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
+    stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
+    period, plus two mbarriers a stage."""
     stage = (TILE_M + tile_n) * TILE_K * 2
-    stages = min((MAX_SMEM - 2048) // stage, MAX_STAGES)
-    return LightInfo(1024 + stages * stage + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages, PARAMS_SIZE,
-                     TMA_B, int(a_kmajor), int(b_kmajor))
+    stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
+    return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages,
+                     PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor), int(b_kmajor))
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
@@ -119,6 +124,14 @@ def operand_tma(kmajor: bool, rows: int, k: int, ld: int, box_rows: int) -> TmaA
     return TmaArgs(TMA_UINT16, (rows, k), (ld * 2,), (64, TILE_K), SWIZZLE_128B)
 
 
+def output_tma(m: int, n: int, ldd: int, store_cols: int) -> TmaArgs:
+    """D (M, N, row-major, `ldd` elements apart), stored a box of 64 rows by `store_cols` columns (128 bytes: 64
+    16-bit or 32 fp32 elements) with the 128-byte swizzle the epilogue's staging buffers are written in."""
+    out_bytes = 128 // store_cols
+    return TmaArgs(TMA_UINT16 if out_bytes == 2 else TMA_FLOAT32, (n, m), (ldd * out_bytes,),
+                   (store_cols, STORE_ROWS), SWIZZLE_128B)
+
+
 class Problem(NamedTuple):
     m: int
     n: int
@@ -144,22 +157,24 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     a, b, d, bias = addresses
     tiles_m = -(-p.m // TILE_M)
     params = bytearray(info.params_size)
-    _FIELDS.pack_into(params, FIELDS, d, bias, p.m, p.n, p.k, p.ldd, p.activation, min(GROUP_ROWS, tiles_m))
+    _FIELDS.pack_into(params, FIELDS, bias, p.m, p.n, p.k, p.activation, min(GROUP_ROWS, tiles_m))
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M), a)
     encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), p.n, p.k, p.ldb, info.tile_n), b)
+    encode(buffer, info.tma_d, output_tma(p.m, p.n, p.ldd, info.store_cols), d)
     return params, grid(p, info.tile_n)
 
 
 def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int]
                   ) -> None:
     """What the kernel assumes and the class already guarantees, checked once per packed problem: TMA wants
-    16-byte aligned operands and strides, the epilogue stores column pairs."""
+    16-byte aligned operands and strides (D's too: the epilogue stores by TMA), and column pairs."""
     if min(m, n, k) < 1:
         raise ValueError(f"jitops.gemm (light sm_90a kernel): empty problem {m}x{n}x{k}")
-    if n % 8 or lda % 8 or ldb % 8 or ldd % 2 or addresses[0] % 16 or addresses[1] % 16:
-        raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, lda={lda}, ldb={ldb} must be multiples of 8 "
-                         "and A and B 16-byte aligned; this class should have taken CUTLASS's kernel")
+    if n % 8 or lda % 8 or ldb % 8 or ldd % 8 or any(address % 16 for address in addresses[:3]):
+        raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, lda={lda}, ldb={ldb}, ldd={ldd} must be "
+                         "multiples of 8 and A, B and D 16-byte aligned; this class should have taken CUTLASS's "
+                         "kernel")
 
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
@@ -256,7 +271,7 @@ class _Packed:
         self.addresses = addresses
         field = owner._driver.address_field
         self._field = field
-        self._descriptors = (TMA_A, owner.info.tma_b)
+        self._descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
         if (a, b, d, bias) != self.addresses:
@@ -266,15 +281,19 @@ class _Packed:
                              self._kernel_params_address)
 
     def _patch(self, a: int, b: int, d: int, bias: int) -> None:
-        if (a, b) != self.addresses[:2]:
-            for offset, address in zip(self._descriptors, (a, b)):
-                if self._field is not None:
-                    struct.pack_into("<Q", self.params, offset + self._field, address)
-                else:
-                    status = self.owner._driver.replace(self._address + offset, address)
-                    if status:
-                        raise DriverError("cuTensorMapReplaceAddress", status)
-        struct.pack_into("<QQ", self.params, FIELDS, d, bias)
+        if d % 16:  # a problem is checked with its first addresses; D's is new every call
+            raise ValueError("jitops.gemm (light sm_90a kernel): the output must be 16-byte aligned for its TMA "
+                             "store; pass a fresh output or one from torch.empty")
+        for offset, address, old in zip(self._descriptors, (a, b, d), self.addresses):
+            if address == old:
+                continue
+            if self._field is not None:
+                struct.pack_into("<Q", self.params, offset + self._field, address)
+            else:
+                status = self.owner._driver.replace(self._address + offset, address)
+                if status:
+                    raise DriverError("cuTensorMapReplaceAddress", status)
+        struct.pack_into("<Q", self.params, FIELDS, bias)
         self.addresses = (a, b, d, bias)
 
 

@@ -20,7 +20,7 @@ import jitops
 from jitops import light_gemm as L
 from jitops.backends import toolkit
 from jitops.backends.nvrtc import NvrtcBackend, complete_elf
-from jitops.cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs, elf_symbol
+from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, elf_symbol
 from jitops.ops import gemm as G
 from jitops.ops import gemm_plan as P
 from jitops.specs import Target
@@ -81,14 +81,17 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     assert transposes == {(str(int(not a_kmajor)), str(int(not b_kmajor)))}
     # TMA loads a k-block issues: one box a K-major tile, 64-row boxes an MN-major one
     boxes = (1 if a_kmajor else 2) + (1 if b_kmajor else tile_n // 64)
-    assert ptx.count("cp.async.bulk.tensor.2d") % boxes == 0
-    assert "cp.async.bulk.tensor.2d" in ptx and "setmaxnreg.inc" in ptx and "mbarrier.try_wait.parity" in ptx
+    loads = ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global")
+    assert loads and loads % boxes == 0
+    assert "setmaxnreg.inc" in ptx and "mbarrier.try_wait.parity" in ptx
     # ptxas: no stack, no spills, no serialized wgmma (C7510: "wgmma ... serialized"), within the 384-thread cap
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log and "serialized" not in log, log
     registers = int(re.search(r"Used (\d+) registers", log).group(1))
     assert registers <= 65536 // L.THREADS
-    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n, a_kmajor, b_kmajor)
+    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n, a_kmajor, b_kmajor, out_dtype.itemsize)
+    # the epilogue: one TMA store a 128-byte column chunk of a warpgroup's rows, through swizzled shared memory
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx and "st.global" not in ptx
     assert elf_symbol(cubin, "jitops_sm90_light_gemm")  # the entry, unmangled: extern "C"
     assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
@@ -105,7 +108,7 @@ def test_the_route_builds_it_through_the_runtime(fresh_cache):
     entry = jitops.runtime.find_entry(key, any_toolchain=False)
     assert entry.meta["lowered_name"] == "jitops_sm90_light_gemm"
     info = L.LightInfo.from_cubin(entry.file("kernel.cubin").read_bytes())
-    assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor)
+    assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor, cls.out_dtype.itemsize)
 
 
 # ---- the route ---------------------------------------------------------------------------------------------------
@@ -159,12 +162,15 @@ def test_bad_setting_names_the_variable(monkeypatch):
 
 # ---- host-side arithmetic ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tile_n", [128, 256])
-def test_expected_info_fills_shared_memory_with_whole_stages(tile_n):
-    info = L.expected_info(tile_n)
+@pytest.mark.parametrize("out_bytes", [2, 4])
+def test_expected_info_fills_shared_memory_with_whole_stages(tile_n, out_bytes):
+    info = L.expected_info(tile_n, out_bytes=out_bytes)
     stage = (128 + tile_n) * 64 * 2
-    assert info.smem == 1024 + info.stages * stage + 16 * info.stages <= L.MAX_SMEM
-    assert info.stages == L.MAX_STAGES or 1024 + (info.stages + 1) * (stage + 16) > L.MAX_SMEM
+    epilogue = 2 * 2 * 64 * 128  # two staging buffers of 64 rows x 128 bytes a consumer warpgroup
+    assert info.smem == 1024 + info.stages * stage + epilogue + 16 * info.stages <= L.MAX_SMEM
+    assert info.stages == L.MAX_STAGES or 1024 + (info.stages + 1) * (stage + 16) + epilogue > L.MAX_SMEM
     assert info.stages >= 4 and info.threads == 384 and (info.tile_m, info.tile_n, info.tile_k) == (128, tile_n, 64)
+    assert info.store_cols * out_bytes == 128 and (info.tma_b, info.tma_d) == (128, 256)
 
 
 def test_operand_descriptor_arguments():
@@ -175,6 +181,12 @@ def test_operand_descriptor_arguments():
     # MN-major (a column-major A, a row-major B): rows inner, 64 x 64 boxes whatever the tile
     assert L.operand_tma(False, 4096, 1032, 4104, 256) == \
         TmaArgs(TMA_UINT16, (4096, 1032), (8208,), (64, 64), SWIZZLE_128B)
+
+
+def test_output_descriptor_arguments():
+    # D of 257 x 1032: N inner, boxes of 64 rows by 128 bytes (64 16-bit or 32 fp32 columns)
+    assert L.output_tma(257, 1032, 1032, 64) == TmaArgs(TMA_UINT16, (1032, 257), (2064,), (64, 64), SWIZZLE_128B)
+    assert L.output_tma(257, 1032, 1040, 32) == TmaArgs(TMA_FLOAT32, (1032, 257), (4160,), (32, 64), SWIZZLE_128B)
 
 
 class Recorder:
@@ -199,11 +211,12 @@ def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor):
     lda, ldb = (k if a_kmajor else m) + 8, k if b_kmajor else n
     problem = L.Problem(m, n, k, lda, ldb, n, 2, sms)
     params, got_grid = L.pack_params(info, problem, (0xA000, 0xB000, 0xD000, 0xE000), recorder)
-    assert len(params) == 320 and got_grid == (grid, 1, 1)
-    assert struct.unpack_from("<QQiiiiii", params, 256) == (0xD000, 0xE000, m, n, k, n, 2, group)
+    assert len(params) == 448 and got_grid == (grid, 1, 1)
+    assert struct.unpack_from("<Qiiiii", params, 384) == (0xE000, m, n, k, 2, group)
     assert recorder.calls == [(0, L.operand_tma(a_kmajor, m, k, lda, 128), 0xA000),
-                              (128, L.operand_tma(b_kmajor, n, k, ldb, tile_n), 0xB000)]
-    assert params[0:4] == b"LTMA" and params[128:132] == b"LTMA"
+                              (128, L.operand_tma(b_kmajor, n, k, ldb, tile_n), 0xB000),
+                              (256, L.output_tma(m, n, n, 64), 0xD000)]
+    assert params[0:4] == b"LTMA" and params[128:132] == b"LTMA" and params[256:260] == b"LTMA"
 
 
 def test_problems_the_kernel_cannot_take_are_rejected():
@@ -213,6 +226,10 @@ def test_problems_the_kernel_cannot_take_are_rejected():
         L.check_problem(64, 64, 64, 68, 64, 64, (0, 0, 0, 0))
     with pytest.raises(ValueError, match="16-byte aligned"):
         L.check_problem(64, 64, 64, 64, 64, 64, (2, 0, 0, 0))
+    with pytest.raises(ValueError, match="16-byte aligned"):  # D: the epilogue stores it by TMA
+        L.check_problem(64, 64, 64, 64, 64, 64, (0, 0, 8, 0))
+    with pytest.raises(ValueError, match="multiples of 8"):
+        L.check_problem(64, 64, 64, 64, 64, 68, (0, 0, 0, 0))
     with pytest.raises(ValueError, match="empty"):
         L.check_problem(0, 64, 64, 64, 64, 64, (0, 0, 0, 0))
 
@@ -224,7 +241,7 @@ class FakeDriver(FakeTmaDriver):
     def launch(self, function, grid, block, smem, stream, params_address):
         params = ctypes.cast(params_address, ctypes.POINTER(ctypes.c_void_p))[0]
         self.launches.append({"grid": grid, "block": block, "smem": smem, "stream": stream,
-                              "params": ctypes.string_at(params, 320)})
+                              "params": ctypes.string_at(params, 448)})
 
 
 class FakeFunction:
@@ -239,23 +256,25 @@ def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
     shape = (1000, 1000, 1008, 1008, 1008, 1000, 1, 132)
     host.run(0x10000, 0x20000, 0x30000, 0x40000, *shape, stream=7)
     host.run(0x50000, 0x60000, 0x70000, 0, *shape, stream=9)
-    assert len(driver.encode_into.calls) == 2 and driver.shared == [info.smem]
+    assert len(driver.encode_into.calls) == 3 and driver.shared == [info.smem]
     one, two = driver.launches
     assert one["block"] == 384 and one["smem"] == info.smem and one["grid"] == two["grid"] == (32, 1, 1)
     assert (one["stream"], two["stream"]) == (7, 9)
-    assert struct.unpack_from("<QQ", two["params"], 256) == (0x70000, 0)
-    changed = {i for i in range(320) if one["params"][i] != two["params"][i]}
+    assert struct.unpack_from("<Q", two["params"], 384)[0] == 0
+    changed = {i for i in range(448) if one["params"][i] != two["params"][i]}
     if address_field is None:
-        assert [address for _, address in driver.replaced] == [0x50000, 0x60000]
-        assert changed <= set(range(256, 272))
+        assert [address for _, address in driver.replaced] == [0x50000, 0x60000, 0x70000]
+        assert changed <= set(range(384, 392))
     else:
-        assert struct.unpack_from("<Q", two["params"], address_field)[0] == 0x50000
-        assert struct.unpack_from("<Q", two["params"], 128 + address_field)[0] == 0x60000
-        assert changed <= set(range(address_field, address_field + 8)) | \
-            set(range(128 + address_field, 136 + address_field)) | set(range(256, 272))
+        for descriptor, address in ((0, 0x50000), (128, 0x60000), (256, 0x70000)):
+            assert struct.unpack_from("<Q", two["params"], descriptor + address_field)[0] == address
+        assert changed <= {descriptor + address_field + i for descriptor in (0, 128, 256) for i in range(8)} | \
+            set(range(384, 392))
     host.run(0x10000, 0x20000, 0x30000, 0x40000, 2000, *shape[1:], stream=7)  # a new size: packed afresh
-    assert len(driver.encode_into.calls) == 4
-    assert struct.unpack_from("<i", driver.launches[-1]["params"], 272)[0] == 2000
+    assert len(driver.encode_into.calls) == 6
+    assert struct.unpack_from("<i", driver.launches[-1]["params"], 392)[0] == 2000
+    with pytest.raises(ValueError, match="16-byte aligned"):  # a new output address is checked too
+        host.run(0x10000, 0x20000, 0x30008, 0x40000, *shape, stream=7)
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------------------

@@ -11,10 +11,12 @@
 //     kStages shared-memory stages; a "full" mbarrier per stage counts the bytes in, an "empty" one the
 //     consumers' release;
 //   - warpgroups 0 and 1: the consumers, 64 rows of the tile each.  wgmma m64nNk16 from shared memory into fp32
-//     registers, one k-block's wgmmas kept in flight; then a plain register -> global epilogue (bias,
-//     activation, rounding) while the producer already loads the next tile.
+//     registers, one k-block's wgmmas kept in flight; then the epilogue (bias, activation, rounding) writes the
+//     accumulators into shared memory, 64 x 128 bytes at a time in two buffers a warpgroup, each stored by a TMA
+//     store that runs on while the warpgroup goes on to the next chunk and the next tile's mainloop (the producer
+//     is already loading it).
 // Tiles are visited in groups of `group_m` tile rows (the L2 reuse of a swizzled raster).  The host side is
-// Python's (jitops/light_gemm.py): the two TMA descriptors come from the driver's cuTensorMapEncodeTiled.
+// Python's (jitops/light_gemm.py): the three TMA descriptors come from the driver's cuTensorMapEncodeTiled.
 //
 // Configuration (-D macros):
 //   LIGHT_T       0: bf16, 1: fp16 (A, B and bias)
@@ -22,8 +24,8 @@
 //   LIGHT_TILE_N  128 or 256
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
-// Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A and B with
-// leading dimensions that are multiples of 8 elements; M, N, K below 2**31.
+// Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
+// leading dimensions that are multiples of 8 elements (D's: of 16 bytes); M, N, K below 2**31.
 #if LIGHT_T == 0
 #define LIGHT_AB "bf16"
 #else
@@ -48,11 +50,19 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr u32 kBytesA = kTileM * kTileK * 2;
 constexpr u32 kBytesB = kTileN * kTileK * 2;
 constexpr u32 kStageBytes = kBytesA + kBytesB;
-// H100's 227 KB of shared memory per block, less 1 KB of alignment slack and the barriers.
+// The epilogue's staging: a warpgroup's 64 rows by one 128-byte swizzle row of D (64 16-bit or 32 fp32 columns),
+// two such buffers a warpgroup so that one fills while the other's TMA store reads it.
+constexpr int kOutBytes = LIGHT_OUT == 1 ? 4 : 2;
+constexpr int kStoreCols = 128 / kOutBytes;
+constexpr int kStoreChunks = kTileN / kStoreCols;
+constexpr u32 kStoreBytes = 64 * 128;
+constexpr int kStoreBuffers = 2;
+constexpr u32 kEpilogueBytes = kConsumers * kStoreBuffers * kStoreBytes;
+// H100's 227 KB of shared memory per block, less the epilogue's buffers, 1 KB of alignment slack and the barriers.
 constexpr u32 kMaxSmem = 232448;
-constexpr int kStagesFit = (kMaxSmem - 2048) / kStageBytes;
+constexpr int kStagesFit = (kMaxSmem - 2048 - kEpilogueBytes) / kStageBytes;
 constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
-constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8;
 // Registers: 65536 over 384 threads; the producer gives back all it can (40), the consumers take 232 each
 // (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
 constexpr u32 kProducerRegisters = 40;
@@ -61,26 +71,27 @@ static_assert(kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 128 or 256");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
 
-// The kernel's one parameter.  jitops/light_gemm.py packs it at fixed offsets: A's descriptor at 0, B's at 128,
-// then d 256, bias 264, the ints from 272; every field is naturally aligned, so the sizes below fix the layout.
+// The kernel's one parameter.  jitops/light_gemm.py packs it at fixed offsets: the descriptors of A, B and D at 0,
+// 128 and 256, then bias 384, the ints from 392; every field is naturally aligned, so the sizes below fix the
+// layout.
 // (No offsetof: NVRTC 13.0 rejects __builtin_offsetof, and libcu++'s <cuda/std/cstddef> is the only include this
 // kernel would need.)
 struct alignas(64) Params {
     TmaDescriptor a;  // A: dims (K, M), box (64, 128); MN-major: dims (M, K), box (64, 64)
     TmaDescriptor b;  // B: dims (K, N), box (64, kTileN); MN-major: dims (N, K), box (64, 64)
-    void* d;
+    TmaDescriptor d;  // D: dims (N, M), box (kStoreCols, 64), stored
     const void* bias;  // null: no bias
     int m, n, k;
-    int ldd;
     int activation;  // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
     int group_m;     // tile rows per raster group, >= 1
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
-              sizeof(Params) == 320 && alignof(Params) == 64, "Params layout");
+              sizeof(Params) == 448 && alignof(Params) == 64, "Params layout");
 
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
-    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor), kAKMajor, kBKMajor};
+    kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -124,18 +135,18 @@ __device__ __forceinline__ float load_bias(const void* bias, int col) {
 #endif
 }
 
-// Two adjacent outputs (row, col) and (row, col + 1); col is even and N is a multiple of 8, so both are inside.
-__device__ __forceinline__ void store_pair(const Params& p, long long row, int col, float v0, float v1) {
-    const long long at = row * p.ldd + col;
+// Two adjacent outputs of a row into a staging buffer laid out as TMA's 128-byte swizzle has it: row r at r * 128
+// bytes, its 16-byte unit u at unit u ^ (r % 8).  A warp's stores then hit 8 different units of 8 rows (no bank
+// conflict), where a plain row-major buffer would put all 8 rows on the same 4 banks.
+__device__ __forceinline__ void stage_pair(u32 buffer, int row, int col, float v0, float v1) {
+    const u32 byte = col * kOutBytes;
+    const u32 at = buffer + row * 128 + (((byte / 16) ^ (row % 8)) * 16) + byte % 16;
 #if LIGHT_OUT == 1
-    float2 pair;
-    pair.x = v0;
-    pair.y = v1;
-    *reinterpret_cast<float2*>(static_cast<float*>(p.d) + at) = pair;
+    st_shared_f32x2(at, v0, v1);
 #else
     u32 packed;  // cvt's first source goes to the upper half
     asm("cvt.rn." LIGHT_AB "x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v1), "f"(v0));
-    *reinterpret_cast<u32*>(static_cast<unsigned short*>(p.d) + at) = packed;
+    st_shared_u32(at, packed);
 #endif
 }
 
@@ -177,7 +188,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     const u32 base = (raw + 1023) & ~1023u;
     const u32 smem_a = base;
     const u32 smem_b = base + kStages * kBytesA;
-    const u32 full = base + kStages * kStageBytes;
+    const u32 epilogue = base + kStages * kStageBytes;
+    const u32 full = epilogue + kEpilogueBytes;
     const u32 empty = full + kStages * 8;
 
     const int warp = threadIdx.x / 32;
@@ -194,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     if (threadIdx.x == 128 * kConsumers) {
         tma_prefetch_descriptor(&p.a);
         tma_prefetch_descriptor(&p.b);
+        tma_prefetch_descriptor(&p.d);
     }
     __syncthreads();
 
@@ -226,6 +239,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     }
 
     registers_increase<kConsumerRegisters>();
+    const bool store_leader = threadIdx.x % 128 == 0;  // issues and waits for the warpgroup's TMA stores
+    u32 stores = 0;
     int stage = 0;
     u32 phase = 0;
     // This warpgroup's 64 rows of every A stage: 64 rows of 128 bytes (K-major), or the second 64 x 64 box
@@ -264,33 +279,48 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         fence_accumulators(acc);
         if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
 
-        // Epilogue: registers straight to global memory, two adjacent columns a store.
-        const int row0 = m_block * kTileM + warpgroup * 64 + (warp % 4) * 16 + lane / 4;
-        const int col0 = n_block * kTileN + 2 * (lane % 4);
+        // Epilogue: 64 x kStoreCols chunks of this warpgroup's rows through shared memory, one TMA store each.
+        // A buffer is refilled only once the store issued from it two chunks ago has read it; the buffers are used
+        // in turn over the whole kernel (a tile at N's edge stores fewer chunks).
+        const int store_row0 = m_block * kTileM + warpgroup * 64;
+        if (store_row0 >= p.m) continue;  // the whole warpgroup's rows are past M (uniform in the warpgroup)
+        const int row = (warp % 4) * 16 + lane / 4;  // and row + 8
+        const u32 buffers = epilogue + warpgroup * kStoreBuffers * kStoreBytes;
 #pragma unroll
-        for (int c = 0; c < kTileN / 8; ++c) {
-            const int col = col0 + 8 * c;
-            if (col >= p.n) continue;
+        for (int j = 0; j < kStoreChunks; ++j) {
+            const int chunk_col0 = n_block * kTileN + j * kStoreCols;
+            if (chunk_col0 >= p.n) break;  // uniform too
+            const u32 buffer = buffers + (stores++ % kStoreBuffers) * kStoreBytes;
+            if (store_leader) bulk_wait_group_read<kStoreBuffers - 1>();
+            named_barrier_sync(1 + warpgroup, 128);
+#pragma unroll
+            for (int cc = 0; cc < kStoreCols / 8; ++cc) {
+                const int c = j * (kStoreCols / 8) + cc;
+                const int col = 8 * cc + 2 * (lane % 4);
 #if LIGHT_FUSED
-            float b0 = 0.f, b1 = 0.f;
-            if (p.bias != nullptr) {
-                b0 = load_bias(p.bias, col);
-                b1 = load_bias(p.bias, col + 1);
-            }
-            if (row0 < p.m) {
-                store_pair(p, row0, col, activate(acc[4 * c] + b0, p.activation),
+                float b0 = 0.f, b1 = 0.f;
+                if (p.bias != nullptr && chunk_col0 + col < p.n) {
+                    b0 = load_bias(p.bias, chunk_col0 + col);
+                    b1 = load_bias(p.bias, chunk_col0 + col + 1);
+                }
+                stage_pair(buffer, row, col, activate(acc[4 * c] + b0, p.activation),
                            activate(acc[4 * c + 1] + b1, p.activation));
-            }
-            if (row0 + 8 < p.m) {
-                store_pair(p, row0 + 8, col, activate(acc[4 * c + 2] + b0, p.activation),
+                stage_pair(buffer, row + 8, col, activate(acc[4 * c + 2] + b0, p.activation),
                            activate(acc[4 * c + 3] + b1, p.activation));
-            }
 #else
-            if (row0 < p.m) store_pair(p, row0, col, acc[4 * c], acc[4 * c + 1]);
-            if (row0 + 8 < p.m) store_pair(p, row0 + 8, col, acc[4 * c + 2], acc[4 * c + 3]);
+                stage_pair(buffer, row, col, acc[4 * c], acc[4 * c + 1]);
+                stage_pair(buffer, row + 8, col, acc[4 * c + 2], acc[4 * c + 3]);
 #endif
+            }
+            fence_proxy_async_shared();
+            named_barrier_sync(1 + warpgroup, 128);
+            if (store_leader) {
+                tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
+                bulk_commit_group();
+            }
         }
     }
+    if (store_leader) bulk_wait_all();  // shared memory must outlive the stores' reads
 }
 
 }  // namespace jitops_light

@@ -68,6 +68,43 @@ __device__ __forceinline__ void tma_load_2d(const TmaDescriptor* desc, u32 dst, 
         :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
 
+// A 2-D box of shared memory to global memory at (c0 inner, c1 outer), in the thread's bulk async-group.
+// Out-of-bounds elements are not written: a partial tile needs no guard.
+__device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Wait until at most kPending of this thread's bulk groups still read their shared memory (the writes to global
+// may still be on their way).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(kPending) : "memory");
+}
+
+// Wait until this thread's bulk groups are complete.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Makes this thread's generic-proxy writes to shared memory visible to the async proxy (a TMA store after them).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// A barrier over `kThreads` threads (whole warps) under id `id` (0 is __syncthreads'): one warpgroup's.
+__device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(u32 address, u32 value) {
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(address), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_f32x2(u32 address, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(address), "f"(x), "f"(y) : "memory");
+}
+
 // ---- register reconfiguration (warpgroup-wide) ------------------------------------------------------------------
 template <u32 kRegisters>
 __device__ __forceinline__ void registers_decrease() {
