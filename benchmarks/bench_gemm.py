@@ -219,7 +219,7 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
 def light(bench) -> None:
     """The light sm_90a kernel (JITOPS_GEMM_SM90_KERNEL=light) against jitops.gemm's CUTLASS kernel and against
     torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major), the six shapes
-    in both dtypes.  The light kernel is loaded and launched directly, so one process times both kernels of the
+    in both dtypes, and against CUTLASS's fused bias + gelu on the fused rows' shapes.  The light kernel is loaded and launched directly, so one process times both kernels of the
     same class."""
     from jitops import light_gemm
     from jitops.launch import current_stream, sm_count
@@ -252,6 +252,23 @@ def light(bench) -> None:
             bench.compare(op="gemm light vs torch", shape=shape, dtype=name, ours=call,
                           baseline=lambda x=x, b=b: torch.matmul(x, b), baseline_name="torch.matmul", flops=flops,
                           timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+        for m, n, k in FUSED_SHAPES:  # bias + gelu in the epilogue, x @ w.t()
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+            bias = torch.randn(n, device="cuda", dtype=dtype)
+            cls = G.shape_class(x, b, bias, "gelu", None)
+            kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
+            out = torch.empty(m, n, device="cuda", dtype=dtype)
+
+            def fused(x=x, b=b, bias=bias, out=out, kernel=kernel, m=m, n=n, k=k):
+                light_gemm.run(kernel, x, b, out, bias, m, n, k, k, k, 2, sm_count(0), current_stream(0))
+                return out
+
+            check_close(fused(), jitops.gemm(x, b, bias=bias, activation="gelu"), f"light fused {m}x{n}x{k} {name}")
+            bench.compare(op="gemm+bias+gelu light vs CUTLASS", shape=f"{m}x{n}x{k}", dtype=name, ours=fused,
+                          baseline=lambda x=x, b=b, bias=bias: jitops.gemm(x, b, bias=bias, activation="gelu"),
+                          baseline_name="jitops.gemm (CUTLASS)", flops=2 * m * n * k, timing="auto",
+                          graph_below_ms=GRAPH_BELOW_MS, tile=f"128x{light_gemm.tile_n_for(cls.bucket)}x64")
 
 
 def float32(bench) -> list[float]:

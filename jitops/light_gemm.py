@@ -53,7 +53,7 @@ STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgro
 EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
-               "store_cols", "a_kmajor", "b_kmajor")
+               "store_cols", "a_kmajor", "b_kmajor", "pingpong")
 
 
 class LightInfo(NamedTuple):
@@ -69,6 +69,7 @@ class LightInfo(NamedTuple):
     store_cols: int
     a_kmajor: int
     b_kmajor: int
+    pingpong: int
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
@@ -76,21 +77,28 @@ class LightInfo(NamedTuple):
                                           "kernels/gemm/sm90_light_gemm.cu"))
 
 
-def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2) -> LightInfo:
+def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2,
+                  pingpong: bool = False) -> LightInfo:
     """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
     stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
     period, plus two mbarriers a stage."""
     stage = (TILE_M + tile_n) * TILE_K * 2
     stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
     return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages,
-                     PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor), int(b_kmajor))
+                     PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor), int(b_kmajor), int(pingpong))
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
 def tile_n_for(bucket: str) -> int:
-    """128 x 256 tiles for the buckets where CUTLASS's kernel uses them, 128 x 128 elsewhere.  (Speed not yet
-    measured on a GPU: the choice follows the CUTLASS configurations, not a sweep.)"""
+    """128 x 256 tiles for the buckets where CUTLASS's kernel uses them, 128 x 128 elsewhere."""
     return 256 if bucket == "large" else 128
+
+
+def pingpong_for(bucket: str) -> bool:
+    """The consumers take whole tiles in turn where CUTLASS's kernel does so with 128-row tiles: many tiles with
+    a short K (8192x8192x1024 ran x0.86-0.88 of CUTLASS's pingpong kernel with both consumers on each 128 x 128
+    tile, whose epilogue then stalls the tensor cores; lent H100, bench_gemm.py --light)."""
+    return bucket == "large_short_k"
 
 
 def unsupported(cls: Any) -> str | None:
@@ -110,7 +118,7 @@ def request(cls: Any) -> BuildRequest:
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=OUT_TYPES[cls.out_dtype], LIGHT_TILE_N=tile_n_for(cls.bucket),
                            LIGHT_FUSED=int(cls.fused), LIGHT_A_KMAJOR=int(cls.a_kmajor),
-                           LIGHT_B_KMAJOR=int(cls.b_kmajor))
+                           LIGHT_B_KMAJOR=int(cls.b_kmajor), LIGHT_PINGPONG=int(pingpong_for(cls.bucket)))
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
@@ -314,5 +322,5 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         activation, sm_count, stream)
 
 
-__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "expected_info", "operand_tma", "pack_params", "request",
-           "tile_n_for", "unsupported"]
+__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "expected_info", "operand_tma", "output_tma", "pack_params",
+           "pingpong_for", "request", "tile_n_for", "unsupported"]

@@ -60,19 +60,24 @@ def compile_with_ptx(request) -> tuple[bytes, str, str]:
         binding.destroyProgram(program)
 
 
-BUILDS = [  # (inputs, output, tile N, fused, A K-major, B K-major)
-    (BF16, BF16, 256, False, True, True), (BF16, FP32, 256, True, True, True), (FP16, FP16, 128, True, True, True),
-    (FP16, FP32, 128, False, True, True), (BF16, BF16, 256, False, True, False), (BF16, BF16, 128, True, False, True),
-    (FP16, FP16, 256, False, False, False)]
+BUILDS = [  # (inputs, output, tile N, fused, A K-major, B K-major, pingpong)
+    (BF16, BF16, 256, False, True, True, False), (BF16, FP32, 256, True, True, True, False),
+    (FP16, FP16, 128, True, True, True, False), (FP16, FP32, 128, False, True, True, False),
+    (BF16, BF16, 256, False, True, False, False), (BF16, BF16, 128, True, False, True, False),
+    (FP16, FP16, 256, False, False, False, False), (BF16, BF16, 128, False, True, True, True),
+    (BF16, BF16, 128, True, True, False, True), (FP16, FP32, 128, True, False, False, True)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,tile_n,fused,a_kmajor,b_kmajor", BUILDS,
+@pytest.mark.parametrize("dtype,out_dtype,tile_n,fused,a_kmajor,b_kmajor,pingpong", BUILDS,
                          ids=[f"{d}-{o}-n{t}-{'fused' if f else 'plain'}-{'T' if ak else 'N'}{'T' if bk else 'N'}"
-                              .replace("torch.", "") for d, o, t, f, ak, bk in BUILDS])
-def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, tile_n, fused, a_kmajor, b_kmajor):
+                              f"{'-pingpong' if pp else ''}".replace("torch.", "")
+                              for d, o, t, f, ak, bk, pp in BUILDS])
+def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, tile_n, fused, a_kmajor, b_kmajor,
+                                                            pingpong):
     request = L.LIGHT_GEMM.bind(
         "bf16", LIGHT_T=L.IN_TYPES[dtype], LIGHT_OUT=L.OUT_TYPES[out_dtype], LIGHT_TILE_N=tile_n,
-        LIGHT_FUSED=int(fused), LIGHT_A_KMAJOR=int(a_kmajor), LIGHT_B_KMAJOR=int(b_kmajor))
+        LIGHT_FUSED=int(fused), LIGHT_A_KMAJOR=int(a_kmajor), LIGHT_B_KMAJOR=int(b_kmajor),
+        LIGHT_PINGPONG=int(pingpong))
     cubin, ptx, log = compile_with_ptx(request)
     ab = "bf16" if dtype == BF16 else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
@@ -89,7 +94,7 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     assert "C7510" not in log and "serialized" not in log, log
     registers = int(re.search(r"Used (\d+) registers", log).group(1))
     assert registers <= 65536 // L.THREADS
-    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n, a_kmajor, b_kmajor, out_dtype.itemsize)
+    assert L.LightInfo.from_cubin(cubin) == L.expected_info(tile_n, a_kmajor, b_kmajor, out_dtype.itemsize, pingpong)
     # the epilogue: one TMA store a 128-byte column chunk of a warpgroup's rows, through swizzled shared memory
     assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx and "st.global" not in ptx
     assert elf_symbol(cubin, "jitops_sm90_light_gemm")  # the entry, unmangled: extern "C"
@@ -108,7 +113,8 @@ def test_the_route_builds_it_through_the_runtime(fresh_cache):
     entry = jitops.runtime.find_entry(key, any_toolchain=False)
     assert entry.meta["lowered_name"] == "jitops_sm90_light_gemm"
     info = L.LightInfo.from_cubin(entry.file("kernel.cubin").read_bytes())
-    assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor, cls.out_dtype.itemsize)
+    assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor, cls.out_dtype.itemsize,
+                                   L.pingpong_for(cls.bucket))
 
 
 # ---- the route ---------------------------------------------------------------------------------------------------
@@ -123,7 +129,8 @@ def test_default_route_is_cutlass_with_unchanged_requests():
 @pytest.mark.parametrize("m,k,n,dtype,out_dtype,fused,tile_n,a_kmajor,b_kmajor", [
     (4096, 4096, 4096, BF16, None, False, 256, True, True), (257, 1032, 4096, BF16, FP32, True, 128, True, True),
     (1000, 1000, 1000, FP16, None, True, 128, True, False), (1, 4096, 4096, BF16, None, False, 128, True, True),
-    (4096, 4096, 4096, BF16, None, True, 256, False, False), (512, 4096, 1024, BF16, None, False, 128, False, True)])
+    (4096, 4096, 4096, BF16, None, True, 256, False, False), (512, 4096, 1024, BF16, None, False, 128, False, True),
+    (8192, 1024, 4096, BF16, None, True, 128, True, True)])
 def test_light_route_for_every_layout(m, k, n, dtype, out_dtype, fused, tile_n, a_kmajor, b_kmajor):
     cls = gemm_class(m, k, n, dtype, out_dtype, bias=fused, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
     assert (cls.a_kmajor, cls.b_kmajor) == (a_kmajor, b_kmajor)
@@ -132,7 +139,8 @@ def test_light_route_for_every_layout(m, k, n, dtype, out_dtype, fused, tile_n, 
     assert name == "sm90_light" and request.kernel == "gemm_sm90_light"
     assert dict(request.defines) == {"LIGHT_T": str(L.IN_TYPES[dtype]), "LIGHT_OUT": str(int(out_dtype == FP32)),
                                      "LIGHT_TILE_N": str(tile_n), "LIGHT_FUSED": str(int(fused)),
-                                     "LIGHT_A_KMAJOR": str(int(a_kmajor)), "LIGHT_B_KMAJOR": str(int(b_kmajor))}
+                                     "LIGHT_A_KMAJOR": str(int(a_kmajor)), "LIGHT_B_KMAJOR": str(int(b_kmajor)),
+                                     "LIGHT_PINGPONG": str(int(cls.bucket == "large_short_k"))}
 
 
 @pytest.mark.parametrize("case", ["N not a multiple of 8", "K not a multiple of 8", "M of a column-major a"])
@@ -278,9 +286,11 @@ def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------------------
-# (M, K, N): the benchmark's and the issue's shapes, awkward M, N and K that are not multiples of the tile.
+# (M, K, N): the benchmark's and the issue's shapes, awkward M, N and K that are not multiples of the tile;
+# (4100, 1000, 4104) and (8192, 512, 4096) are many tiles with a short K (the pingpong kernel).
 GPU_SHAPES = [(128, 128, 128), (1000, 1000, 1000), (4096, 4096, 4096), (257, 1032, 4096), (257, 4096, 1032),
-              (1, 4096, 4096), (7, 256, 512), (4097, 256, 512), (8192, 512, 4096), (300, 72, 136)]
+              (1, 4096, 4096), (7, 256, 512), (4097, 256, 512), (8192, 512, 4096), (300, 72, 136),
+              (4100, 1000, 4104)]
 TOLERANCES = {BF16: (1.6e-2, 1.6e-2), FP16: (2e-3, 2e-3)}
 
 
@@ -331,6 +341,8 @@ def test_light_kernel_matches_fp32_matmul(m, k, n, dtype):
 def test_light_kernel_fused_epilogue(activation, out_dtype):
     _needs_sm90()
     m, k, n = 1000, 1032, 4096
+    if out_dtype is None:  # and the pingpong kernel's epilogue: many tiles, a short K
+        m, k, n = 4100, 1000, 4104
     g = torch.Generator().manual_seed(5)
     a = torch.randn(m, k, generator=g).to("cuda", BF16)
     w = (torch.randn(n, k, generator=g) / 32).to("cuda", BF16)
@@ -362,8 +374,8 @@ def test_light_kernel_reads_padded_rows_and_new_buffers():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (True, True)], ids=["NN", "TN", "TT"])
-@pytest.mark.parametrize("m,k,n", [(1000, 1000, 1000), (257, 1032, 4096), (4096, 4096, 4096), (7, 256, 512)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("m,k,n", [(1000, 1000, 1000), (257, 1032, 4096), (4096, 4096, 4096), (7, 256, 512),
+                                   (4100, 1000, 4104)], ids=lambda v: str(v))
 def test_light_kernel_mn_major_operands(m, k, n, a_t, b_t):
     """a column-major (a_t: the view of a (K, M) matrix) and/or b row-major (not b_t): MN-major tiles, the
     transposed wgmma; the backward's GEMMs take these layouts."""

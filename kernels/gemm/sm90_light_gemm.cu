@@ -10,7 +10,9 @@
 //   - warpgroup 2, one thread: the producer.  TMA loads A's and B's tiles (128-byte swizzle) into a ring of
 //     kStages shared-memory stages; a "full" mbarrier per stage counts the bytes in, an "empty" one the
 //     consumers' release;
-//   - warpgroups 0 and 1: the consumers, 64 rows of the tile each.  wgmma m64nNk16 from shared memory into fp32
+//   - warpgroups 0 and 1: the consumers, 64 rows of the tile each (LIGHT_PINGPONG 0, "cooperative"), or whole
+//     128 x 128 tiles in turn (LIGHT_PINGPONG 1: one warpgroup's epilogue runs beside the other's mainloop, which
+//     pays where K is short).  wgmma m64nNk16 from shared memory into fp32
 //     registers, one k-block's wgmmas kept in flight; then the epilogue (bias, activation, rounding) writes the
 //     accumulators into shared memory, 64 x 128 bytes at a time in two buffers a warpgroup, each stored by a TMA
 //     store that runs on while the warpgroup goes on to the next chunk and the next tile's mainloop (the producer
@@ -22,6 +24,7 @@
 //   LIGHT_T       0: bf16, 1: fp16 (A, B and bias)
 //   LIGHT_OUT     0: D has the inputs' type, 1: fp32
 //   LIGHT_TILE_N  128 or 256
+//   LIGHT_PINGPONG  0: both consumers on each tile;  1: the consumers take tiles in turn (LIGHT_TILE_N 128)
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
@@ -46,6 +49,11 @@ constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
 constexpr bool kAKMajor = LIGHT_A_KMAJOR;
 constexpr bool kBKMajor = LIGHT_B_KMAJOR;
 constexpr int kConsumers = 2;
+constexpr bool kPingpong = LIGHT_PINGPONG;
+constexpr int kWarpgroupRows = kPingpong ? kTileM : kTileM / kConsumers;  // a consumer's rows of its tiles
+constexpr int kMmaBlocks = kWarpgroupRows / 64;                           // m64 wgmmas a k16 step
+constexpr int kAccumulators = kMmaBlocks * kTileN / 2;                    // fp32 registers a thread
+constexpr int kStageReaders = kPingpong ? 1 : kConsumers;                 // consumers that read each stage
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr u32 kBytesA = kTileM * kTileK * 2;
 constexpr u32 kBytesB = kTileN * kTileK * 2;
@@ -68,6 +76,7 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 128 or 256");
+static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
 
@@ -91,7 +100,7 @@ static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && si
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
     kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
-    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor};
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -199,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(full + 8 * s, 1);                   // the producer's arrive + TMA bytes
-            mbarrier_init(empty + 8 * s, kConsumers * 4);     // one arrival per consumer warp
+            mbarrier_init(empty + 8 * s, kStageReaders * 4);  // one arrival per reading consumer warp
         }
         fence_barrier_init();
     }
@@ -241,29 +250,38 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     registers_increase<kConsumerRegisters>();
     const bool store_leader = threadIdx.x % 128 == 0;  // issues and waits for the warpgroup's TMA stores
     u32 stores = 0;
-    int stage = 0;
-    u32 phase = 0;
-    // This warpgroup's 64 rows of every A stage: 64 rows of 128 bytes (K-major), or the second 64 x 64 box
-    // (MN-major); 8 KB on either way.
-    const u32 a_rows = smem_a + warpgroup * 8192;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    // Cooperative: every tile of the CTA, this warpgroup's 64 rows of each A stage (64 rows of 128 bytes,
+    // K-major, or the second 64 x 64 box, MN-major: 8 KB on either way).  Pingpong: every other tile, all 128
+    // rows.  The ring position of a tile's first k-block follows from its place in the CTA's sequence (the
+    // producer loads every tile's k-blocks in turn).
+    const int first = kPingpong ? warpgroup : 0;
+    const int stride = kPingpong ? kConsumers : 1;
+    for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < tiles;
+         local += stride, tile += stride * gridDim.x) {
         int m_block, n_block;
         tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
-        float acc[kTileN / 2];
+        const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
+        int stage = static_cast<int>(position % kStages);
+        u32 phase = static_cast<u32>(position / kStages) & 1;
+        float acc[kAccumulators];
 #pragma unroll
-        for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.f;
+        for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
 
         int previous = -1;
         for (int kb = 0; kb < k_blocks; ++kb) {
             mbarrier_wait(full + 8 * stage, phase);
-            const u64 desc_a = tile_descriptor<kAKMajor>(a_rows + stage * kBytesA);
             const u64 desc_b = tile_descriptor<kBKMajor>(smem_b + stage * kBytesB);
             fence_accumulators(acc);
             wgmma_fence();
 #pragma unroll
             for (int step = 0; step < kTileK / 16; ++step) {
-                wgmma_tile<kTileN>(acc, desc_a + kStepUnits<kAKMajor> * step,
-                                   desc_b + kStepUnits<kBKMajor> * step, 1);
+#pragma unroll
+                for (int h = 0; h < kMmaBlocks; ++h) {
+                    const u32 rows = smem_a + stage * kBytesA + (kPingpong ? h : warpgroup) * 8192;
+                    wgmma_tile<kTileN>(*reinterpret_cast<float(*)[kTileN / 2]>(&acc[h * kTileN / 2]),
+                                       tile_descriptor<kAKMajor>(rows) + kStepUnits<kAKMajor> * step,
+                                       desc_b + kStepUnits<kBKMajor> * step, 1);
+                }
             }
             wgmma_commit();
             fence_accumulators(acc);
@@ -282,41 +300,45 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         // Epilogue: 64 x kStoreCols chunks of this warpgroup's rows through shared memory, one TMA store each.
         // A buffer is refilled only once the store issued from it two chunks ago has read it; the buffers are used
         // in turn over the whole kernel (a tile at N's edge stores fewer chunks).
-        const int store_row0 = m_block * kTileM + warpgroup * 64;
-        if (store_row0 >= p.m) continue;  // the whole warpgroup's rows are past M (uniform in the warpgroup)
-        const int row = (warp % 4) * 16 + lane / 4;  // and row + 8
+        const int row = (warp % 4) * 16 + lane / 4;  // and row + 8, in each 64-row block
         const u32 buffers = epilogue + warpgroup * kStoreBuffers * kStoreBytes;
 #pragma unroll
-        for (int j = 0; j < kStoreChunks; ++j) {
-            const int chunk_col0 = n_block * kTileN + j * kStoreCols;
-            if (chunk_col0 >= p.n) break;  // uniform too
-            const u32 buffer = buffers + (stores++ % kStoreBuffers) * kStoreBytes;
-            if (store_leader) bulk_wait_group_read<kStoreBuffers - 1>();
-            named_barrier_sync(1 + warpgroup, 128);
+        for (int h = 0; h < kMmaBlocks; ++h) {
+            const int store_row0 = m_block * kTileM + (kPingpong ? h : warpgroup) * 64;
+            if (store_row0 >= p.m) break;  // the block's rows are all past M (uniform in the warpgroup)
+            const float* block = &acc[h * kTileN / 2];
 #pragma unroll
-            for (int cc = 0; cc < kStoreCols / 8; ++cc) {
-                const int c = j * (kStoreCols / 8) + cc;
-                const int col = 8 * cc + 2 * (lane % 4);
+            for (int j = 0; j < kStoreChunks; ++j) {
+                const int chunk_col0 = n_block * kTileN + j * kStoreCols;
+                if (chunk_col0 >= p.n) break;  // uniform too
+                const u32 buffer = buffers + (stores++ % kStoreBuffers) * kStoreBytes;
+                if (store_leader) bulk_wait_group_read<kStoreBuffers - 1>();
+                named_barrier_sync(1 + warpgroup, 128);
+#pragma unroll
+                for (int cc = 0; cc < kStoreCols / 8; ++cc) {
+                    const int c = j * (kStoreCols / 8) + cc;
+                    const int col = 8 * cc + 2 * (lane % 4);
 #if LIGHT_FUSED
-                float b0 = 0.f, b1 = 0.f;
-                if (p.bias != nullptr && chunk_col0 + col < p.n) {
-                    b0 = load_bias(p.bias, chunk_col0 + col);
-                    b1 = load_bias(p.bias, chunk_col0 + col + 1);
-                }
-                stage_pair(buffer, row, col, activate(acc[4 * c] + b0, p.activation),
-                           activate(acc[4 * c + 1] + b1, p.activation));
-                stage_pair(buffer, row + 8, col, activate(acc[4 * c + 2] + b0, p.activation),
-                           activate(acc[4 * c + 3] + b1, p.activation));
+                    float b0 = 0.f, b1 = 0.f;
+                    if (p.bias != nullptr && chunk_col0 + col < p.n) {
+                        b0 = load_bias(p.bias, chunk_col0 + col);
+                        b1 = load_bias(p.bias, chunk_col0 + col + 1);
+                    }
+                    stage_pair(buffer, row, col, activate(block[4 * c] + b0, p.activation),
+                               activate(block[4 * c + 1] + b1, p.activation));
+                    stage_pair(buffer, row + 8, col, activate(block[4 * c + 2] + b0, p.activation),
+                               activate(block[4 * c + 3] + b1, p.activation));
 #else
-                stage_pair(buffer, row, col, acc[4 * c], acc[4 * c + 1]);
-                stage_pair(buffer, row + 8, col, acc[4 * c + 2], acc[4 * c + 3]);
+                    stage_pair(buffer, row, col, block[4 * c], block[4 * c + 1]);
+                    stage_pair(buffer, row + 8, col, block[4 * c + 2], block[4 * c + 3]);
 #endif
-            }
-            fence_proxy_async_shared();
-            named_barrier_sync(1 + warpgroup, 128);
-            if (store_leader) {
-                tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
-                bulk_commit_group();
+                }
+                fence_proxy_async_shared();
+                named_barrier_sync(1 + warpgroup, 128);
+                if (store_leader) {
+                    tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
+                    bulk_commit_group();
+                }
             }
         }
     }
