@@ -81,10 +81,10 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
                   pingpong: bool = False) -> LightInfo:
     """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
     stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
-    period, plus two mbarriers a stage."""
+    period, plus two mbarriers a stage and the pingpong consumers' two."""
     stage = (TILE_M + tile_n) * TILE_K * 2
     stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
-    return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages, THREADS, TILE_M, tile_n, TILE_K, stages,
+    return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
                      PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor), int(b_kmajor), int(pingpong))
 
 

@@ -70,7 +70,8 @@ constexpr u32 kEpilogueBytes = kConsumers * kStoreBuffers * kStoreBytes;
 constexpr u32 kMaxSmem = 232448;
 constexpr int kStagesFit = (kMaxSmem - 2048 - kEpilogueBytes) / kStageBytes;
 constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
-constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8;
+// Barriers: full and empty a stage, and the pingpong consumers' two turn barriers.
+constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8 + 16;
 // Registers: 65536 over 384 threads; the producer gives back all it can (40), the consumers take 232 each
 // (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
 constexpr u32 kProducerRegisters = 40;
@@ -200,6 +201,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     const u32 epilogue = base + kStages * kStageBytes;
     const u32 full = epilogue + kEpilogueBytes;
     const u32 empty = full + kStages * 8;
+    const u32 turn = empty + kStages * 8;  // pingpong: turn + 8 w is consumer w's go-ahead for its next mainloop
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -210,6 +212,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
             mbarrier_init(full + 8 * s, 1);                   // the producer's arrive + TMA bytes
             mbarrier_init(empty + 8 * s, kStageReaders * 4);  // one arrival per reading consumer warp
         }
+        mbarrier_init(turn, 1);
+        mbarrier_init(turn + 8, 1);
         fence_barrier_init();
     }
     if (threadIdx.x == 128 * kConsumers) {
@@ -254,10 +258,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     // K-major, or the second 64 x 64 box, MN-major: 8 KB on either way).  Pingpong: every other tile, all 128
     // rows.  The ring position of a tile's first k-block follows from its place in the CTA's sequence (the
     // producer loads every tile's k-blocks in turn).
+    //   Pingpong consumers also take turns at their mainloops: consumer 0 runs tile 0's, then consumer 1 tile 1's,
+    // and so on, each waiting for the other's go-ahead.  A full barrier's parity wait only tells its current phase
+    // from the one before, so a consumer must not wait on a stage more than one lap of the ring ahead of where
+    // the loads are; without the turns, consumer 1 waited on tile 1's stages while tile 0's still filled them,
+    // took tile 0's data and hung the kernel.
     const int first = kPingpong ? warpgroup : 0;
     const int stride = kPingpong ? kConsumers : 1;
     for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < tiles;
          local += stride, tile += stride * gridDim.x) {
+        if constexpr (kPingpong) {
+            if (local > 0) mbarrier_wait(turn + 8 * warpgroup, ((local - 1) / 2) & 1);  // the other's mainloop
+        }
         int m_block, n_block;
         tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
         const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
@@ -292,6 +304,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 stage = 0;
                 phase ^= 1;
             }
+        }
+        if constexpr (kPingpong) {
+            if (store_leader) mbarrier_arrive(turn + 8 * (1 - warpgroup));  // every stage of the tile is in
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
