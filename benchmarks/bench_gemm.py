@@ -217,15 +217,18 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
 
 
 def light(bench) -> None:
-    """The light sm_90a kernel (JITOPS_GEMM_SM90_KERNEL=light) against jitops.gemm's CUTLASS kernel and against
-    torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major), the six shapes
-    in both dtypes, and against CUTLASS's fused bias + gelu on the fused rows' shapes.  The light kernel is loaded and launched directly, so one process times both kernels of the
-    same class."""
+    """The light sm_90a kernel (jitops.gemm's default) against CUTLASS's kernel (JITOPS_GEMM_SM90_KERNEL=cutlass)
+    and against torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major),
+    the six shapes in both dtypes, and against CUTLASS's fused bias + gelu on the fused rows' shapes.  The light
+    kernel is loaded and launched directly, so one process times both kernels of the same class."""
+    with jitops.config.scope(gemm_sm90_kernel="cutlass"):  # jitops.gemm: the baseline
+        _light_against_cutlass(bench)
+
+
+def _light_against_cutlass(bench) -> None:
     from jitops import light_gemm
     from jitops.launch import current_stream, sm_count
 
-    if jitops.config.gemm_sm90_kernel != "cutlass":
-        raise SystemExit("bench_gemm --light: unset JITOPS_GEMM_SM90_KERNEL; the baseline is CUTLASS's kernel")
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name, dtype in DTYPES.items():
         for (m, n, k), layout in itertools.product(SHAPES, ("x @ w.t()", "x @ w")):

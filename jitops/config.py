@@ -81,8 +81,8 @@ COMPILE_MODES = ("blocking", "background")
 def _parse_gemm_sm90_kernel(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value not in GEMM_SM90_KERNELS:
-        raise ConfigError(f"{name}={raw!r}: use 'cutlass' (CUTLASS's kernel, the default) or 'light' (the raw-PTX "
-                          "kernel that compiles in seconds; not yet verified on a GPU)")
+        raise ConfigError(f"{name}={raw!r}: use 'light' (the raw-PTX kernel that compiles in about a second, the "
+                          "default) or 'cutlass' (CUTLASS's GemmUniversal, about 35-50 s to compile)")
     return value
 
 
@@ -283,10 +283,10 @@ class Config:
         "background: it runs torch's own implementation at once while the kernels compile in a worker pool, and "
         "later calls switch to them (notebooks).  Never applies with JITOPS_OFFLINE=1.")
     gemm_sm90_kernel: Setting[str] = Setting(
-        "JITOPS_GEMM_SM90_KERNEL", _parse_gemm_sm90_kernel, lambda: "cutlass",
-        "jitops.gemm's sm_90a kernel: cutlass (default) or light (kernels/gemm/sm90_light_gemm.cu, raw PTX, about "
-        "1-4 s to compile instead of about 50 s; every layout, 16-byte aligned classes only, others keep CUTLASS's; "
-        "unverified on a GPU).  Read when a shape class's kernels are first built in a process.")
+        "JITOPS_GEMM_SM90_KERNEL", _parse_gemm_sm90_kernel, lambda: "light",
+        "jitops.gemm's sm_90a kernel: light (default: kernels/gemm/sm90_light_gemm.cu, raw PTX, about 1 s to "
+        "compile, level with CUTLASS's kernel on bench_gemm's shapes) or cutlass (CUTLASS's GemmUniversal, 35-50 s "
+        "to compile).  Read when a shape class's kernels are first built in a process.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")

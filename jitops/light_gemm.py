@@ -1,11 +1,11 @@
-"""The host side of jitops.gemm's light sm_90a kernel (kernels/gemm/sm90_light_gemm.cu), chosen with
-JITOPS_GEMM_SM90_KERNEL=light; the default stays CUTLASS's kernel (jitops/cutlass_host.py).
+"""The host side of jitops.gemm's light sm_90a kernel (kernels/gemm/sm90_light_gemm.cu), the default
+(JITOPS_GEMM_SM90_KERNEL=cutlass takes CUTLASS's kernel instead: jitops/cutlass_host.py).
 
 Why: CUTLASS's GemmUniversal takes about 49 s to compile through NVRTC on a 2-core machine, 41 s of it in the C++
 front end instantiating templates.  The light kernel is the same design (TMA into an mbarrier ring, wgmma from
 shared memory, a producer warpgroup and two consumers, persistent tiles) written against PTX with no includes:
-about 1 s unfused, 2 s with the fused epilogue, on the same machine (docs/benchmarks.md, "CUTLASS 3 through
-NVRTC").
+about 1 s unfused, 2 s with the fused epilogue, on the same machine (docs/benchmarks.md, "Cold compiles per
+kernel family"), and as fast as CUTLASS's kernel on bench_gemm's shapes (docs/benchmarks.md, gemm).
 
 It covers every layout of A and B (K-major or MN-major each: x @ w.t(), x @ w and a training step's backward
 GEMMs), 16-byte aligned (N and the leading dimensions multiples of 8), bf16 or fp16 in, the inputs' type or fp32
@@ -317,6 +317,8 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> None:
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
     (row- or column-major each), with leading dimensions lda and ldb."""
+    if bias is not None and bias.data_ptr() % 4:  # the epilogue reads the bias two columns at a time
+        bias = bias.clone()
     (kernel.__dict__.get("light_host") or host(kernel)).run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
         activation, sm_count, stream)

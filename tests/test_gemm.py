@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import jitops
+from jitops import light_gemm as L
 from jitops.specs import Target
 from jitops.testing import check_op
 
@@ -353,7 +354,12 @@ def test_transposed_views_are_read_in_place(a_t, b_t):
     assert P._layout(a, 256, 512) is not None and P._layout(b, 512, 384) is not None  # no copy
     cls = G.shape_class(a, b, None, None, None)
     assert (cls.a_kmajor, cls.b_kmajor) == (not a_t, b_t) and cls.align == 8
-    request = G.cuda_kernels(cls, SM90)["sm90"]
+    light = G.cuda_kernels(cls, SM90)["sm90_light"]  # the default sm_90a kernel
+    assert light.backend == "nvrtc" and light.arch(SM90) == "sm_90a"
+    assert dict(light.defines)["LIGHT_A_KMAJOR"] == str(int(not a_t))
+    assert dict(light.defines)["LIGHT_B_KMAJOR"] == str(int(b_t))
+    with jitops.config.scope(gemm_sm90_kernel="cutlass"):
+        request = G.cuda_kernels(cls, SM90)["sm90"]
     assert request.backend == "nvrtc" and request.arch(SM90) == "sm_90a"
     assert dict(request.defines)["GEMM_A_KMAJOR"] == str(int(not a_t))  # the configuration header's macros
     assert dict(request.params)["GEMM_A_KMAJOR"] == str(int(not a_t))
@@ -373,7 +379,9 @@ def test_alignment_classes(m, k, n, offset, align):
     cls = G.shape_class(meta(m, k, offset=offset), meta(k, n), None, None, None)
     assert cls.align == align
     kernels = G.cuda_kernels(cls, SM90)
-    assert list(kernels) == (["sm90"] if align == 8 else ["sm80"])  # TMA needs 16-byte rows and addresses
+    assert list(kernels) == (["sm90_light"] if align == 8 else ["sm80"])  # TMA needs 16-byte rows and addresses
+    with jitops.config.scope(gemm_sm90_kernel="cutlass"):
+        assert list(G.cuda_kernels(cls, SM90)) == (["sm90"] if align == 8 else ["sm80"])
 
 
 def test_buckets_and_family():
@@ -397,19 +405,33 @@ def test_buckets_and_family():
     assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
+# (a K-major, b K-major, fused): x @ w.t(), the same with bias+activation, dy @ w, dy.t() @ x
+TRAINING_LAYOUTS = [(True, True, False), (True, True, True), (True, False, False), (False, False, False)]
+
+
 def test_all_builtin_covers_every_bucket_in_every_training_layout():
-    """prewarm --all-builtin builds, on sm_90a, every configuration the bucket rules can pick, for bf16 and fp16,
-    in the forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer."""
+    """prewarm --all-builtin builds, on sm_90a, every kernel the bucket rules can pick, for bf16 and fp16, in the
+    forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer: the light kernel's
+    three variants (128x256 tiles, 128x128 pingpong, 128x128) by default, each CUTLASS configuration with
+    JITOPS_GEMM_SM90_KERNEL=cutlass."""
     from cache_tools import manifest
 
     assert {b: P._choose_bucket(*mnk) for b, mnk in P.BUCKET_EXAMPLES.items()} == {b: b for b in P.SM90_CONFIGS}
     plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])
+    variants = {tuple(sorted(dict(job.request.defines).items())) for job in plan.jobs}
+    expected_light = {tuple(sorted({"LIGHT_T": str(t), "LIGHT_OUT": "0", "LIGHT_TILE_N": str(L.tile_n_for(bucket)),
+                                    "LIGHT_FUSED": str(int(fused)), "LIGHT_A_KMAJOR": str(int(a)),
+                                    "LIGHT_B_KMAJOR": str(int(b)),
+                                    "LIGHT_PINGPONG": str(int(L.pingpong_for(bucket)))}.items()))
+                      for t in (0, 1) for bucket in P.SM90_CONFIGS for a, b, fused in TRAINING_LAYOUTS}
+    assert variants == expected_light and len(plan.jobs) == len(expected_light) == 2 * 3 * 4
+
+    with jitops.config.scope(gemm_sm90_kernel="cutlass"):
+        plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])
     classes = {eval(job.shape_class, {"GemmClass": P.GemmClass, "torch": torch}) for job in plan.jobs}  # noqa: S307
     covered = {(c.dtype, c.bucket, c.a_kmajor, c.b_kmajor, c.fused) for c in classes}
-    # (a K-major, b K-major, fused): x @ w.t(), the same with bias+activation, dy @ w, dy.t() @ x
-    layouts = [(True, True, False), (True, True, True), (True, False, False), (False, False, False)]
     expected = {(dtype, bucket, *layout) for dtype in (torch.bfloat16, torch.float16)
-                for bucket in P.SM90_CONFIGS for layout in layouts}
+                for bucket in P.SM90_CONFIGS for layout in TRAINING_LAYOUTS}
     assert covered == expected and len(plan.jobs) == len(expected)  # one kernel each, nothing else
 
 
@@ -466,7 +488,7 @@ def test_prewarm_items_resolve_without_a_gpu():
                 calls = public.calls(entry, args, item["grad"])
                 assert item["grad"] is False and len({op.shape_class(*a) for op, a in calls}) == 1
                 for op, op_args in calls:
-                    assert list(op.requests_for(op_args, SM90)) == ["sm90"]
+                    assert list(op.requests_for(op_args, SM90)) == ["sm90_light"]
                     assert list(op.requests_for(op_args, SM80)) == ["sm80"]
 
 
@@ -534,7 +556,7 @@ def test_first_training_call_starts_the_backward_kernels_in_background(monkeypat
     requested, done = [], threading.Event()
 
     def fake_get_kernel(request, target, index, context):
-        requested.append((dict(request.params)["GEMM_A_KMAJOR"], dict(request.params)["GEMM_B_KMAJOR"]))
+        requested.append((dict(request.defines)["LIGHT_A_KMAJOR"], dict(request.defines)["LIGHT_B_KMAJOR"]))
         if len(requested) == 2:
             done.set()
 

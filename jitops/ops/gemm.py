@@ -244,7 +244,7 @@ def cuda_kernels(cls: GemmClass, target: Target):
     if cls.bucket == "empty" or cls.family == "aten":  # nothing to multiply, or cuBLAS (cuda_route)
         return {}
     if uses_sm90(cls, target):
-        if settings.gemm_sm90_kernel == "light" and light_gemm.unsupported(cls) is None:  # opt-in; else CUTLASS
+        if settings.gemm_sm90_kernel == "light" and light_gemm.unsupported(cls) is None:  # the default
             return {"sm90_light": light_gemm.request(cls)}
         return {"sm90": sm90_request(cls, SM90_CONFIGS[cls.bucket])}
     return {"sm80": sm80_request(cls, sm80_config(cls))}
