@@ -156,11 +156,18 @@ def compile_seconds(target: Target, reqs) -> dict:
 
 
 def _describe(r) -> str:
-    p = dict(r.params)
+    p = {**dict(r.params), **dict(r.defines)}
+    if r.kernel == "gemm_sm90_light":
+        return (f"sm90 light {'fp16' if p['LIGHT_T'] == '1' else 'bf16'}{'->fp32' if p['LIGHT_OUT'] == '1' else ''} "
+                f"A{'K' if p['LIGHT_A_KMAJOR'] == '1' else 'M'} B{'K' if p['LIGHT_B_KMAJOR'] == '1' else 'N'} "
+                f"128x{p['LIGHT_TILE_N']}x64 {'pingpong' if p['LIGHT_PINGPONG'] == '1' else 'coop'}"
+                f"{' fused' if p['LIGHT_FUSED'] == '1' else ''}")
     if r.kernel.startswith("gemm_sm90"):
-        return (f"sm90{'' if r.backend == 'nvrtc' else ' (nvcc)'} {p['GEMM_T'].split('::')[-1]}->{p['GEMM_OUT'].split('::')[-1]} "
+        types = f"{p['GEMM_T'].split('::')[-1]}->{p['GEMM_OUT'].split('::')[-1]}"
+        return (f"sm90{'' if r.backend == 'nvrtc' else ' (nvcc)'} {types} "
                 f"A{'K' if p['GEMM_A_KMAJOR'] == '1' else 'M'} B{'K' if p['GEMM_B_KMAJOR'] == '1' else 'N'} "
-                f"{p['GEMM_TILE_M']}x{p['GEMM_TILE_N']}x{p['GEMM_TILE_K']} c{p['GEMM_CLUSTER_M']}x{p['GEMM_CLUSTER_N']} "
+                f"{p['GEMM_TILE_M']}x{p['GEMM_TILE_N']}x{p['GEMM_TILE_K']} "
+                f"c{p['GEMM_CLUSTER_M']}x{p['GEMM_CLUSTER_N']} "
                 f"{'pingpong' if p['GEMM_PINGPONG'] == '1' else 'coop'}{' streamK' if p['GEMM_STREAMK'] == '1' else ''}"
                 f"{' fused' if p['GEMM_FUSED'] == '1' else ''}")
     return f"sm80 {r.entry}"
