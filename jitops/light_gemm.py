@@ -28,7 +28,7 @@ import torch
 
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
-from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
+from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver, ensure_context
 from .specs import BuildRequest, CudaKernel, Source
 
 LIGHT_GEMM = CudaKernel(
@@ -188,13 +188,27 @@ def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresse
 # ---- the driver ---------------------------------------------------------------------------------------------------
 class _LightDriver:
     """The driver calls LightGemm makes: descriptors through _TmaDriver, launches through jitops.launch's driver
-    (ctypes, or CuPy's binding once the process is hot)."""
+    (ctypes, or CuPy's binding once the process is hot).  One a process (`get`): it probes the descriptor format
+    once."""
+
+    _instance: "_LightDriver | None" = None
+    _guard = threading.Lock()
+
+    @classmethod
+    def get(cls, device_index: int) -> "_LightDriver":
+        if cls._instance is None:
+            with cls._guard:
+                if cls._instance is None:
+                    ensure_context(device_index)  # the probe encodes a descriptor: it needs a current context
+                    cls._instance = _LightDriver()
+        return cls._instance
 
     def __init__(self) -> None:
         self._tma = _TmaDriver.get()
         self.replace = self._tma.replace
         self.set_shared_memory = self._tma.set_shared_memory
         self._driver = _Driver.get()
+        self.ensure_context = ensure_context
         self.address_field = self._find_address_field()
 
     def _find_address_field(self) -> int | None:
@@ -244,7 +258,7 @@ class LightGemm:
     def __init__(self, function: CudaFunction, info: LightInfo | None = None, driver: Any = None) -> None:
         self.function = function
         self.info = info or LightInfo.from_cubin(function._cubin)
-        self._driver = driver or _LightDriver()
+        self._driver = driver or _LightDriver.get(function.device_index)
         self._lock = threading.Lock()
         self._problems: dict[tuple, _Packed] = {}
         self._attribute_set = False
@@ -256,6 +270,8 @@ class LightGemm:
             packed = self._problems.get(key)
             if packed is None:
                 check_problem(m, n, k, lda, ldb, ldd, (a, b, d, bias))
+                # cuTensorMapEncodeTiled needs a current context, which autograd's device threads start without
+                self._driver.ensure_context(self.function.device_index)
                 if not self._attribute_set:
                     self._driver.set_shared_memory(self.function, self.info.smem)
                     self._attribute_set = True
@@ -317,8 +333,6 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> None:
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
     (row- or column-major each), with leading dimensions lda and ldb."""
-    if bias is not None and bias.data_ptr() % 4:  # the epilogue reads the bias two columns at a time
-        bias = bias.clone()
     (kernel.__dict__.get("light_host") or host(kernel)).run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
         activation, sm_count, stream)

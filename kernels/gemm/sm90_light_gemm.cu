@@ -134,7 +134,8 @@ __device__ __forceinline__ float activate(float v, int activation) {
     return activation >= 2 ? gelu : activation == 1 ? fmaxf(v, 0.f) : v;
 }
 
-// The bias of columns (col, col + 1) as one 4-byte load (col is even; the host aligns the bias to 4 bytes).
+// The bias of columns (col, col + 1) as one 4-byte load (col is even; the class's alignment keeps the bias
+// 16-byte aligned, a bias that is not takes the sm_80 family's kernel).
 __device__ __forceinline__ u32 load_bias_pair(const void* bias, int col) {
     return *reinterpret_cast<const u32*>(static_cast<const unsigned short*>(bias) + col);
 }
