@@ -105,6 +105,29 @@ def test_add_type_promotion_and_numbers_match_torch(case, alpha):
         torch.testing.assert_close(ours.grad, theirs.grad)
 
 
+@pytest.mark.parametrize("dtype", [f16, bf16])
+def test_add_number_beside_a_16_bit_cuda_tensor_stays_fp32(monkeypatch, dtype):
+    """On CUDA torch adds a Python number to a 16-bit tensor in fp32, unrounded (its kernels read scalars in their
+    compute type), where its CPU kernels round the number to the tensor's dtype first.  jitops passes the number
+    as alpha on a 0-d one; forced here on the CPU (whose kernel computes in fp32 too), the result is the fp32
+    sum's rounding, and the number's place, a or b, does not matter.  tests/test_add_gpu.py checks it against
+    torch on a GPU."""
+    from jitops.ops import add as add_module
+
+    monkeypatch.setattr(add_module, "_scalar_in_fp32", lambda t: t.dtype in (f16, bf16))
+    x = (_tensor((64, 64), dtype, 3) / 30).requires_grad_()
+    want = (x.detach().float() + torch.tensor(0.1, dtype=f32)).to(dtype)
+    assert not torch.equal(want, torch.add(x.detach(), 0.1))  # the CPU's rounding differs on these values
+    got = jitops.add(x, 0.1)
+    assert torch.equal(got, want) and torch.equal(jitops.add(0.1, x.detach()), want)
+    assert torch.equal(jitops.add(x.detach(), 0.05, alpha=2), (x.detach().float() + torch.tensor(0.1, dtype=f32))
+                       .to(dtype))
+    got.backward(torch.ones_like(got))
+    assert torch.equal(x.grad, torch.ones_like(x))
+    with pytest.raises(TypeError, match="argument 'alpha' must be a Python number"):
+        jitops.add(x.detach(), 0.1, alpha=torch.tensor(2.0))
+
+
 def test_add_numbers_through_torch_compile():
     x = torch.randn(6, 1, dtype=torch.float64)
     compiled = torch.compile(lambda x: jitops.add(x, 0.5, alpha=2) + jitops.add(1.5, x.t()), fullgraph=True,
