@@ -233,9 +233,10 @@ def family_request(family: str):
     args = op.example_args(item["dtypes"][0], item["shapes"][0], item.get("kwargs", {}),
                            (item.get("strides") or [None])[0])
     requests = op.requests_for(args, target)
-    if family == "gemm_sm90_nvcc":
+    if family in ("gemm_sm90", "gemm_sm90_nvcc"):  # CUTLASS's kernel (JITOPS_GEMM_SM90_KERNEL=cutlass)
         cls = op.shape_class(*args)
-        return gemm.sm90_reference_request(cls, gemm_plan.SM90_CONFIGS[cls.bucket]), target
+        make = gemm.sm90_request if family == "gemm_sm90" else gemm.sm90_reference_request
+        return make(cls, gemm_plan.SM90_CONFIGS[cls.bucket]), target
     if family.startswith("gemm_sm90_light"):
         from jitops import light_gemm
 
