@@ -115,18 +115,21 @@ def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda",
 
 
 def requests(target: Target, tune: bool = False, survey: bool = False) -> dict:
-    """Every kernel this benchmark loads on `target` (for benchmarks/prebuild_gemm.py)."""
+    """Every kernel this benchmark loads on `target` (for benchmarks/prebuild_gemm.py): the default (light) sm_90a
+    kernels and CUTLASS's, which --light times them against."""
     found = {}
     op = G.gemm.op
-    for dtype in DTYPES.values():
-        for m, n, k in SHAPES:
-            a, b, _ = shape_args(m, n, k, dtype, "meta")
-            for r in op.requests_for((a, b, None, None, None), target).values():
-                found[str(r.params)] = r
-        for m, n, k in FUSED_SHAPES:
-            a, b, bias = shape_args(m, n, k, dtype, "meta", bias=True)
-            for r in op.requests_for((a, b, bias, "gelu", None), target).values():
-                found[str(r.params)] = r
+    for kernel in ("light", "cutlass"):
+        with jitops.config.scope(gemm_sm90_kernel=kernel):
+            for dtype in DTYPES.values():
+                for m, n, k in SHAPES:
+                    a, b, _ = shape_args(m, n, k, dtype, "meta")
+                    for r in op.requests_for((a, b, None, None, None), target).values():
+                        found[str(r.params)] = r
+                for m, n, k in FUSED_SHAPES:
+                    a, b, bias = shape_args(m, n, k, dtype, "meta", bias=True)
+                    for r in op.requests_for((a, b, bias, "gelu", None), target).values():
+                        found[str(r.params)] = r
     if tune:
         for bucket, configs in TUNE.items():
             m, n, k = TUNE_SHAPES[bucket][0]

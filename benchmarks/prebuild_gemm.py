@@ -3,9 +3,9 @@ on the lent GPU compiles nothing: ship the cache directory as a read-only root (
 
     JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune | --tune-only] [--jobs 2] [--list]
 
-Builds for the H100 (compute capability 9.0), all through NVRTC: the sm_90a CUTLASS 3 kernels, and the CUTLASS 2
-kernels that the tests run there (unaligned shapes, config.scope(gemm_family="sm80")) as sm_90 cubins, and the nvcc-built
-references of the bit-for-bit test (SM90_GEMM_REFERENCE).
+Builds for the H100 (compute capability 9.0), all through NVRTC: the sm_90a light and CUTLASS 3 kernels, and the
+CUTLASS 2 kernels that the tests run there (unaligned shapes, config.scope(gemm_family="sm80")) as sm_90 cubins,
+and the nvcc-built references of the bit-for-bit test (SM90_GEMM_REFERENCE).
 """
 from __future__ import annotations
 
