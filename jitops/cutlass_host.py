@@ -269,12 +269,17 @@ class _TmaDriver:
         self.address_field = self._find_address_field()
 
     @classmethod
-    def get(cls) -> "_TmaDriver":
+    def get(cls, device_index: int) -> "_TmaDriver":
         if cls._instance is None:
             with cls._guard:
                 if cls._instance is None:
+                    ensure_context(device_index)  # the probe encodes a descriptor: it needs a current context
                     cls._instance = _TmaDriver()
         return cls._instance
+
+    # Before a new problem's descriptors are encoded: cuTensorMapEncodeTiled needs a current context, which
+    # autograd's device threads start without (a Linear's first backward raised CUDA_ERROR_INVALID_CONTEXT).
+    ensure_context = staticmethod(ensure_context)
 
     def set_shared_memory(self, function: CudaFunction, size: int) -> None:
         """The kernel's dynamic shared-memory limit (CUTLASS 3 kernels take 100-227 KB)."""
@@ -406,13 +411,14 @@ class Sm90Gemm:
         self.function = function
         self.config = config
         self.layout = layout or GemmLayout.from_cubin(function._cubin)
-        self._driver = driver or _TmaDriver.get()
+        self._driver = driver or _TmaDriver.get(function.device_index)
         self._lock = threading.Lock()
         self._problems: dict[tuple, _Packed] = {}
         self._attribute_set = False
         self._attribute = ctypes.c_int()
 
     def _pack(self, problem: Problem, addresses: tuple[int, int, int, int]) -> "_Packed":
+        self._driver.ensure_context(self.function.device_index)
         if not self._attribute_set:
             self._driver.set_shared_memory(self.function, self.layout.smem)
             self._attribute_set = True

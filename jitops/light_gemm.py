@@ -28,7 +28,7 @@ import torch
 
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
-from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver, ensure_context
+from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
 LIGHT_GEMM = CudaKernel(
@@ -199,16 +199,15 @@ class _LightDriver:
         if cls._instance is None:
             with cls._guard:
                 if cls._instance is None:
-                    ensure_context(device_index)  # the probe encodes a descriptor: it needs a current context
-                    cls._instance = _LightDriver()
+                    cls._instance = _LightDriver(device_index)
         return cls._instance
 
-    def __init__(self) -> None:
-        self._tma = _TmaDriver.get()
+    def __init__(self, device_index: int) -> None:
+        self._tma = _TmaDriver.get(device_index)  # which leaves this thread a current context for the probe
         self.replace = self._tma.replace
         self.set_shared_memory = self._tma.set_shared_memory
+        self.ensure_context = self._tma.ensure_context
         self._driver = _Driver.get()
-        self.ensure_context = ensure_context
         self.address_field = self._find_address_field()
 
     def _find_address_field(self) -> int | None:
@@ -270,8 +269,7 @@ class LightGemm:
             packed = self._problems.get(key)
             if packed is None:
                 check_problem(m, n, k, lda, ldb, ldd, (a, b, d, bias))
-                # cuTensorMapEncodeTiled needs a current context, which autograd's device threads start without
-                self._driver.ensure_context(self.function.device_index)
+                self._driver.ensure_context(self.function.device_index)  # before any encode (_TmaDriver)
                 if not self._attribute_set:
                     self._driver.set_shared_memory(self.function, self.info.smem)
                     self._attribute_set = True

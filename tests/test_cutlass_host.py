@@ -150,6 +150,7 @@ def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
     host.run(*first, 1000, 1000, 1008, 1016, 1024, 1000, 2, 1, 0, 132, stream=7)
     host.run(0x50000, 0x60000, 0x70000, 0x80000, 1000, 1000, 1008, 1016, 1024, 1000, 2, 1, 0, 132, stream=9)
     assert len(driver.encode_into.calls) == 3 and driver.shared == [layout.smem]
+    assert driver.contexts == [0]  # a context before the first encode (autograd's threads start without one)
     one, two = driver.launches
     assert one["stream"] == 7 and two["stream"] == 9 and one["cluster"] == (2, 1, 1)
     assert one["grid"] == two["grid"] and one["block"] == (layout.threads, 1, 1) and one["smem"] == layout.smem

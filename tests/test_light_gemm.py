@@ -444,12 +444,15 @@ class FakeTma:
     def set_shared_memory(self, function, size):
         pass
 
+    def ensure_context(self, device_index):
+        pass
+
 
 @pytest.mark.parametrize("field", [0, 40, None])
 def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, field):
-    monkeypatch.setattr(L._TmaDriver, "get", classmethod(lambda cls: FakeTma(field)))
+    monkeypatch.setattr(L._TmaDriver, "get", classmethod(lambda cls, device_index: FakeTma(field)))
     monkeypatch.setattr(L._Driver, "get", classmethod(lambda cls: object()))
-    driver = L._LightDriver()
+    driver = L._LightDriver(0)
     assert driver.address_field == field
     params = bytearray(320)
     buffer = (ctypes.c_char * 320).from_buffer(params)
