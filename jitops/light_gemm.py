@@ -96,8 +96,8 @@ def tile_n_for(bucket: str) -> int:
 
 def pingpong_for(bucket: str) -> bool:
     """The consumers take whole tiles in turn where CUTLASS's kernel does so with 128-row tiles: many tiles with
-    a short K (8192x8192x1024 ran x0.86-0.88 of CUTLASS's pingpong kernel with both consumers on each 128 x 128
-    tile, whose epilogue then stalls the tensor cores; lent H100, bench_gemm.py --light)."""
+    a short K, where an epilogue that stalls both consumers weighs most (8192x8192x1024: x0.86-0.88 of CUTLASS's
+    pingpong kernel with both consumers on each tile, x0.98-0.99 taking turns)."""
     return bucket == "large_short_k"
 
 
