@@ -31,6 +31,9 @@ from .ops.layer_norm import (layer_norm, layer_norm_backward, layer_norm_forward
 from .ops.linear import linear  # noqa: E402
 
 from .patching import PatchReport, PrefetchReport, patch, prefetch, unpatch  # noqa: E402
+from .native import host as _native_host  # noqa: E402
+
+_native_host.runtime = runtime  # jitops.linear's C++ host path builds through the cache like any kernel
 
 __version__ = "0.1.0"
 

@@ -287,6 +287,11 @@ class Config:
         "jitops.gemm's sm_90a kernel: light (default: kernels/gemm/sm90_light_gemm.cu, raw PTX, about 1 s to "
         "compile, level with CUTLASS's kernel on bench_gemm's shapes) or cutlass (CUTLASS's GemmUniversal, 35-50 s "
         "to compile).  Read when a shape class's kernels are first built in a process.")
+    native_host: Setting[bool] = Setting(
+        "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
+        "1 (default): jitops.linear's calls on CUDA take a C++ host path (kernels/host/linear_host.cpp: the launch "
+        "and the autograd node in C++), built once per machine in the background on the first CUDA call and used "
+        "once ready; until then, and for anything it does not cover, the Python path runs.  0: Python only.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")

@@ -263,7 +263,7 @@ class LightGemm:
         self._attribute_set = False
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
-            activation: int, sm_count: int, stream: int) -> None:
+            activation: int, sm_count: int, stream: int) -> "_Packed":
         key = (m, n, k, lda, ldb, ldd, activation, sm_count)
         with self._lock:
             packed = self._problems.get(key)
@@ -276,14 +276,22 @@ class LightGemm:
                 if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
                     self._problems.clear()
                 params, launch_grid = pack_params(self.info, Problem(*key), (a, b, d, bias), self._driver.encode_into)
-                packed = self._problems[key] = _Packed(self, params, launch_grid, (a, b, d, bias))
+                packed = self._problems[key] = _Packed(self, key, params, launch_grid, (a, b, d, bias))
             packed.launch(a, b, d, bias, stream)
+        return packed
 
 
 class _Packed:
-    def __init__(self, owner: LightGemm, params: bytearray, grid: tuple[int, int, int],
+    """One problem's Params, patched with each call's addresses.  jitops/native.py's C++ host path takes a copy
+    (`offered`: the config generation it was offered under, -1 before)."""
+
+    bias_field = FIELDS
+
+    def __init__(self, owner: LightGemm, problem: tuple, params: bytearray, grid: tuple[int, int, int],
                  addresses: tuple[int, int, int, int]) -> None:
         self.owner = owner
+        self.problem = problem
+        self.offered = -1
         self.params = (ctypes.c_char * len(params)).from_buffer(params)
         self._keep = params
         self._address = ctypes.addressof(self.params)
@@ -291,9 +299,8 @@ class _Packed:
         self._kernel_params_address = ctypes.addressof(self.kernel_params)
         self.grid = grid
         self.addresses = addresses
-        field = owner._driver.address_field
-        self._field = field
-        self._descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
+        self.address_field = owner._driver.address_field
+        self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
         if (a, b, d, bias) != self.addresses:
@@ -306,11 +313,11 @@ class _Packed:
         if d % 16:  # a problem is checked with its first addresses; D's is new every call
             raise ValueError("jitops.gemm (light sm_90a kernel): the output must be 16-byte aligned for its TMA "
                              "store; pass a fresh output or one from torch.empty")
-        for offset, address, old in zip(self._descriptors, (a, b, d), self.addresses):
+        for offset, address, old in zip(self.descriptors, (a, b, d), self.addresses):
             if address == old:
                 continue
-            if self._field is not None:
-                struct.pack_into("<Q", self.params, offset + self._field, address)
+            if self.address_field is not None:
+                struct.pack_into("<Q", self.params, offset + self.address_field, address)
             else:
                 status = self.owner._driver.replace(self._address + offset, address)
                 if status:
@@ -328,10 +335,10 @@ def host(kernel: CudaFunction) -> LightGemm:
 
 
 def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
-        m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> None:
+        m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> "_Packed":
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
-    (row- or column-major each), with leading dimensions lda and ldb."""
-    (kernel.__dict__.get("light_host") or host(kernel)).run(
+    (row- or column-major each), with leading dimensions lda and ldb.  Returns the packed problem it launched."""
+    return (kernel.__dict__.get("light_host") or host(kernel)).run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
         activation, sm_count, stream)
 

@@ -36,7 +36,6 @@ from .ops.gemm_plan import CUDA_DTYPES as _GEMM_CUDA
 from .ops.layer_norm import CPU_DTYPES as _LAYER_NORM_CPU
 from .ops.layer_norm import CUDA_DTYPES as _LAYER_NORM_CUDA
 from .ops.layer_norm import layer_norm as _layer_norm
-from .ops.linear import _linear as _linear_op
 from .ops.linear import linear as _linear
 
 log = logging.getLogger("jitops")
@@ -146,8 +145,6 @@ def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias:
     if weight.dtype is dtype and (bias is None or bias.dtype is dtype):
         if x.is_cuda or x.is_meta:
             if dtype in _LINEAR_DTYPES["cuda"]:
-                if activation is None:
-                    return _linear_op(x, weight, bias)
                 return _linear(x, weight, bias, activation=activation)
         elif x.is_cpu and dtype in _LINEAR_DTYPES["cpu"]:
             return _linear(x, weight, bias, activation=activation)

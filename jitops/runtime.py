@@ -494,8 +494,8 @@ class _BackgroundCompiles:
             self._bar.set_postfix_str(f"{context.op if context else request.kernel} ({request.arch(target)})")
             self._bar.refresh()
         else:
-            log.info("compiling %s for %s in the background; calls run torch's implementation until it is "
-                     "ready", request.label(), request.arch(target))
+            log.info("compiling %s for %s in the background; %s", request.label(), request.arch(target),
+                     "calls run torch's implementation until it is ready" if context else "no call waits for it")
 
     def wait(self, timeout: float | None = None) -> bool:
         with self._guard:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import light_gemm
+from .. import light_gemm, native
+from ..config import config
 from ..cutlass_host import GemmConfig, Sm90Gemm, epilogue_tile
 from ..launch import CudaFunction, current_stream, ensure_context, sm_count
 from .gemm_plan import (ACTIVATIONS, GELU_APPROXIMATE, SM90_CONFIGS, GemmClass, Sm80Config, Sm90Config, _layout,
@@ -149,8 +150,10 @@ def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int,
         run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, activation)
     elif "sm90_light" in kernels.__dict__:
         device = out.get_device()
-        light_gemm.run(kernels.sm90_light, a, b, out, bias, m, n, k, lda, ldb, activation, sm_count(device),
-                       current_stream(device))
+        packed = light_gemm.run(kernels.sm90_light, a, b, out, bias, m, n, k, lda, ldb, activation,
+                                sm_count(device), current_stream(device))
+        if packed.offered != config.generation:  # jitops.linear's C++ host path runs it from now on
+            native.offer_light(cls, packed, device)
     else:
         run_sm80(kernels.sm80, cls, sm80_config(cls), a, b, out, bias, m, n, k, lda, ldb, activation)
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import shapes
+from .. import native, shapes
+from ..config import config
 from ..op import Impl, op, public
 from .gelu import gelu, gelu_backward
 from .gemm import cuda_kernels, product_if_loaded
@@ -334,7 +335,25 @@ _linear = op(
 )
 
 
+_native = native.host
+_is_compiling = torch.compiler.is_compiling
+_function_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_stack = torch._C._len_torch_dispatch_stack
+_profiling = torch.autograd._profiler_enabled
+
+
 def linear(x, weight, bias=None, *, activation=None):
+    # The C++ host path first (jitops/native.py): it serves a plain CUDA call whose problems the Python path
+    # below has launched before, and answers None for anything else.  Modes, the profiler and torch.compile
+    # see the op in the dispatcher instead.
+    host = _native.module
+    if host is not None and not (_is_compiling() or _function_mode() or _dispatch_stack() or _profiling()):
+        try:
+            y = host.linear(x, weight, bias, ACTIVATIONS.get(activation, -1), config.generation)
+        except TypeError:  # not tensors (or an unhashable activation): the Python path names the argument
+            y = None
+        if y is not None:
+            return y
     if activation is None:  # the common call: straight to the op (the model's prefetch found its kernels)
         return _linear(x, weight, bias)
     if activation in GELU_APPROXIMATE and torch.is_grad_enabled() and not getattr(x, "is_cpu", True) and \

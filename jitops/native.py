@@ -1,0 +1,147 @@
+"""jitops' C++ host path: kernels/host/linear_host.cpp, built once per machine and torch version.
+
+A jitops.linear call on CUDA (and its backward) costs a Python autograd node and the Python around each launch;
+that host time, not the GPU's, kept patched models behind eager (docs/architecture.md, "Where a step's host
+time goes").  The extension runs the same light GEMM kernels with the same Params from C++: jitops.linear asks it
+first (`host.module.linear(...)`), and it answers None for anything it does not cover, so the Python path stays
+the reference and the fallback.
+
+How problems get there: every Python-path launch of the light kernel offers its packed problem (`offer_light`,
+once per problem and config generation).  A Linear's first training step runs in Python and offers its forward
+and backward problems; from the second step on, its calls run in C++.
+
+The build: a CppExtension through the runtime (cached like any kernel, a disk hit imports the .so), started in
+the background by the first light launch, never blocking a call (about a minute of C++ compile on a 2-core
+machine).  JITOPS_NATIVE_HOST=0 turns it off.  `wait()` blocks until it is loaded (benchmarks, tests).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import logging
+import threading
+from typing import Any
+
+import torch
+
+from .config import config
+from .specs import CppExtension, Source, Target
+
+log = logging.getLogger("jitops")
+
+LINEAR_HOST = CppExtension("linear_host", Source.file("host/linear_host.cpp"), functions=(),
+                           options=("-O2",))
+_CPU = Target("cpu")
+
+
+class _Host:
+    """The extension once loaded (`module`, None until then) and its build."""
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        # The runtime (jitops/__init__ hands it over: this module sits at launch's layer, below the runtime),
+        # which builds and caches the extension like any kernel.
+        self.runtime: Any = None
+        self._future: Any = None
+        self._guard = threading.RLock()  # start() may run the done-callback itself
+
+    def start(self) -> None:
+        """Load the extension from the cache, or start its build in the background (once a process; offline:
+        a cache hit only)."""
+        if self._future is not None or self.module is not None or self.runtime is None or not config.native_host:
+            return
+        with self._guard:
+            if self._future is not None or self.module is not None:
+                return
+            runtime = self.runtime
+            if config.offline:
+                self._future = concurrent.futures.Future()
+                try:
+                    self._future.set_result(runtime.get_kernel(LINEAR_HOST.bind(), _CPU, None, build=False))
+                except Exception as error:  # noqa: BLE001 - a miss or a bad entry: the Python path serves
+                    self._future.set_exception(error)
+            else:
+                self._future = runtime.submit(LINEAR_HOST.bind(), _CPU, None)
+            self._future.add_done_callback(self._loaded)
+
+    def _loaded(self, future: Any) -> None:
+        """The future's done-callback, and wait()'s (result() can return before the callbacks have run)."""
+        if future.exception() is not None or future.result() is None:  # calls stay on the Python path
+            return
+        with self._guard:
+            if self.module is None:
+                module = future.result()
+                _give_driver(module)
+                self.module = module
+
+    def wait(self) -> Any:
+        """Start the build if needed and block until the extension is loaded; the module, or None if it
+        cannot be built here (the runtime logged why) or JITOPS_NATIVE_HOST=0."""
+        self.start()
+        if self._future is not None:
+            try:
+                self._future.result()
+            except Exception as error:  # noqa: BLE001 - the Python path serves every call
+                log.debug("jitops' C++ host path is not available: %s", error)
+                return None
+            self._loaded(self._future)
+        return self.module
+
+
+def _give_driver(module: Any) -> None:
+    """libcuda's entry points as addresses: the extension needs no CUDA headers or libraries to build (a
+    CPU-only torch builds it too), and calls the same driver as jitops.launch."""
+    if not torch.cuda.is_available():
+        return
+    from .launch import _Driver
+
+    lib = _Driver.get().lib
+
+    def address(name: str) -> int:
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+
+    module.set_driver(address("cuLaunchKernel"), address("cuCtxGetCurrent"), address("cuCtxSetCurrent"),
+                      address("cuDeviceGet"), address("cuDevicePrimaryCtxRetain"))
+
+
+host = _Host()
+
+
+def offer_light(cls: Any, packed: Any, device: int) -> None:
+    """Hand a packed light-GEMM problem (light_gemm._Packed, just launched by the Python path) to the
+    extension, keyed as the extension keys its calls.  A kernel with the fused epilogue and an activation
+    serves calls with and without a bias (a null bias pointer); otherwise the bias decides the kernel."""
+    module = host.module
+    if module is None:
+        host.start()
+        return
+    generation = config.generation
+    packed.offered = generation
+    if not config.native_host:  # a JITOPS_NATIVE_HOST=0 scope: the table stays stale, every call misses
+        return
+    field = packed.address_field
+    if field is None:  # descriptors patched through the driver: only the Python path knows how
+        return
+    m, n, k, lda, ldb, ldd, activation, _ = packed.problem
+    info = packed.owner.info
+    address_at = (packed.descriptors[0] + field, packed.descriptors[1] + field, packed.descriptors[2] + field)
+    for with_bias in ((False, True) if activation else (bool(cls.fused),)):
+        module.offer(device, cls.dtype is torch.bfloat16, cls.out_dtype is torch.float32, cls.a_kmajor,
+                     cls.b_kmajor, m, n, k, lda, ldb, ldd, activation, with_bias, generation,
+                     packed.owner.function.handle, packed.grid, info.threads, info.smem, address_at,
+                     packed.bias_field, bytes(packed.params))
+
+
+def counters() -> dict[str, int]:
+    """Calls the extension served, calls it handed back to Python, and problems it holds (zeros before it is
+    loaded)."""
+    module = host.module
+    hits, misses, problems = module.counters() if module is not None else (0, 0, 0)
+    return {"native_calls": hits, "native_misses": misses, "native_problems": problems}
+
+
+def wait() -> Any:
+    return host.wait()
+
+
+__all__ = ["LINEAR_HOST", "counters", "host", "offer_light", "wait"]

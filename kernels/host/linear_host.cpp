@@ -1,0 +1,344 @@
+// jitops.linear's host path in C++ (jitops/native.py builds it with load_inline and hands it the driver).
+//
+// Why: a Python autograd node costs more than the whole torch call it replaces.  On the H100 machine's host a
+// patched ViT-B/16 step spent 1.3x eager's host time, mostly in the Python around each launch and in the
+// Python backward nodes, while the GPU work was level (docs/architecture.md, "Where a step's host time goes").
+// Here a Linear's forward is a few checks, one hash lookup, one allocation and one cuLaunchKernel; its
+// backward is a C++ autograd node (torch::autograd::Function) that launches the two GEMMs the same way.
+//
+// What runs is exactly what the Python path runs: the light sm_90a GEMM kernel with the Params that
+// jitops/light_gemm.py packed for the same problem.  Python offers each packed problem here (`offer`) once;
+// a call whose forward (and, when a gradient is to be recorded, backward) problems were all offered takes
+// this path, any other returns None and the caller takes the Python path, which packs and offers them.  A
+// problem is keyed by everything that picks the kernel and its Params: device, dtypes, operand layouts,
+// M, N, K, leading dimensions, activation, bias.  The table is dropped when jitops.config changes (its
+// generation), since a scope may pick other kernels for the same problem.
+#include <torch/extension.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---- the driver, from Python (ctypes addresses of libcuda's entry points): no CUDA headers or libraries ----
+using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                             void**, void**);
+using CtxGetCurrent = int (*)(void**);
+using CtxSetCurrent = int (*)(void*);
+using DeviceGet = int (*)(int*, int);
+using PrimaryCtxRetain = int (*)(void**, int);
+
+struct Driver {
+  LaunchKernel launch = nullptr;
+  CtxGetCurrent ctx_get = nullptr;
+  CtxSetCurrent ctx_set = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain primary_retain = nullptr;
+};
+Driver driver;
+
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+
+// A thread that has made no CUDA runtime call (autograd's device threads) has no current context; the driver
+// then refuses launches.  Bind the device's primary context, as jitops.launch._bind_context does.
+void bind_primary_context(int device) {
+  int handle = 0;
+  void* context = nullptr;
+  TORCH_CHECK(driver.device_get(&handle, device) == 0 && driver.primary_retain(&context, handle) == 0 &&
+                  driver.ctx_set(context) == 0,
+              "jitops.linear (C++ host path): cannot make device ", device, "'s primary context current");
+}
+
+// ---- packed problems -------------------------------------------------------------------------------------
+constexpr size_t kParamsSize = 448;  // light_gemm.PARAMS_SIZE
+
+struct Key {
+  int64_t m, n, k, lda, ldb, ldd;
+  int32_t device;
+  int8_t dtype, out_fp32, a_kmajor, b_kmajor, activation, bias;
+
+  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    const auto* words = reinterpret_cast<const uint64_t*>(&key);
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof(Key) / 8; ++i) h = (h ^ words[i]) * 0x100000001b3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+struct Plan {
+  void* function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned smem;
+  uint32_t address_at[3];  // the global-address field of A's, B's and D's descriptors in Params
+  uint32_t bias_at;
+  alignas(64) uint8_t params[kParamsSize];
+};
+
+std::mutex table_guard;
+std::unordered_map<Key, Plan*, KeyHash> table;
+std::vector<std::unique_ptr<Plan>> plans;  // never freed: a backward node may hold one past a config change
+std::atomic<int64_t> table_generation{-1};
+std::atomic<int64_t> hits{0}, misses{0};
+
+Key make_key(int device, at::ScalarType dtype, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n,
+             int64_t k, int64_t lda, int64_t ldb, int64_t ldd, int activation, bool bias) {
+  Key key;
+  std::memset(&key, 0, sizeof(Key));  // the padding takes part in operator== and the hash
+  key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+  key.device = device;
+  key.dtype = dtype == at::kBFloat16 ? 0 : 1;
+  key.out_fp32 = out_fp32, key.a_kmajor = a_kmajor, key.b_kmajor = b_kmajor;
+  key.activation = static_cast<int8_t>(activation), key.bias = bias;
+  return key;
+}
+
+const Plan* find(const Key& key) {
+  std::lock_guard<std::mutex> hold(table_guard);
+  auto found = table.find(key);
+  return found == table.end() ? nullptr : found->second;
+}
+
+// One launch of a packed problem on other operands: Params copied to the stack and the four addresses patched
+// (the launch copies Params, so concurrent callers of one plan share nothing).
+void launch(const Plan& plan, int device, const void* a, const void* b, void* d, const void* bias) {
+  alignas(64) uint8_t params[kParamsSize];
+  std::memcpy(params, plan.params, kParamsSize);
+  const void* addresses[3] = {a, b, d};
+  for (int i = 0; i < 3; ++i) std::memcpy(params + plan.address_at[i], &addresses[i], 8);
+  std::memcpy(params + plan.bias_at, &bias, 8);
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                     ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
+                     .native_handle();
+  void* args[1] = {params};
+  int status = driver.launch(plan.function, plan.grid[0], plan.grid[1], plan.grid[2], plan.block, 1, 1, plan.smem,
+                             stream, args, nullptr);
+  if (status == kInvalidContext) {
+    bind_primary_context(device);
+    status = driver.launch(plan.function, plan.grid[0], plan.grid[1], plan.grid[2], plan.block, 1, 1, plan.smem,
+                           stream, args, nullptr);
+  }
+  TORCH_CHECK(status == 0, "jitops.linear (C++ host path): cuLaunchKernel failed with CUDA error ", status);
+}
+
+bool aligned(const void* address) { return (reinterpret_cast<uintptr_t>(address) & 15) == 0; }
+
+bool plain(const at::Tensor& t) {
+  // Subclasses, functorch wrappers and functionalization have their own dispatch keys: the Python path (the
+  // dispatcher) serves them.
+  const auto keys = t.key_set();
+  return !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::FuncTorchBatched) &&
+         !keys.has(c10::DispatchKey::FuncTorchGradWrapper) && !keys.has(c10::DispatchKey::Functionalize) &&
+         !t._fw_grad(0).defined();
+}
+
+// The weight's (N, K) layout: row-major (an nn.Linear's) or column-major (a view of transformers' Conv1D
+// (K, N) weight), with its leading dimension.
+struct WeightLayout {
+  bool row_major;
+  int64_t ld;
+};
+
+// ---- the problems of one Linear: forward, and the backward's dx and dweight ----------------------------------
+// The keys below are the ones jitops/ops/linear.py's Python path lands on (gemm_plan.class_from_layouts from
+// the strides it reads): a forward (M, K) x (K, N) with x row-major and weight^T in place, dx = dy . weight
+// (M, N) x (N, K), dweight = dy^T . x (N, M) x (M, K), or for a transposed weight dweight^T = x^T . dy.
+Key forward_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w, int activation,
+                bool bias) {
+  return make_key(device, dtype, false, true, w.row_major, m, n, k, k, w.ld, n, activation, bias);
+}
+
+Key grad_x_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w) {
+  return make_key(device, dtype, false, true, !w.row_major, m, k, n, n, w.ld, k, 0, false);
+}
+
+Key grad_weight_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, bool transposed) {
+  if (transposed) return make_key(device, dtype, false, false, false, k, n, m, k, n, n, 0, false);
+  return make_key(device, dtype, false, false, false, n, k, m, n, k, k, 0, false);
+}
+
+// ---- autograd ------------------------------------------------------------------------------------------------
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const c10::optional<at::Tensor>& bias, const Plan* forward, const Plan* grad_x,
+                            const Plan* grad_weight, int64_t device) {
+    const int64_t n = weight.size(0);
+    auto sizes = x.sizes().vec();
+    sizes.back() = n;
+    at::Tensor out = at::empty(sizes, x.options());
+    launch(*forward, static_cast<int>(device), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+           bias.has_value() ? bias->data_ptr() : nullptr);
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["grad_x"] = reinterpret_cast<int64_t>(grad_x);
+    ctx->saved_data["grad_weight"] = reinterpret_cast<int64_t>(grad_weight);
+    ctx->saved_data["device"] = device;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const auto* grad_x_plan = reinterpret_cast<const Plan*>(ctx->saved_data["grad_x"].toInt());
+    const auto* grad_weight_plan = reinterpret_cast<const Plan*>(ctx->saved_data["grad_weight"].toInt());
+    const int device = static_cast<int>(ctx->saved_data["device"].toInt());
+    const int64_t n = weight.size(0), k = weight.size(1);
+    at::Tensor grad = grads[0].contiguous();
+    if (!aligned(grad.data_ptr()) || grad.scalar_type() != x.scalar_type()) {
+      grad = grad.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);  // a fresh, 16-byte aligned buffer
+    }
+    const int64_t m = grad.numel() / n;
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_x = at::empty(x.sizes(), x.options());
+      launch(*grad_x_plan, device, grad.data_ptr(), weight.data_ptr(), grad_x.data_ptr(), nullptr);
+    }
+    if (ctx->needs_input_grad(1)) {
+      // A column-major weight (a view of Conv1D's (K, N) parameter): dweight in the parameter's own layout, so
+      // that autograd copies nothing into place.
+      if (weight.stride(1) != 1) {
+        at::Tensor stored = at::empty({k, n}, x.options());
+        launch(*grad_weight_plan, device, x.data_ptr(), grad.data_ptr(), stored.data_ptr(), nullptr);
+        grad_weight = stored.t();
+      } else {
+        grad_weight = at::empty({n, k}, x.options());
+        launch(*grad_weight_plan, device, grad.data_ptr(), x.data_ptr(), grad_weight.data_ptr(), nullptr);
+      }
+    }
+    if (ctx->needs_input_grad(2)) grad_bias = grad.view({m, n}).sum(0);
+    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+// ---- the module's functions --------------------------------------------------------------------------------
+void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_current, int64_t device_get,
+                int64_t primary_ctx_retain) {
+  driver.launch = reinterpret_cast<LaunchKernel>(launch_kernel);
+  driver.ctx_get = reinterpret_cast<CtxGetCurrent>(ctx_get_current);
+  driver.ctx_set = reinterpret_cast<CtxSetCurrent>(ctx_set_current);
+  driver.device_get = reinterpret_cast<DeviceGet>(device_get);
+  driver.primary_retain = reinterpret_cast<PrimaryCtxRetain>(primary_ctx_retain);
+}
+
+// A packed light-GEMM problem (jitops/light_gemm.py's Params, grid and launch facts) under its key.
+void offer(int64_t device, bool bf16, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n, int64_t k,
+           int64_t lda, int64_t ldb, int64_t ldd, int64_t activation, bool bias, int64_t generation,
+           int64_t function, std::array<int64_t, 3> grid, int64_t block, int64_t smem,
+           std::array<int64_t, 3> address_at, int64_t bias_at, const std::string& params) {
+  TORCH_CHECK(params.size() == kParamsSize, "jitops native offer: Params of ", params.size(), " bytes, expected ",
+              kParamsSize);
+  auto plan = std::make_unique<Plan>();
+  plan->function = reinterpret_cast<void*>(function);
+  for (int i = 0; i < 3; ++i) {
+    plan->grid[i] = static_cast<unsigned>(grid[i]);
+    plan->address_at[i] = static_cast<uint32_t>(address_at[i]);
+  }
+  plan->block = static_cast<unsigned>(block);
+  plan->smem = static_cast<unsigned>(smem);
+  plan->bias_at = static_cast<uint32_t>(bias_at);
+  std::memcpy(plan->params, params.data(), kParamsSize);
+  const Key key = make_key(static_cast<int>(device), bf16 ? at::kBFloat16 : at::kHalf, out_fp32, a_kmajor, b_kmajor,
+                           m, n, k, lda, ldb, ldd, static_cast<int>(activation), bias);
+  std::lock_guard<std::mutex> hold(table_guard);
+  if (generation != table_generation.load()) {  // offered under another config: what was there may be stale
+    table.clear();
+    table_generation = generation;
+  }
+  table[key] = plan.get();
+  plans.push_back(std::move(plan));
+}
+
+// y = x . weight^T (+ bias) through the offered problems, or None: the caller then takes the Python path.
+py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                  int64_t activation, int64_t generation) {
+  auto miss = [] {
+    misses.fetch_add(1, std::memory_order_relaxed);
+    return py::object(py::none());
+  };
+  if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
+  if (!x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return miss();
+  const auto dtype = x.scalar_type();
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || weight.scalar_type() != dtype) return miss();
+  const int device = x.get_device();
+  if (weight.get_device() != device || !plain(x) || !plain(weight)) return miss();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
+                   bias->dim() != 1 || bias->stride(0) != 1 || !aligned(bias->data_ptr()) || !plain(*bias))) {
+    return miss();
+  }
+  const int64_t n = weight.size(0), k = weight.size(1);
+  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0 || !x.is_contiguous() || (has_bias && bias->size(0) != n))
+    return miss();
+  const int64_t m = x.numel() / k;
+  if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return miss();
+  const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
+  WeightLayout w;
+  if (s1 == 1 && s0 >= k) {
+    w = {true, s0};
+  } else if (s0 == 1 && s1 >= n) {
+    w = {false, s1};
+  } else {
+    return miss();
+  }
+  if (w.ld % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return miss();
+  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return miss();
+
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
+  if (grad && activation != 0) return miss();  // a GELU's training path keeps its pre-activation (linear.py)
+  const Key fkey = forward_key(device, dtype, m, n, k, w, static_cast<int>(activation), has_bias);
+  const Plan* forward = find(fkey);
+  if (!forward) return miss();
+  if (!grad) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = n;
+    at::Tensor out = at::empty(sizes, x.options());
+    launch(*forward, device, x.data_ptr(), weight.data_ptr(), out.data_ptr(), has_bias ? bias->data_ptr() : nullptr);
+    hits.fetch_add(1, std::memory_order_relaxed);
+    return py::cast(out);
+  }
+  // The backward's problems, fetched now: a call runs here only if its whole step can.
+  const bool transposed = !w.row_major;
+  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, dtype, m, n, k, w)) : nullptr;
+  const Plan* grad_weight = weight.requires_grad() ? find(grad_weight_key(device, dtype, m, n, k, transposed))
+                                                   : nullptr;
+  if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
+  at::Tensor out = LinearFunction::apply(x, weight, has_bias ? bias : c10::optional<at::Tensor>(), forward, grad_x,
+                                         grad_weight, static_cast<int64_t>(device));
+  hits.fetch_add(1, std::memory_order_relaxed);
+  return py::cast(out);
+}
+
+std::array<int64_t, 3> counters() {
+  std::lock_guard<std::mutex> hold(table_guard);
+  return {hits.load(), misses.load(), static_cast<int64_t>(table.size())};
+}
+
+void reset_counters() {
+  hits = 0;
+  misses = 0;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_driver", &set_driver);
+  m.def("offer", &offer);
+  m.def("linear", &linear, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"),
+        py::arg("generation"));
+  m.def("counters", &counters);
+  m.def("reset_counters", &reset_counters);
+}

@@ -1,0 +1,130 @@
+"""jitops.linear's C++ host path (jitops/native.py, kernels/host/linear_host.cpp) on a real GPU: after a first
+call on the Python path offers its problems, the same calls run in C++ and give the same bits, forward and
+backward, for nn.Linear and Conv1D-style weights; a config scope sends calls back to Python until they are
+offered again; the C++ path captures into a CUDA graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import jitops
+from jitops import native
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def host():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the light GEMM kernel is sm_90a")
+    module = native.wait()
+    assert module is not None, "the C++ host path did not build (see the jitops log)"
+    return module
+
+
+def _leaves(lead, k, n, dtype, bias, transposed, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(*lead, k, generator=g).to("cuda", dtype).requires_grad_()
+    stored = (torch.randn(k, n, generator=g) / k ** 0.5).to("cuda", dtype)
+    w = stored if transposed else stored.t().contiguous()
+    w.requires_grad_()
+    b = torch.randn(n, generator=g).to("cuda", dtype).requires_grad_() if bias else None
+    return x, w, b
+
+
+def _step(x, w, b, transposed, grad_out):
+    for t in (x, w, b):
+        if t is not None:
+            t.grad = None
+    y = jitops.linear(x, w.t() if transposed else w, b)
+    y.backward(grad_out)
+    return y.detach().clone(), [t.grad.clone() for t in (x, w, b) if t is not None]
+
+
+@pytest.mark.parametrize("lead,k,n,dtype,bias,transposed", [
+    ((4, 96), 256, 512, torch.bfloat16, True, False),
+    ((384,), 256, 512, torch.float16, False, False),
+    ((8, 64), 256, 768, torch.bfloat16, True, True),     # transformers' Conv1D: weight stored (K, N)
+    ((1,), 256, 512, torch.bfloat16, True, False),       # one row
+])
+def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bias, transposed):
+    x, w, b = _leaves(lead, k, n, dtype, bias, transposed)
+    grad_out = torch.randn(*lead, n, device="cuda", dtype=dtype)
+    python_y, python_grads = _step(x, w, b, transposed, grad_out)   # offers forward, dx and dweight
+    before = native.counters()["native_calls"]
+    cpp_y, cpp_grads = _step(x, w, b, transposed, grad_out)
+    assert native.counters()["native_calls"] == before + 1
+    assert torch.equal(cpp_y, python_y)
+    for got, want in zip(cpp_grads, python_grads):
+        assert got.shape == want.shape and torch.equal(got, want)
+    if transposed:  # the gradient in the parameter's own (K, N) layout, no copy into place
+        assert w.grad.is_contiguous()
+    reference = F.linear(x.detach().float(), (w.t() if transposed else w).detach().float(),
+                         b.detach().float() if b is not None else None)
+    torch.testing.assert_close(cpp_y.float(), reference, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_inference_with_a_fused_activation(host, activation):
+    x, w, b = (t.detach() for t in _leaves((2, 128), 256, 512, torch.bfloat16, True, False, seed=1))
+    with torch.no_grad():
+        python_y = jitops.linear(x, w, b, activation=activation)
+        before = native.counters()["native_calls"]
+        cpp_y = jitops.linear(x, w, b, activation=activation)
+        assert native.counters()["native_calls"] == before + 1
+        assert torch.equal(cpp_y, python_y)
+        cpp_no_bias = jitops.linear(x, w, None, activation=activation)   # the same fused kernel, no bias
+        with jitops.config.scope(native_host=False):
+            python_no_bias = jitops.linear(x, w, None, activation=activation)
+    assert torch.equal(cpp_no_bias, python_no_bias)
+
+
+def test_a_config_scope_sends_calls_back_to_python_until_offered_again(host):
+    x, w, b = (t.detach() for t in _leaves((64,), 128, 256, torch.bfloat16, True, False, seed=2))
+    jitops.linear(x, w, b)
+    before = native.counters()
+    with jitops.config.scope(progress_seconds=5.0):   # any scope: another config generation
+        jitops.linear(x, w, b)                        # Python, offered again under this generation
+        jitops.linear(x, w, b)                        # C++
+    after = native.counters()
+    assert after["native_misses"] >= before["native_misses"] + 1
+    assert after["native_calls"] == before["native_calls"] + 1
+
+
+def test_cpp_path_captures_into_a_cuda_graph(host):
+    x, w, b = _leaves((4, 64), 256, 512, torch.bfloat16, True, False, seed=3)
+    grad_out = torch.randn(4, 64, 512, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # the Python path offers; the C++ path runs
+            eager_y, eager_grads = _step(x, w, b, False, grad_out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    before = native.counters()["native_calls"]
+    for t in (x, w, b):
+        t.grad = None
+    with torch.cuda.graph(graph):
+        y = jitops.linear(x, w, b)
+        y.backward(grad_out)
+    assert native.counters()["native_calls"] == before + 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager_y)
+    for got, want in zip((x.grad, w.grad, b.grad), eager_grads):
+        assert torch.equal(got, want)
+
+
+def test_patched_module_steps_run_in_cpp(host):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    model = model.to("cuda", torch.bfloat16)
+    jitops.patch(model, ops=("linear",))
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    model(x).float().square().mean().backward()
+    before = native.counters()["native_calls"]
+    model(x).float().square().mean().backward()
+    assert native.counters()["native_calls"] == before + 2
