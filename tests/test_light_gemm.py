@@ -428,8 +428,10 @@ class FakeTma:
 
     def __init__(self, field):
         self.field = field
+        self.bound: list = []  # devices whose context ensure_context bound on this thread
 
     def encode_into(self, buffer, offset, args, address):
+        assert self.bound, "cuTensorMapEncodeTiled needs a current context: ensure_context first"
         assert (ctypes.addressof(buffer) + offset) % 64 == 0, "the driver wants 64-byte aligned tensor maps"
         ctypes.memmove(ctypes.addressof(buffer) + offset, bytes(range(128)), 128)
         if self.field is not None:
@@ -445,11 +447,13 @@ class FakeTma:
         pass
 
     def ensure_context(self, device_index):
-        pass
+        self.bound.append(device_index)
 
 
 @pytest.mark.parametrize("field", [0, 40, None])
 def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, field):
+    # The _TmaDriver singleton already exists (made on another thread), so get() binds no context here: the
+    # light driver binds one itself before its probe (FakeTma.encode_into checks).
     monkeypatch.setattr(L._TmaDriver, "get", classmethod(lambda cls, device_index: FakeTma(field)))
     monkeypatch.setattr(L._Driver, "get", classmethod(lambda cls: object()))
     driver = L._LightDriver(0)
