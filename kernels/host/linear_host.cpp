@@ -184,6 +184,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     ctx->saved_data["grad_x"] = reinterpret_cast<int64_t>(grad_x);
     ctx->saved_data["grad_weight"] = reinterpret_cast<int64_t>(grad_weight);
     ctx->saved_data["device"] = device;
+    ctx->saved_data["bias"] = bias.has_value();
     return out;
   }
 
@@ -218,7 +219,8 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
         launch(*grad_weight_plan, device, grad.data_ptr(), x.data_ptr(), grad_weight.data_ptr(), nullptr);
       }
     }
-    if (ctx->needs_input_grad(2)) grad_bias = grad.view({m, n}).sum(0);
+    // needs_input_grad counts the inputs that are tensors: without a bias there is no index 2.
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = grad.view({m, n}).sum(0);
     return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
