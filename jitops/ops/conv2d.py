@@ -55,16 +55,14 @@ torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from .. import shapes
 from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
-from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _plan_fold, _prewarm_items, _uses_im2col,
-                          output_size, plan_gemm, plan_wgrad, round_up, wgrad_direct)
+from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _geometry, _pair, _plan_fold, _prewarm_items,
+                          _uses_im2col, output_size, plan_gemm, plan_wgrad, round_up, wgrad_direct)
 from .conv2d_run import (_channels_last_like, run_cpu, run_cuda, run_input_grad_cpu, run_input_grad_cuda,
                          run_weight_grad_cpu, run_weight_grad_cuda)
 
@@ -75,36 +73,6 @@ _FLOAT32 = torch.float32
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
-def _pair(op_name: str, name: str, value) -> tuple[int, int]:
-    if type(value) is int:
-        return (value, value)
-    if isinstance(value, str):
-        hint = "an int, a pair of ints, 'same' or 'valid'" if name == "padding" else "an int or a pair of ints"
-        raise ValueError(f"jitops.{op_name}: argument '{name}' is {value!r}; use {hint}")
-    try:
-        pair = tuple(v if type(v) is int else operator.index(v) for v in value)
-    except TypeError:  # not a sequence, or an element that is no integer (1.5, "s")
-        raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
-                        f"got {value!r}") from None
-    if len(pair) == 1:
-        pair = (pair[0], pair[0])
-    elif len(pair) != 2:
-        raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
-    return pair  # type: ignore[return-value]
-
-
-def _geometry(op_name: str, stride, padding, dilation):
-    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
-                                 _pair(op_name, "dilation", dilation))
-    if stride[0] < 1 or stride[1] < 1:
-        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
-    if padding[0] < 0 or padding[1] < 0:
-        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
-    if dilation[0] < 1 or dilation[1] < 1:
-        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
-    return stride, padding, dilation
-
-
 def _check_rank(op_name: str, name: str, t: torch.Tensor, what: str) -> None:
     if t.dim() != 4:
         raise ValueError(f"jitops.{op_name}: argument '{name}' must be 4-D {what}, got shape {tuple(t.shape)}")

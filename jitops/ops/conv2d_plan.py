@@ -1,5 +1,6 @@
 """How jitops.conv2d picks its kernels: the tile table, the cost models fitted to the op's benchmark sweeps
-and their constants, the split-K and im2col-fold choices, and the phases of a strided dgrad.
+and their constants, the split-K and im2col-fold choices, the phases of a strided dgrad, and the argument forms
+(stride, padding, dilation as an int or a pair).
 
 Pure Python on integers (no GPU, no torch tensors): the shape classes in jitops/ops/conv2d.py call plan_gemm,
 plan_wgrad and _plan_fold, and tests check the plans on the CPU.  Benchmarks force a plan with
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -123,6 +125,37 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
 
 def round_up(n: int, multiple: int = ALIGN) -> int:
     return (n + multiple - 1) // multiple * multiple
+
+
+# ---- arguments: torch's int-or-pair forms ------------------------------------------------------------------------
+def _pair(op_name: str, name: str, value) -> tuple[int, int]:
+    if type(value) is int:
+        return (value, value)
+    if isinstance(value, str):
+        hint = "an int, a pair of ints, 'same' or 'valid'" if name == "padding" else "an int or a pair of ints"
+        raise ValueError(f"jitops.{op_name}: argument '{name}' is {value!r}; use {hint}")
+    try:
+        pair = tuple(v if type(v) is int else operator.index(v) for v in value)
+    except TypeError:  # not a sequence, or an element that is no integer (1.5, "s")
+        raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
+                        f"got {value!r}") from None
+    if len(pair) == 1:
+        pair = (pair[0], pair[0])
+    elif len(pair) != 2:
+        raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _geometry(op_name: str, stride, padding, dilation):
+    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
+                                 _pair(op_name, "dilation", dilation))
+    if stride[0] < 1 or stride[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
+    if padding[0] < 0 or padding[1] < 0:
+        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
+    if dilation[0] < 1 or dilation[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
+    return stride, padding, dilation
 
 
 # ---- tiles and split-K ---------------------------------------------------------------------------------------
