@@ -352,3 +352,28 @@ def test_wgrad_reduce_kernel_sums_slices_exactly_in_every_warp_split(dtype):
             got = dw.permute(0, 2, 3, 1).reshape(k, taps, c).double()
             assert not torch.isnan(got).any(), (splits, k, taps, c)
             assert relative_error(got, want) < TOLERANCE[dtype], (splits, k, taps, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_vit_patch_embedding_runs_on_linear_and_matches_fp32_reference(layout):
+    """ViT-B/16's patch embedding (16x16 stride 16, 3 -> 768 channels) at batch 2 in bf16: jitops.linear over the
+    patch matrix (NVRTC kernels, no conv kernel), forward and all three gradients against torch's fp32 conv."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 224, 224, generator=g).to("cuda", torch.bfloat16)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(768, 3, 16, 16, generator=g) / (3 * 16 * 16) ** 0.5).to("cuda", torch.bfloat16)
+    b = torch.randn(768, generator=g).to("cuda", torch.bfloat16)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    y = jitops.conv2d(x, w, b, stride=16)
+    assert y.shape == (2, 768, 14, 14) and y.stride() == channels_last_strides(y.shape)
+    assert type(y.grad_fn.next_functions[0][0].next_functions[0][0]).__name__ == "jitops_linearBackward"
+    grad = torch.randn_like(y)
+    want_y, (want_dx, want_dw, want_db) = fp32_reference(x, w, b, 16, 0, 1, grad=grad)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), grad)
+    for name, got, want in (("y", y, want_y), ("dx", dx, want_dx), ("dw", dw, want_dw), ("db", db, want_db)):
+        assert got.shape == want.shape, name
+        error = relative_error(got, want)
+        assert error < TOLERANCE[torch.bfloat16], f"{name}: relative error {error:.2e}"

@@ -48,6 +48,8 @@ OP_IMPORT_EXCEPTIONS = {
     ("linear", "gemm"): "linear is gemm's kernels with weight^T read in place: gemm's shape classes (gemm_plan), "
                         "kernels and launches (gemm_run), and jitops.gemm in its backward",
     ("linear", "gelu"): "the activation's training path and backward (as in gemm)",
+    ("conv2d", "linear"): "a conv over non-overlapping patches (stride = filter, ViT's patch embedding) is one "
+                          "jitops.linear call on the patch matrix (conv2d_run.run_patchify)",
 }
 
 # Top-level public names that are objects named like their module, on purpose (the module is reached with

@@ -49,13 +49,19 @@ run fprop and wgrad as a 1x1 conv over an explicit im2col matrix instead, and dg
 IM2COL_MAX_CHANNELS).  A strided fprop or wgrad (the stem) folds only `stride` filter rows into the matrix and
 convolves the rest (_plan_fold).
 
+Patchify.  Stride equal to the filter size, padding 0, dilation 1, groups 1 (ViT's 16x16 stride-16 patch embedding)
+is one GEMM over non-overlapping patches, (N*P*Q, C*R*S) x weight (K, C*R*S)^T + bias: one copy of x into that
+matrix, then jitops.linear (backward: jitops.gemm), in linear's dtypes (CUDA fp16/bf16, the CPU dtypes).  The conv
+kernels build only with nvcc, about 96 s for ViT-B/16's patch embedding (fprop, dgrad, wgrad: its first training
+step on an empty cache waited 47.9 s); linear's sm_90a GEMM compiles through NVRTC in 0.3-2 s.  The output is
+channels_last memory as above; grad_x is channels_last only for a channels_last x.  1x1 stride-1 convs stay on the
+conv kernels (conv2d_plan.takes_patches says why; conv2d_run.run_patchify runs the rest).
+
 CPU (and CUDA GPUs older than Hopper): ATen (torch.nn.functional.conv2d and torch.nn.grad), with the same
 channels_last output contract, so CI exercises the shape classes, fake kernels, autograd, opcheck and
 torch.compile.  CPU dtypes: fp32, fp64, fp16, bf16.
 """
 from __future__ import annotations
-
-import operator
 
 import torch
 
@@ -63,10 +69,10 @@ from .. import shapes
 from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
-from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _plan_fold, _prewarm_items, _uses_im2col,
-                          output_size, plan_gemm, plan_wgrad, round_up, wgrad_direct)
-from .conv2d_run import (_channels_last_like, run_cpu, run_cuda, run_input_grad_cpu, run_input_grad_cuda,
-                         run_weight_grad_cpu, run_weight_grad_cuda)
+from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _geometry, _pair, _plan_fold, _prewarm_items,
+                          _uses_im2col, output_size, plan_gemm, plan_wgrad, round_up, takes_patches, wgrad_direct)
+from .conv2d_run import (_channels_last_like, patchify_calls, run_cpu, run_cuda, run_input_grad_cpu,
+                         run_input_grad_cuda, run_patchify, run_weight_grad_cpu, run_weight_grad_cuda)
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -75,36 +81,6 @@ _FLOAT32 = torch.float32
 
 
 # ---- arguments ---------------------------------------------------------------------------------------------
-def _pair(op_name: str, name: str, value) -> tuple[int, int]:
-    if type(value) is int:
-        return (value, value)
-    if isinstance(value, str):
-        hint = "an int, a pair of ints, 'same' or 'valid'" if name == "padding" else "an int or a pair of ints"
-        raise ValueError(f"jitops.{op_name}: argument '{name}' is {value!r}; use {hint}")
-    try:
-        pair = tuple(v if type(v) is int else operator.index(v) for v in value)
-    except TypeError:  # not a sequence, or an element that is no integer (1.5, "s")
-        raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
-                        f"got {value!r}") from None
-    if len(pair) == 1:
-        pair = (pair[0], pair[0])
-    elif len(pair) != 2:
-        raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
-    return pair  # type: ignore[return-value]
-
-
-def _geometry(op_name: str, stride, padding, dilation):
-    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
-                                 _pair(op_name, "dilation", dilation))
-    if stride[0] < 1 or stride[1] < 1:
-        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
-    if padding[0] < 0 or padding[1] < 0:
-        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
-    if dilation[0] < 1 or dilation[1] < 1:
-        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
-    return stride, padding, dilation
-
-
 def _check_rank(op_name: str, name: str, t: torch.Tensor, what: str) -> None:
     if t.dim() != 4:
         raise ValueError(f"jitops.{op_name}: argument '{name}' must be 4-D {what}, got shape {tuple(t.shape)}")
@@ -456,6 +432,29 @@ def _aten_conv2d(x, weight, bias, stride, padding, dilation, groups):
     return y.contiguous(memory_format=CHANNELS_LAST) if y.dim() == 4 else y
 
 
+def _patch_filter(x, weight, bias, stride, padding, dilation) -> tuple[int, int] | None:
+    """(R, S) where this groups-1 call convolves non-overlapping patches (takes_patches) with arguments the op
+    accepts, in a dtype jitops.linear runs on x's device; else None: the conv op runs it (and names a bad one)."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        return None
+    _, c, r, s = weight.shape
+    if not takes_patches(r, s, stride, padding, dilation):  # first: it turns most convs away in under a microsecond
+        return None
+    if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4) or weight.dtype is not x.dtype or \
+            x.dtype not in (CPU_DTYPES if x.is_cpu else CUDA_DTYPES) or weight.device != x.device or \
+            x.shape[-3] != c or x.shape[-2] < r or x.shape[-1] < s or \
+            (bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype is not x.dtype or
+                                   bias.device != x.device or tuple(bias.shape) != (weight.shape[0],))):
+        return None
+    return r, s
+
+
+def _public_calls(entry, args, grad):
+    """What conv2d() below calls, for a call given as jitops::conv2d's arguments (x 4-D)."""
+    size = _patch_filter(*args)
+    return [(entry, args)] if size is None else patchify_calls(args[0], args[1], args[2], *size)
+
+
 def _op_call(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """(jitops::conv2d's arguments, whether x is unbatched) for a call of jitops.conv2d (groups 1)."""
     if groups != 1:
@@ -478,6 +477,10 @@ def _op_call(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if groups == 1:
+        size = _patch_filter(x, weight, bias, stride, padding, dilation)
+        if size is not None:  # a conv over non-overlapping patches: one jitops.linear call
+            return run_patchify(x, weight, bias, *size)
     if groups == 1 and type(padding) is not str and (not isinstance(x, torch.Tensor) or
                                                     x.dim() != 3 and (x.dtype is not _FLOAT32 or x.is_cpu)):
         return _conv2d(x, weight, bias, stride, padding, dilation)  # the op's own arguments
@@ -490,5 +493,6 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 conv2d.__doc__ = __doc__
 conv2d.op = _conv2d.op  # type: ignore[attr-defined]
-public("conv2d", conv2d, entries=(_conv2d,), parts=(conv2d_input_grad, conv2d_weight_grad),
+# calls: a patchify call makes jitops.linear's calls.  linear is not among parts: it is a public op of its own.
+public("conv2d", conv2d, entries=(_conv2d,), parts=(conv2d_input_grad, conv2d_weight_grad), calls=_public_calls,
        bind=lambda *args, **kwargs: (_conv2d, _op_call(*args, **kwargs)[0]))

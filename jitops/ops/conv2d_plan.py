@@ -1,5 +1,6 @@
 """How jitops.conv2d picks its kernels: the tile table, the cost models fitted to the op's benchmark sweeps
-and their constants, the split-K and im2col-fold choices, and the phases of a strided dgrad.
+and their constants, the split-K and im2col-fold choices, the phases of a strided dgrad, and the argument forms
+(stride, padding, dilation as an int or a pair) with the geometries that run as one GEMM (takes_patches).
 
 Pure Python on integers (no GPU, no torch tensors): the shape classes in jitops/ops/conv2d.py call plan_gemm,
 plan_wgrad and _plan_fold, and tests check the plans on the CPU.  Benchmarks force a plan with
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -123,6 +125,57 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
 
 def round_up(n: int, multiple: int = ALIGN) -> int:
     return (n + multiple - 1) // multiple * multiple
+
+
+# ---- arguments: torch's int-or-pair forms, and the geometries that are one GEMM over patches -------------------
+def _pair(op_name: str, name: str, value) -> tuple[int, int]:
+    if type(value) is int:
+        return (value, value)
+    if isinstance(value, str):
+        hint = "an int, a pair of ints, 'same' or 'valid'" if name == "padding" else "an int or a pair of ints"
+        raise ValueError(f"jitops.{op_name}: argument '{name}' is {value!r}; use {hint}")
+    try:
+        pair = tuple(v if type(v) is int else operator.index(v) for v in value)
+    except TypeError:  # not a sequence, or an element that is no integer (1.5, "s")
+        raise TypeError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, "
+                        f"got {value!r}") from None
+    if len(pair) == 1:
+        pair = (pair[0], pair[0])
+    elif len(pair) != 2:
+        raise ValueError(f"jitops.{op_name}: argument '{name}' must be an int or a pair of ints, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _geometry(op_name: str, stride, padding, dilation):
+    stride, padding, dilation = (_pair(op_name, "stride", stride), _pair(op_name, "padding", padding),
+                                 _pair(op_name, "dilation", dilation))
+    if stride[0] < 1 or stride[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'stride' is {stride}; strides must be >= 1")
+    if padding[0] < 0 or padding[1] < 0:
+        raise ValueError(f"jitops.{op_name}: argument 'padding' is {padding}; padding must be >= 0")
+    if dilation[0] < 1 or dilation[1] < 1:
+        raise ValueError(f"jitops.{op_name}: argument 'dilation' is {dilation}; dilation must be >= 1")
+    return stride, padding, dilation
+
+
+def takes_patches(r: int, s: int, stride, padding, dilation) -> bool:
+    """Whether an R x S filter with this geometry convolves non-overlapping patches: stride = filter size,
+    padding 0 ("valid") and dilation 1.  Such a conv is one GEMM, patches (N*P*Q, C*R*S) x weight (K, C*R*S)^T,
+    which jitops.conv2d runs on jitops.linear.  1x1 stride-1 (pointwise) convs are excluded: they are a plain GEMM
+    in the conv kernels already (GEMM-K = C, no gather), common in ResNets (_prewarm_items lists ResNet-50's),
+    and keep the conv op's channels_last gradients there."""
+    if (r == 1 and s == 1) or r < 1 or s < 1:  # (an empty filter: the conv op names the stride it cannot take)
+        return False
+    if padding != "valid" and (type(padding) is str or _int_pair("padding", padding) != (0, 0)):
+        return False
+    return _int_pair("stride", stride) == (r, s) and _int_pair("dilation", dilation) == (1, 1)
+
+
+def _int_pair(name: str, value) -> tuple[int, int]:
+    """_pair with a shortcut for a pair of ints (a module's stride): every conv call asks takes_patches."""
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int:
+        return value
+    return _pair("conv2d", name, value)
 
 
 # ---- tiles and split-K ---------------------------------------------------------------------------------------

@@ -1,15 +1,18 @@
 """jitops.conv2d's launch code: layouts (NHWC views, channel padding, im2col matrices), the calls into the
-CUTLASS conv library, strided dgrad phases on side streams, and the wgrad reduction.  The op's declarations,
+CUTLASS conv library, strided dgrad phases on side streams, the wgrad reduction, and the patchify route (a conv
+over non-overlapping patches as one jitops.linear call).  The op's declarations,
 shape classes and kernel specs are in jitops/ops/conv2d.py, the plans in jitops/ops/conv2d_plan.py.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import shapes
 from ..config import config
 from ..launch import SideStreams, current_stream, sm_count
 from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _im2col_shared_bytes,
                           dgrad_phases, normalize_splits, output_size, round_up)
+from .linear import linear
 
 CHANNELS_LAST = torch.channels_last
 _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)",
@@ -348,3 +351,43 @@ def run_cpu(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     cls = kern.shape_class
     y = torch.nn.functional.conv2d(x, weight, bias, stride=cls.stride, padding=cls.padding, dilation=cls.dilation)
     return y.contiguous(memory_format=CHANNELS_LAST)
+
+
+# ---- patchify: a conv over non-overlapping patches as one jitops.linear call ---------------------------------------
+def patch_matrices(x: torch.Tensor, weight: torch.Tensor, r: int, s: int):
+    """(patches (N*P*Q, C*R*S), weight (K, C*R*S) in the same column order, P, Q) for a 4-D x whose stride is the
+    R x S filter: one copy of x.  Rows and columns past the last whole patch are dropped, as the conv drops them.
+    The columns are (R, S, C) where channels are x's innermost dimension (channels_last: the copy reads runs of C
+    contiguous elements) and (C, R, S) otherwise (NCHW: runs of S); the weight is a free view in that order
+    when it is laid out the same way, else a copy of the (small) weight."""
+    n, c, h, w = x.shape
+    k = weight.shape[0]
+    p, q = h // r, w // s
+    if p * r != h or q * s != w:
+        x = x[:, :, :p * r, :q * s]
+    if c > 1 and x.stride(1) < x.stride(3):
+        # (N, P, R, Q, S, C) from x's NHWC view, so that the backward's copy makes grad_x NHWC (channels_last) too
+        blocks = x.permute(0, 2, 3, 1).unflatten(2, (q, s)).unflatten(1, (p, r))
+        patches = blocks.permute(0, 1, 3, 2, 4, 5).reshape(n * p * q, r * s * c)
+        return patches, weight.permute(0, 2, 3, 1).reshape(k, r * s * c), p, q
+    blocks = x.unflatten(3, (q, s)).unflatten(2, (p, r))  # (N, C, P, R, Q, S): a view whatever x's strides
+    return blocks.permute(0, 2, 4, 1, 3, 5).reshape(n * p * q, c * r * s), weight.reshape(k, c * r * s), p, q
+
+
+def run_patchify(x: torch.Tensor, weight: torch.Tensor, bias, r: int, s: int) -> torch.Tensor:
+    """The conv as jitops.linear over the patch matrix; gradients flow through linear's backward (jitops.gemm)
+    and the views' (a copy for grad_x).  The (N*P*Q, K) result viewed as (N, K, P, Q) is channels_last memory,
+    as the conv op's output is.  x: 4-D or unbatched 3-D."""
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    patches, w2, p, q = patch_matrices(x, weight, r, s)
+    y = linear(patches, w2, bias).view(x.shape[0], p, q, weight.shape[0]).permute(0, 3, 1, 2)
+    return y.squeeze(0) if unbatched else y
+
+
+def patchify_calls(x: torch.Tensor, weight: torch.Tensor, bias, r: int, s: int) -> list:
+    """The op call run_patchify makes for a 4-D x (manifests, prefetch): jitops.linear on contiguous operands."""
+    (n, c, h, w), k = x.shape, weight.shape[0]
+    patches = shapes.placeholder(x, (n * (h // r) * (w // s), c * r * s))
+    return [(linear, (patches, shapes.placeholder(weight, (k, c * r * s)), bias, None))]
