@@ -132,6 +132,18 @@ def offer_light(cls: Any, packed: Any, device: int) -> None:
                      packed.bias_field, bytes(packed.params))
 
 
+def offer_gelu(kernels: Any, function: Any, cls: Any, device: int, backward: bool, per_block: int, block: int) -> None:
+    """Hand jitops.gelu's forward or backward kernel (16-bit classes: the Linear+GELU pairs the extension runs
+    while training) to the extension, once per config generation."""
+    module = host.module
+    generation = config.generation
+    kernels.native_offered = generation
+    if module is None or cls.dtype not in (torch.bfloat16, torch.float16) or not config.native_host:
+        return
+    module.offer_gelu(device, cls.dtype is torch.bfloat16, cls.approximate == "tanh", cls.vec, cls.index == "int",
+                      backward, generation, function.handle, block, per_block)
+
+
 def counters() -> dict[str, int]:
     """Calls the extension served, calls it handed back to Python, and problems it holds (zeros before it is
     loaded)."""
@@ -144,4 +156,4 @@ def wait() -> Any:
     return host.wait()
 
 
-__all__ = ["LINEAR_HOST", "counters", "host", "offer_light", "wait"]
+__all__ = ["LINEAR_HOST", "counters", "host", "offer_gelu", "offer_light", "wait"]

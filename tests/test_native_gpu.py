@@ -67,6 +67,32 @@ def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bia
     torch.testing.assert_close(cpp_y.float(), reference, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("activation,bias", [("gelu", True), ("gelu_tanh", True), ("gelu_tanh", False)])
+def test_training_linear_with_its_gelu_runs_in_cpp_with_the_same_bits(host, activation, bias):
+    x, w, b = _leaves((4, 64), 256, 768, torch.bfloat16, bias, False, seed=4)
+    grad_out = torch.randn(4, 64, 768, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for t in (x, w, b):
+            if t is not None:
+                t.grad = None
+        y = jitops.linear(x, w, b, activation=activation)
+        y.backward(grad_out)
+        return y.detach().clone(), [t.grad.clone() for t in (x, w, b) if t is not None]
+
+    python_y, python_grads = step()   # the GEMM, then jitops.gelu: each offers its kernels
+    before = native.counters()["native_calls"]
+    cpp_y, cpp_grads = step()
+    assert native.counters()["native_calls"] == before + 1
+    assert torch.equal(cpp_y, python_y)
+    for got, want in zip(cpp_grads, python_grads):
+        assert torch.equal(got, want)
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    reference = F.gelu(F.linear(x.detach().float(), w.detach().float(), b.detach().float() if bias else None),
+                       approximate=approximate)
+    torch.testing.assert_close(cpp_y.float(), reference, atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
 def test_inference_with_a_fused_activation(host, activation):
     x, w, b = (t.detach() for t in _leaves((2, 128), 256, 512, torch.bfloat16, True, False, seed=1))

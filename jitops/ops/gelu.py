@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from .. import shapes
+from .. import native, shapes
+from ..config import config
 from ..launch import sm_count
 from ..op import Impl, op, public
 from ..specs import CppLibrary, CudaKernel, Source, Target
@@ -150,6 +151,8 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) 
     n = x.numel()
     if n:
         k.backward.launch(_grid(k.shape_class, n, UNROLL_BACKWARD, x), BLOCK, grad, x, dx, n)
+        if k.__dict__.get("native_offered") != config.generation:  # for jitops.linear's C++ host path
+            native.offer_gelu(k, k.backward, k.shape_class, x.get_device(), True, BLOCK * UNROLL_BACKWARD, BLOCK)
     return dx
 
 
@@ -203,6 +206,8 @@ def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
     n = x.numel()
     if n:
         k.forward.launch(_grid(k.shape_class, n, UNROLL_FORWARD, x), BLOCK, x, y, n)
+        if k.__dict__.get("native_offered") != config.generation:  # for jitops.linear's C++ host path
+            native.offer_gelu(k, k.forward, k.shape_class, x.get_device(), False, BLOCK * UNROLL_FORWARD, BLOCK)
     return y
 
 
