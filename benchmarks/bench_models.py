@@ -295,8 +295,6 @@ def start_mode(model: Model, base_state: dict, device: str, dtype: torch.dtype, 
 def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: torch.dtype, args) -> dict[str, Any]:
     """The steady step (median of its interleaved blocks), host and GPU time, and the check against eager."""
     row, mode = run.row, run.row["mode"]
-    if mode.startswith("patched"):
-        row.update(native.counters())  # calls that jitops.linear's C++ host path served, and handed back
     row["step_ms"] = statistics.median(run.block_times)
     row["step_ms_blocks"] = run.block_times
     row["host_ms"] = host_ms(run.step, device)
@@ -320,7 +318,13 @@ def run_model(model: Model, base_state: dict, device: str, dtype: torch.dtype, m
     runs = [start_mode(model, base_state, device, dtype, mode, args) for mode in modes]
     for _ in range(args.blocks):
         for run in runs:
+            before = native.counters()
             run.block_times.append(block_ms(run.step, device, args.steps))
+            after = native.counters()
+            # jitops.linear's calls a step that its C++ host path served, and that it handed to Python
+            for name in ("native_calls", "native_misses"):
+                run.row[f"{name}_per_step"] = run.row.get(f"{name}_per_step", 0) + \
+                    (after[name] - before[name]) / (args.steps * args.blocks)
     rows = []
     for run in runs:
         rows.append(finish_mode(run, model, base_state, device, dtype, args))
