@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import jitops
-from jitops import Target
+from jitops import Target, native
+from jitops.light_gemm import LIGHT_GEMM
 from jitops.shapes import parse_dtype
 from jitops.specs import BuildRequest
 
@@ -302,6 +303,20 @@ def _check_call_shapes(shapes: Any, where: str, what: str) -> None:
 
 
 # ---- planning --------------------------------------------------------------------------------------------------
+def _with_native_host(jobs: dict[tuple[BuildRequest, str], Job]) -> None:
+    """A plan with the light GEMM kernel also builds jitops.linear's C++ host path (jitops/native.py), which runs
+    that kernel's problems: a deployment image then has it too, and an offline process loads it instead of
+    running every Linear through Python.  It is C++ for this machine's torch, built like the CPU kernels."""
+    light = next((job for job in jobs.values() if job.request.kernel == LIGHT_GEMM.name), None)
+    if light is None or not jitops.config.native_host:
+        return
+    request = native.LINEAR_HOST.bind()
+    target = Target("cpu")
+    jobs.setdefault((request, request.arch(target)),
+                    Job("linear", "linear", "host", request, target, request.arch(target), "the C++ host path",
+                        light.call, light.item))
+
+
 def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool = True) -> Plan:
     """The kernels `calls` need on their archs (or on `arch_override`), deduplicated.
 
@@ -362,6 +377,7 @@ def plan(calls: Iterable[Call], arch_override: Sequence[str] = (), strict: bool 
                     if key not in jobs:
                         jobs[key] = Job(public.name, op_.display_name, name, request, target, request.arch(target),
                                         shape_class, call, op_.manifest_item(op_args))
+    _with_native_host(jobs)
     if errors:
         shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
         raise RejectedCalls("the op rejects these calls (nothing was built):\n  " + "\n  ".join(shown) +

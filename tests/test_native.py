@@ -67,3 +67,20 @@ def test_a_second_process_imports_the_cached_build(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     loaded, compiles, seconds = out.stdout.split()
     assert loaded == "True" and compiles == "0", out.stdout + out.stderr
+
+
+def _plan(op: str, shapes, archs=("sm_90a",)):
+    from cache_tools import manifest
+
+    item = {"op": op, "dtypes": ["bf16"], "shapes": [shapes], "grad": True}
+    return manifest.plan(manifest.parse_item(item, list(archs), "test"))
+
+
+def test_prewarm_plans_the_host_path_beside_the_light_gemm():
+    linear = [[512, 1024], [1024, 1024], [1024]]
+    kernels = {job.request.kernel for job in _plan("linear", linear).jobs}
+    assert {"gemm_sm90_light", "linear_host"} <= kernels
+    with jitops.config.scope(native_host=False):
+        assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear).jobs}
+    assert "linear_host" not in {job.request.kernel for job in _plan("gelu", [[512, 1024]]).jobs}
+    assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear, ("sm_80",)).jobs}
