@@ -313,7 +313,7 @@ def _with_native_host(jobs: dict[tuple[BuildRequest, str], Job]) -> None:
     request = native.LINEAR_HOST.bind()
     target = Target("cpu")
     jobs.setdefault((request, request.arch(target)),
-                    Job("linear", "linear", "host", request, target, request.arch(target), "the C++ host path",
+                    Job(light.op, "linear", "host", request, target, request.arch(target), "the C++ host path",
                         light.call, light.item))
 
 
