@@ -162,7 +162,8 @@ def test_bad_inputs_name_the_argument():
 
 
 # ---- torch's argument forms: padding="same"/"valid", unbatched input, groups ------------------------------------
-def _grads(fn, x, w, b, grad_seed=5):
+def grads(fn, x, w, b, grad_seed=5):
+    """(output, grad_x, grad_weight, grad_bias) of fn for a random output gradient."""
     x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
     b = b.detach().requires_grad_() if b is not None else None
     y = fn(x, w, b)
@@ -186,8 +187,8 @@ def test_padding_same_equals_torch_exactly_in_fp64(x_shape, w_shape, dilation, u
     b = torch.randn(w_shape[0], generator=g, dtype=torch.float64)
     if unbatched:
         x = x[0]
-    ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
-    theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
+    ours = grads(lambda x, w, b: jitops.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
+    theirs = grads(lambda x, w, b: F.conv2d(x, w, b, padding="same", dilation=dilation), x, w, b)
     assert ours[0].shape == theirs[0].shape == x.shape[:-3] + (w_shape[0],) + x.shape[-2:]
     for got, want in zip(ours, theirs):
         assert torch.equal(got, want)
@@ -202,8 +203,8 @@ def test_padding_valid_and_unbatched_input_equal_torch_exactly_in_fp64(unbatched
     if unbatched:
         x = x[1]
     for kwargs in ({"padding": "valid", "stride": 2}, {"padding": (1, 2), "stride": (2, 1), "dilation": 2}):
-        ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, **kwargs), x, w, b)
-        theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, **kwargs), x, w, b)
+        ours = grads(lambda x, w, b: jitops.conv2d(x, w, b, **kwargs), x, w, b)
+        theirs = grads(lambda x, w, b: F.conv2d(x, w, b, **kwargs), x, w, b)
         assert ours[0].dim() == x.dim()
         for got, want in zip(ours, theirs):
             assert torch.equal(got, want)
@@ -225,8 +226,8 @@ def test_grouped_and_depthwise_equal_torch_exactly_in_fp64(x_shape, w_shape, gro
     x = torch.randn(x_shape, generator=g, dtype=torch.float64)
     w = torch.randn(w_shape, generator=g, dtype=torch.float64)
     b = torch.randn(w_shape[0], generator=g, dtype=torch.float64)
-    ours = _grads(lambda x, w, b: jitops.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
-    theirs = _grads(lambda x, w, b: F.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
+    ours = grads(lambda x, w, b: jitops.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
+    theirs = grads(lambda x, w, b: F.conv2d(x, w, b, groups=groups, **kwargs), x, w, b)
     if ours[0].dim() == 4:
         assert ours[0].is_contiguous(memory_format=torch.channels_last)  # as every jitops.conv2d output
     for got, want in zip(ours, theirs):

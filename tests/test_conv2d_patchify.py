@@ -13,7 +13,7 @@ import jitops
 from cache_tools import manifest as manifest_module
 from jitops.ops import conv2d_plan
 from jitops.testing import check_compile, check_op
-from test_conv2d import channels_last_strides
+from test_conv2d import channels_last_strides, grads
 
 # (x shape, (K, R, S)); the stride is (R, S).
 PATCH_CASES = [
@@ -40,16 +40,6 @@ def patch_args(case, dtype=torch.float64, bias=True, channels_last=False, seed=0
 
 def reference(x, weight, bias, stride):
     return F.conv2d(x, weight, bias, stride=stride)
-
-
-def grads(fn, x, weight, bias, seed=5):
-    """(output, grad_x, grad_weight, grad_bias) of fn for a random output gradient."""
-    x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
-    bias = bias.detach().requires_grad_() if bias is not None else None
-    y = fn(x, weight, bias)
-    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=y.dtype)
-    y.backward(grad)
-    return y, x.grad, weight.grad, bias.grad if bias is not None else None
 
 
 def op_names(y: torch.Tensor) -> set[str]:
