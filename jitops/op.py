@@ -82,6 +82,13 @@ _dispatch_stack = torch._C._len_torch_dispatch_stack
 _profiling = torch.autograd._profiler_enabled
 
 
+def dispatcher_wanted() -> bool:
+    """Whether a call now belongs in torch's dispatcher (torch.compile tracing, a torch function or dispatch
+    mode, the profiler): what every generated public function checks first, for code with a fast path of its
+    own (jitops.linear's C++ host path) to check the same way."""
+    return _is_compiling() or _function_mode() or _dispatch_stack() > 0 or _profiling()
+
+
 _current_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]  # autograd.Function's C apply, a classmethod descriptor
 
@@ -1018,4 +1025,5 @@ def _known() -> str:
 
 
 __all__ = ["Impl", "Kernels", "Op", "Public", "op", "public", "registered", "find", "find_public", "public_names",
+           "dispatcher_wanted",
            "record_calls", "CallRecorder"]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .. import native, shapes
 from ..config import config
-from ..op import Impl, op, public
+from ..op import Impl, dispatcher_wanted, op, public
 from .gelu import gelu, gelu_backward
 from .gemm import cuda_kernels, product_if_loaded
 from .gemm import gemm as _gemm
@@ -336,21 +336,17 @@ _linear = op(
 
 
 _native = native.host
-_is_compiling = torch.compiler.is_compiling
-_function_mode = torch._C._is_torch_function_mode_enabled
-_dispatch_stack = torch._C._len_torch_dispatch_stack
-_profiling = torch.autograd._profiler_enabled
 
 
 def linear(x, weight, bias=None, *, activation=None):
     # The C++ host path first (jitops/native.py): it serves a plain CUDA call whose problems the Python path
-    # below has launched before, and answers None for anything else.  Modes, the profiler and torch.compile
-    # see the op in the dispatcher instead.
+    # below has launched before, and answers None for anything else.  CPU and meta calls (a model's prefetch)
+    # never reach it; modes, the profiler and torch.compile see the op in the dispatcher instead.
     host = _native.module
-    if host is not None and not (_is_compiling() or _function_mode() or _dispatch_stack() or _profiling()):
+    if host is not None and getattr(x, "is_cuda", False) and not dispatcher_wanted():
         try:
             y = host.linear(x, weight, bias, ACTIVATIONS.get(activation, -1), config.generation)
-        except TypeError:  # not tensors (or an unhashable activation): the Python path names the argument
+        except TypeError:  # weight or bias not tensors (or an unhashable activation): the Python path says so
             y = None
         if y is not None:
             return y
