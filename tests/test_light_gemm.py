@@ -450,11 +450,34 @@ class FakeTma:
         self.bound.append(device_index)
 
 
+def test_tma_driver_binds_a_context_for_every_caller_thread(monkeypatch):
+    """The process's one _TmaDriver, made on one thread, still binds the caller's context on another (autograd's
+    device thread, where a light kernel's descriptor probe raised CUDA_ERROR_INVALID_CONTEXT on the H100)."""
+    import threading
+
+    from jitops import cutlass_host
+
+    bound: list = []
+    monkeypatch.setattr(cutlass_host, "ensure_context", lambda device_index: bound.append(
+        (threading.get_ident(), device_index)))
+    monkeypatch.setattr(cutlass_host._TmaDriver, "_instance", object())  # made earlier, elsewhere
+    other = threading.Thread(target=cutlass_host._TmaDriver.get, args=(0,))
+    other.start()
+    other.join()
+    cutlass_host._TmaDriver.get(0)
+    assert [device for _, device in bound] == [0, 0] and bound[0][0] != bound[1][0]
+
+
 @pytest.mark.parametrize("field", [0, 40, None])
 def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, field):
-    # The _TmaDriver singleton already exists (made on another thread), so get() binds no context here: the
-    # light driver binds one itself before its probe (FakeTma.encode_into checks).
-    monkeypatch.setattr(L._TmaDriver, "get", classmethod(lambda cls, device_index: FakeTma(field)))
+    # get() leaves this thread a current context, as _TmaDriver.get does (next test); the probe comes after it
+    # (FakeTma.encode_into checks).
+    def get(cls, device_index):
+        tma = FakeTma(field)
+        tma.ensure_context(device_index)
+        return tma
+
+    monkeypatch.setattr(L._TmaDriver, "get", classmethod(get))
     monkeypatch.setattr(L._Driver, "get", classmethod(lambda cls: object()))
     driver = L._LightDriver(0)
     assert driver.address_field == field
