@@ -136,9 +136,11 @@ def offer_gelu(kernels: Any, function: Any, cls: Any, device: int, backward: boo
     """Hand jitops.gelu's forward or backward kernel (16-bit classes: the Linear+GELU pairs the extension runs
     while training) to the extension, once per config generation."""
     module = host.module
+    if module is None:  # not loaded yet: offered by a later launch (light launches start the build)
+        return
     generation = config.generation
     kernels.native_offered = generation
-    if module is None or cls.dtype not in (torch.bfloat16, torch.float16) or not config.native_host:
+    if cls.dtype not in (torch.bfloat16, torch.float16) or not config.native_host:
         return
     module.offer_gelu(device, cls.dtype is torch.bfloat16, cls.approximate == "tanh", cls.vec, cls.index == "int",
                       backward, generation, function.handle, block, per_block)

@@ -84,3 +84,21 @@ def test_prewarm_plans_the_host_path_beside_the_light_gemm():
         assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear).jobs}
     assert "linear_host" not in {job.request.kernel for job in _plan("gelu", [[512, 1024]]).jobs}
     assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear, ("sm_80",)).jobs}
+
+
+def test_gelu_kernels_launched_before_the_extension_loads_are_offered_later(monkeypatch):
+    """A GELU launched while the extension still builds is offered at a later launch, not marked as done."""
+    from types import SimpleNamespace
+
+    offered = []
+    fake = SimpleNamespace(offer_gelu=lambda *args: offered.append(args))
+    kernels = SimpleNamespace()
+    cls = SimpleNamespace(dtype=torch.bfloat16, approximate="tanh", vec=8, index="int")
+    function = SimpleNamespace(handle=1234)
+    monkeypatch.setattr(native.host, "module", None)
+    native.offer_gelu(kernels, function, cls, 0, False, 1024, 256)
+    assert getattr(kernels, "native_offered", None) != jitops.config.generation and not offered
+    monkeypatch.setattr(native.host, "module", fake)
+    native.offer_gelu(kernels, function, cls, 0, False, 1024, 256)
+    assert kernels.native_offered == jitops.config.generation and len(offered) == 1
+    assert offered[0][:6] == (0, True, True, 8, True, False) and offered[0][7:] == (1234, 256, 1024)
