@@ -310,7 +310,7 @@ def _with_native_host(jobs: dict[tuple[BuildRequest, str], Job]) -> None:
     light = next((job for job in jobs.values() if job.request.kernel == LIGHT_GEMM.name), None)
     if light is None or not jitops.config.native_host:
         return
-    request = native.LINEAR_HOST.bind()
+    request = native.HOST_PATH.bind()
     target = Target("cpu")
     jobs.setdefault((request, request.arch(target)),
                     Job(light.op, "linear", "host", request, target, request.arch(target), "the C++ host path",

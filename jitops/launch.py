@@ -274,7 +274,7 @@ class CudaFunction:
         self._struct = struct.Struct("@" + "".join(PARAM_KINDS[k] for k in self.signature))
         self._buffer = ctypes.create_string_buffer(max(self._struct.size, 8))
         base = ctypes.addressof(self._buffer)
-        offsets = _field_offsets(self.signature)
+        offsets = self._offsets = _field_offsets(self.signature)
         self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self._pointers_address = ctypes.addressof(self._pointers)
         self._lock = threading.Lock()
@@ -360,6 +360,11 @@ class CudaFunction:
             self._driver.check("cuFuncSetAttribute", self._driver.lib.cuFuncSetAttribute(
                 self.handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem))
         self._dynamic_smem_limit = shared_mem
+
+    def packed(self, *values: Any) -> tuple[bytes, list[int]]:
+        """The arguments as a launch packs them (pointers as addresses) and each one's offset: a launch that
+        jitops' C++ host path replays (native.Recording)."""
+        return self._struct.pack(*values), self._offsets
 
     def max_active_blocks(self, block: int, shared_mem: int = 0) -> int:
         """Blocks of `block` threads and `shared_mem` bytes of dynamic shared memory that one multiprocessor holds

@@ -1,14 +1,16 @@
-"""jitops' C++ host path: kernels/host/linear_host.cpp, built once per machine and torch version.
+"""jitops' C++ host path: kernels/host/host_path.cpp, built once per machine and torch version.
 
-A jitops.linear call on CUDA (and its backward) costs a Python autograd node and the Python around each launch;
-that host time, not the GPU's, kept patched models behind eager (docs/architecture.md, "Where a step's host
-time goes").  The extension runs the same light GEMM kernels with the same Params from C++: jitops.linear asks it
-first (`host.module.linear(...)`), and it answers None for anything it does not cover, so the Python path stays
-the reference and the fallback.
+A jitops.linear or jitops.layer_norm call on CUDA (and its backward) costs a Python autograd node and the Python
+around each launch; that host time, not the GPU's, kept patched models behind eager (docs/architecture.md, "Where
+a step's host time goes").  The extension runs the same kernels with the same arguments from C++: the public
+functions ask it first (`host.module.linear(...)`, `host.module.layer_norm(...)`), and it answers None for
+anything it does not cover, so the Python path stays the reference and the fallback.
 
-How problems get there: every Python-path launch of the light kernel offers its packed problem (`offer_light`,
-once per problem and config generation).  A Linear's first training step runs in Python and offers its forward
-and backward problems; from the second step on, its calls run in C++.
+How problems get there: the Python path offers what it launched, once per problem and config generation.  A
+light-GEMM launch offers its packed problem (`offer_light`); jitops.gelu its kernels (`offer_gelu`);
+jitops.layer_norm records its launch sequence for the exact problem (`Recording`, `offer_recording`).  A model's
+first training step runs in Python and offers its forward and backward problems; from the second step on, those
+calls run in C++.
 
 The build: a CppExtension through the runtime (cached like any kernel, a disk hit imports the .so), started in
 the background by the first light launch, never blocking a call (about a minute of C++ compile on a 2-core
@@ -20,16 +22,17 @@ import concurrent.futures
 import ctypes
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .config import config
+from .launch import CudaFunction
 from .specs import CppExtension, Source, Target
 
 log = logging.getLogger("jitops")
 
-LINEAR_HOST = CppExtension("linear_host", Source.file("host/linear_host.cpp"), functions=(),
+HOST_PATH = CppExtension("host_path", Source.file("host/host_path.cpp"), functions=(),
                            options=("-O2",))
 _CPU = Target("cpu")
 
@@ -57,11 +60,11 @@ class _Host:
             if config.offline:
                 self._future = concurrent.futures.Future()
                 try:
-                    self._future.set_result(runtime.get_kernel(LINEAR_HOST.bind(), _CPU, None, build=False))
+                    self._future.set_result(runtime.get_kernel(HOST_PATH.bind(), _CPU, None, build=False))
                 except Exception as error:  # noqa: BLE001 - a miss or a bad entry: the Python path serves
                     self._future.set_exception(error)
             else:
-                self._future = runtime.submit(LINEAR_HOST.bind(), _CPU, None)
+                self._future = runtime.submit(HOST_PATH.bind(), _CPU, None)
             self._future.add_done_callback(self._loaded)
 
     def _loaded(self, future: Any) -> None:
@@ -146,6 +149,96 @@ def offer_gelu(kernels: Any, function: Any, cls: Any, device: int, backward: boo
                       backward, generation, function.handle, block, per_block)
 
 
+class _RecordedFunction:
+    """A CudaFunction whose launches run as usual and are kept by the Recording."""
+
+    def __init__(self, function: Any, launches: list) -> None:
+        self._function = function
+        self._launches = launches
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._function, name)
+
+    def launch(self, grid: Any, block: Any, *args: Any, shared_mem: int = 0) -> None:
+        self._function.launch(grid, block, *args, shared_mem=shared_mem)
+        self._launches.append((self._function, grid, block, args, shared_mem))
+
+
+class Recording:
+    """A loaded kernel set whose launches run as usual and are kept: handed to an op's run function in place of
+    the kernels, it records one call's launch sequence, which `offer_recording` gives the C++ host path to replay
+    on later calls of the same problem."""
+
+    def __init__(self, kernels: Any) -> None:
+        self._kernels = kernels
+        self.launches: list = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._kernels, name)
+        return _RecordedFunction(value, self.launches) if isinstance(value, CudaFunction) else value
+
+
+def _triple(size: Any) -> tuple[int, int, int]:
+    return (size, 1, 1) if type(size) is int else tuple((tuple(size) + (1, 1))[:3])  # type: ignore[return-value]
+
+
+def encode(recording: Recording, slots: Sequence[Any]) -> tuple[list, list] | None:
+    """The recorded launches as the extension takes them: per launch (function, grid, block, shared memory,
+    arguments packed with every pointer zero, each argument's offset, [(pointer offset, slot)]), and the
+    workspaces [(slot, bytes)].  A tensor argument is the call's slot it `is`, else a workspace the run allocated
+    (a slot after the call's; its contents are the kernels' own).  None if a pointer argument is neither a
+    tensor nor None (an address the recording cannot follow)."""
+    slot_of = {id(t): i for i, t in enumerate(slots) if t is not None}
+    workspaces: list[tuple[int, int]] = []
+    launches = []
+    for function, grid, block, args, shared_mem in recording.launches:
+        values, pointed = [], []
+        for index, (kind, arg) in enumerate(zip(function.signature, args)):
+            if kind != "ptr":
+                values.append(arg)
+                continue
+            values.append(0)
+            if arg is None:
+                continue
+            if not isinstance(arg, torch.Tensor):
+                return None
+            slot = slot_of.get(id(arg))
+            if slot is None:
+                slot = slot_of[id(arg)] = len(slots) + len(workspaces)
+                workspaces.append((slot, arg.numel() * arg.element_size()))
+            pointed.append((index, slot))
+        arguments, offsets = function.packed(*values)
+        launches.append((function.handle, _triple(grid), _triple(block), shared_mem, arguments, offsets,
+                         [(offsets[index], slot) for index, slot in pointed]))
+    return launches, workspaces
+
+
+class Offers:
+    """The problems an op has offered under the current config generation (a later generation starts empty)."""
+
+    def __init__(self) -> None:
+        self._generation = -1
+        self._keys: set = set()
+
+    def first(self, key: Any) -> bool:
+        """Whether `key` is yet to be offered under this generation; noted as offered from now on."""
+        if self._generation != config.generation:
+            self._keys = set()
+            self._generation = config.generation
+        if key in self._keys:
+            return False
+        self._keys.add(key)
+        return True
+
+
+def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any) -> None:
+    """Hand a recorded launch sequence to the extension through `offer` (its op's entry, e.g.
+    `module.offer_layer_norm`), under the op's key fields, for the current config generation."""
+    encoded = encode(recording, slots)
+    if encoded is not None and config.native_host:
+        offer(*key, config.generation, *encoded)
+
+
 def counters() -> dict[str, int]:
     """Calls the extension served, calls it handed back to Python, and problems it holds (zeros before it is
     loaded)."""
@@ -158,4 +251,5 @@ def wait() -> Any:
     return host.wait()
 
 
-__all__ = ["LINEAR_HOST", "counters", "host", "offer_gelu", "offer_light", "wait"]
+__all__ = ["HOST_PATH", "Offers", "Recording", "counters", "encode", "host", "offer_gelu", "offer_light",
+           "offer_recording", "wait"]

@@ -419,7 +419,7 @@ def test_all_builtin_covers_every_bucket_in_every_training_layout():
     assert {b: P._choose_bucket(*mnk) for b, mnk in P.BUCKET_EXAMPLES.items()} == {b: b for b in P.SM90_CONFIGS}
     plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])
     light = [job for job in plan.jobs if job.request.kernel == L.LIGHT_GEMM.name]
-    assert [job.request.kernel for job in plan.jobs if job not in light] == ["linear_host"]  # tests/test_native.py
+    assert [job.request.kernel for job in plan.jobs if job not in light] == ["host_path"]  # tests/test_native.py
     variants = {tuple(sorted(dict(job.request.defines).items())) for job in light}
     expected_light = {tuple(sorted({"LIGHT_T": str(t), "LIGHT_OUT": "0", "LIGHT_TILE_N": str(L.tile_n_for(bucket)),
                                     "LIGHT_FUSED": str(int(fused)), "LIGHT_A_KMAJOR": str(int(a)),

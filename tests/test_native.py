@@ -79,11 +79,11 @@ def _plan(op: str, shapes, archs=("sm_90a",)):
 def test_prewarm_plans_the_host_path_beside_the_light_gemm():
     linear = [[512, 1024], [1024, 1024], [1024]]
     kernels = {job.request.kernel for job in _plan("linear", linear).jobs}
-    assert {"gemm_sm90_light", "linear_host"} <= kernels
+    assert {"gemm_sm90_light", "host_path"} <= kernels
     with jitops.config.scope(native_host=False):
-        assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear).jobs}
-    assert "linear_host" not in {job.request.kernel for job in _plan("gelu", [[512, 1024]]).jobs}
-    assert "linear_host" not in {job.request.kernel for job in _plan("linear", linear, ("sm_80",)).jobs}
+        assert "host_path" not in {job.request.kernel for job in _plan("linear", linear).jobs}
+    assert "host_path" not in {job.request.kernel for job in _plan("gelu", [[512, 1024]]).jobs}
+    assert "host_path" not in {job.request.kernel for job in _plan("linear", linear, ("sm_80",)).jobs}
 
 
 def test_gelu_kernels_launched_before_the_extension_loads_are_offered_later(monkeypatch):
@@ -102,3 +102,66 @@ def test_gelu_kernels_launched_before_the_extension_loads_are_offered_later(monk
     native.offer_gelu(kernels, function, cls, 0, False, 1024, 256)
     assert kernels.native_offered == jitops.config.generation and len(offered) == 1
     assert offered[0][:6] == (0, True, True, 8, True, False) and offered[0][7:] == (1234, 256, 1024)
+
+
+def _function(signature, handle):
+    """A loaded kernel as far as a Recording sees it (CudaFunction's packing, no driver): launches are kept."""
+    import struct
+
+    from jitops.launch import PARAM_KINDS, CudaFunction, _field_offsets
+
+    function = object.__new__(CudaFunction)
+    function.signature, function.handle, function.label = tuple(signature), handle, f"fake{handle}"
+    function._struct = struct.Struct("@" + "".join(PARAM_KINDS[k] for k in signature))
+    function._offsets = _field_offsets(signature)
+    function.launches = []
+    function.launch = lambda grid, block, *args, shared_mem=0: function.launches.append((grid, block, args))
+    return function
+
+
+def test_a_recording_encodes_slots_workspaces_and_literals():
+    import struct
+
+    from types import SimpleNamespace
+
+    main = _function(("ptr", "ptr", "ptr", "ptr", "i64", "f64"), 11)
+    reduce = _function(("ptr", "ptr", "i64"), 12)
+    kernels = SimpleNamespace(main=main, reduce=reduce, shape_class="the class")
+    x, y, partial = torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(2, 3, 8)
+    recording = native.Recording(kernels)
+    assert recording.shape_class == "the class"
+    recording.main.launch((3, 2), 128, x, None, partial, y, 77, 0.5, shared_mem=64)
+    recording.reduce.launch(5, (32, 4), partial, y, 9)
+    assert len(main.launches) == 1 and len(reduce.launches) == 1   # the launches ran as usual
+
+    launches, workspaces = native.encode(recording, (x, None, y))
+    assert workspaces == [(3, partial.numel() * 4)]                 # after the call's three slots
+    handle, grid, block, smem, arguments, offsets, pointers = launches[0]
+    assert (handle, grid, block, smem) == (11, (3, 2, 1), (128, 1, 1), 64)
+    assert offsets == [0, 8, 16, 24, 32, 40]
+    assert pointers == [(0, 0), (16, 3), (24, 2)]                   # the None pointer has no entry
+    assert struct.unpack("@PPPPqd", arguments) == (0, 0, 0, 0, 77, 0.5)
+    assert launches[1][1:3] == ((5, 1, 1), (32, 4, 1)) and launches[1][6] == [(0, 3), (8, 2)]
+
+
+def test_a_recording_with_a_raw_address_is_not_offered():
+    from types import SimpleNamespace
+
+    kernels = SimpleNamespace(main=_function(("ptr", "i64"), 13))
+    recording = native.Recording(kernels)
+    recording.main.launch(1, 32, 0xDEAD00, 4)
+    assert native.encode(recording, ()) is None
+
+
+def test_layer_norm_offers_are_checked_and_cpu_calls_left_to_python(module):
+    generation = jitops.config.generation
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="pointer field out of range"):
+        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, generation,
+                                [(1, (1, 1, 1), (32, 1, 1), 0, bytes(16), [0, 8], [(12, 0)])], [])
+    with pytest.raises(RuntimeError, match="bad workspace slot"):
+        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, generation, [], [(1, 64)])
+    before = native.counters()["native_misses"]
+    assert module.layer_norm(x, 8, None, None, 1e-5, generation) is None
+    assert native.counters()["native_misses"] == before + 1
+    torch.testing.assert_close(jitops.layer_norm(x, 8), torch.nn.functional.layer_norm(x, (8,)))

@@ -1,4 +1,4 @@
-"""jitops.linear's C++ host path (jitops/native.py, kernels/host/linear_host.cpp) on a real GPU: after a first
+"""jitops.linear's C++ host path (jitops/native.py, kernels/host/host_path.cpp) on a real GPU: after a first
 call on the Python path offers its problems, the same calls run in C++ and give the same bits, forward and
 backward, for nn.Linear and Conv1D-style weights; a config scope sends calls back to Python until they are
 offered again; the C++ path captures into a CUDA graph."""

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from .. import native
 from ..launch import UNCAPPED_GRID, sm_count
 from .layer_norm_plan import CPU_COMPUTE, _threads
 
@@ -63,8 +64,48 @@ def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float
     return y, stats
 
 
+# ---- offers to the C++ host path (jitops/native.py, kernels/host/layer_norm.h) ----------------------------------
+# A call's tensors in the order of layer_norm.h's ForwardSlot and BackwardSlot.
+_FORWARD, _INFERENCE, _BACKWARD = 0, 1, 2  # layer_norm.h's LayerNormStage
+_offers = native.Offers()
+_host = native.host
+
+
+def _offerable(tensors) -> bool:
+    """The C++ path replays a recording on the call's own tensors: it may only record calls that copied none of
+    them (a copy would be taken for a workspace) and had rows to launch for."""
+    return all(t is None or t.is_contiguous() for t in tensors)
+
+
+def _alignment(tensors) -> int:
+    address = 0
+    for t in tensors:
+        if t is not None:
+            address |= t.data_ptr()
+    return address & 15
+
+
+def forward_offered(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool):
+    """_forward_cuda, recorded and offered to the C++ host path the first time its problem runs (once the
+    extension is loaded)."""
+    module = _host.module
+    if module is None:
+        _host.start()
+    elif len(normalized_shape) == 1 and x.numel() and normalized_shape[0] and _offerable((x, weight, bias)):
+        stage, n = (_FORWARD if save_stats else _INFERENCE), normalized_shape[0]
+        key = (stage, x.get_device(), x.dtype, x.numel() // n, n, weight is not None, bias is not None,
+               _alignment((x, weight, bias)), eps)
+        if _offers.first(key):
+            recording = native.Recording(k)
+            y, stats = _forward_cuda(recording, x, normalized_shape, weight, bias, eps, save_stats)
+            native.offer_recording(module.offer_layer_norm, recording, (x, weight, bias, y, stats), stage, x,
+                                   key[3], n, key[5], key[6], key[7], eps, False, False, False)
+            return y, stats
+    return _forward_cuda(k, x, normalized_shape, weight, bias, eps, save_stats)
+
+
 def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    return _forward_cuda(k, x, normalized_shape, weight, bias, eps, True)
+    return forward_offered(k, x, normalized_shape, weight, bias, eps, True)
 
 
 def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
@@ -98,7 +139,7 @@ def _grad_outputs(x: torch.Tensor, normalized_shape, need_dx: bool, need_dweight
 
 def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
     """The backward's persistent grid is this times the SM count: one wave, every block summing many rows."""
-    key = (id(kernel), threads, shared_mem)
+    key = (kernel.handle, threads, shared_mem)
     blocks = _OCCUPANCY.get(key)
     if blocks is None:
         blocks = _OCCUPANCY[key] = max(1, kernel.max_active_blocks(threads, shared_mem))
@@ -107,6 +148,27 @@ def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
 
 def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
                       need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """The backward's launches; recorded and offered to the C++ host path the first time its problem runs (once
+    the extension is loaded)."""
+    module = _host.module
+    if module is not None and len(normalized_shape) == 1 and x.numel() and normalized_shape[0] and \
+            _offerable((grad, x, stats, weight)):
+        n = normalized_shape[0]
+        key = (_BACKWARD, x.get_device(), x.dtype, x.numel() // n, n, weight is not None,
+               _alignment((grad, x, weight)), need_dx, need_dweight, need_dbias)
+        if _offers.first(key):
+            recording = native.Recording(k)
+            dx, dw, db = _backward_cuda(recording, grad, x, stats, weight, normalized_shape, need_dx, need_dweight,
+                                        need_dbias)
+            native.offer_recording(module.offer_layer_norm, recording, (grad, x, stats, weight, dx, dw, db),
+                                   _BACKWARD, x, key[3], n, key[5], False, key[6], 0.0, need_dx, need_dweight,
+                                   need_dbias)
+            return dx, dw, db
+    return _backward_cuda(k, grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias)
+
+
+def _backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
+                   need_dx: bool, need_dweight: bool, need_dbias: bool):
     cls = k.shape_class
     if not grad.is_contiguous():
         grad = grad.contiguous()

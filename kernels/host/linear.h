@@ -1,62 +1,16 @@
-// jitops.linear's host path in C++ (jitops/native.py builds it with load_inline and hands it the driver).
+// jitops.linear's section of the C++ host path (host_path.cpp): a Linear's forward and its backward as a C++
+// autograd node, and a Linear with its GELU, on the light sm_90a GEMM kernel with the Params that
+// jitops/light_gemm.py packed for the same problem.
 //
-// Why: on the H100 machine's host a Linear's forward + backward through Python cost 397-589 us against torch's
-// 254-466, mostly the Python around each launch and the Python autograd node, and host-bound models (Llama,
-// ViT-B/16) ran behind eager (docs/architecture.md, "Where a step's host time goes").  Here a Linear's forward
-// is a few checks, one hash lookup, one allocation and one cuLaunchKernel; its backward is a C++ autograd node
-// (torch::autograd::Function) that launches the two GEMMs the same way (Llama: x0.87-0.99 of eager before,
-// x1.21-1.22 after).
-//
-// What runs is exactly what the Python path runs: the light sm_90a GEMM kernel with the Params that
-// jitops/light_gemm.py packed for the same problem.  Python offers each packed problem here (`offer`) once;
-// a call whose forward (and, when a gradient is to be recorded, backward) problems were all offered takes
-// this path, any other returns None and the caller takes the Python path, which packs and offers them.  A
-// problem is keyed by everything that picks the kernel and its Params: device, dtypes, operand layouts,
-// M, N, K, leading dimensions, activation, bias.  The table is dropped when jitops.config changes (its
-// generation), since a scope may pick other kernels for the same problem.
-#include <torch/extension.h>
+// Python offers each packed problem here (`offer`) once; a call whose forward (and, when a gradient is to be
+// recorded, backward) problems were all offered takes this path, any other returns None and the caller takes the
+// Python path, which packs and offers them.  A problem is keyed by everything that picks the kernel and its
+// Params: device, dtypes, operand layouts, M, N, K, leading dimensions, activation, bias.
+#pragma once
 
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include "common.h"
 
-#include <array>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
-
-namespace {
-
-// ---- the driver, from Python (ctypes addresses of libcuda's entry points): no CUDA headers or libraries ----
-using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                             void**, void**);
-using CtxGetCurrent = int (*)(void**);
-using CtxSetCurrent = int (*)(void*);
-using DeviceGet = int (*)(int*, int);
-using PrimaryCtxRetain = int (*)(void**, int);
-
-struct Driver {
-  LaunchKernel launch = nullptr;
-  CtxGetCurrent ctx_get = nullptr;
-  CtxSetCurrent ctx_set = nullptr;
-  DeviceGet device_get = nullptr;
-  PrimaryCtxRetain primary_retain = nullptr;
-};
-Driver driver;
-
-constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
-
-// A thread that has made no CUDA runtime call (autograd's device threads) has no current context; the driver
-// then refuses launches.  Bind the device's primary context, as jitops.launch._bind_context does.
-void bind_primary_context(int device) {
-  int handle = 0;
-  void* context = nullptr;
-  TORCH_CHECK(driver.device_get(&handle, device) == 0 && driver.primary_retain(&context, handle) == 0 &&
-                  driver.ctx_set(context) == 0,
-              "jitops.linear (C++ host path): cannot make device ", device, "'s primary context current");
-}
+namespace jitops_host {
 
 // ---- packed problems -------------------------------------------------------------------------------------
 constexpr size_t kParamsSize = 448;  // light_gemm.PARAMS_SIZE
@@ -89,11 +43,8 @@ struct Plan {
   alignas(64) uint8_t params[kParamsSize];
 };
 
-std::mutex table_guard;
 std::unordered_map<Key, Plan*, KeyHash> table;
 std::vector<std::unique_ptr<Plan>> plans;  // never freed: a backward node may hold one past a config change
-std::atomic<int64_t> table_generation{-1};
-std::atomic<int64_t> hits{0}, misses{0};
 
 Key make_key(int device, at::ScalarType dtype, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n,
              int64_t k, int64_t lda, int64_t ldb, int64_t ldd, int activation, bool bias) {
@@ -113,19 +64,6 @@ const Plan* find(const Key& key) {
   return found == table.end() ? nullptr : found->second;
 }
 
-// One launch on the device's current torch stream (CUDA graph capture included).
-void launch_kernel(void* function, const unsigned (&grid)[3], unsigned block, unsigned smem, int device, void** args) {
-  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                     ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
-                     .native_handle();
-  int status = driver.launch(function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, args, nullptr);
-  if (status == kInvalidContext) {
-    bind_primary_context(device);
-    status = driver.launch(function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, args, nullptr);
-  }
-  TORCH_CHECK(status == 0, "jitops.linear (C++ host path): cuLaunchKernel failed with CUDA error ", status);
-}
-
 // One launch of a packed problem on other operands: Params copied to the stack and the four addresses patched
 // (the launch copies Params, so concurrent callers of one plan share nothing).
 void launch(const Plan& plan, int device, const void* a, const void* b, void* d, const void* bias) {
@@ -135,10 +73,9 @@ void launch(const Plan& plan, int device, const void* a, const void* b, void* d,
   for (int i = 0; i < 3; ++i) std::memcpy(params + plan.address_at[i], &addresses[i], 8);
   std::memcpy(params + plan.bias_at, &bias, 8);
   void* args[1] = {params};
-  launch_kernel(plan.function, plan.grid, plan.block, plan.smem, device, args);
+  const unsigned block[3] = {plan.block, 1, 1};
+  launch_kernel(plan.function, plan.grid, block, plan.smem, device, args);
 }
-
-bool aligned(const void* address) { return (reinterpret_cast<uintptr_t>(address) & 15) == 0; }
 
 // ---- jitops.gelu's kernels (kernels/gelu.cu), for a Linear whose GELU trains beside it ---------------------------
 // gelu_forward(x, y, n) and gelu_backward(dy, x, dx, n): one 256-thread block per `per_block` elements' worth of
@@ -182,16 +119,8 @@ void launch_gelu(const ElementwisePlan& plan, int device, int64_t numel, int vec
   void* args[4];
   for (int i = 0; i < count; ++i) args[i] = &pointers[i];
   args[count] = &numel;
-  launch_kernel(plan.function, grid, plan.block, 0, device, args);
-}
-
-bool plain(const at::Tensor& t) {
-  // Subclasses, functorch wrappers and functionalization have their own dispatch keys: the Python path (the
-  // dispatcher) serves them.
-  const auto keys = t.key_set();
-  return !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::FuncTorchBatched) &&
-         !keys.has(c10::DispatchKey::FuncTorchGradWrapper) && !keys.has(c10::DispatchKey::Functionalize) &&
-         !t._fw_grad(0).defined();
+  const unsigned block[3] = {plan.block, 1, 1};
+  launch_kernel(plan.function, grid, block, 0, device, args);
 }
 
 // The weight's (N, K) layout: row-major (an nn.Linear's) or column-major (a view of transformers' Conv1D
@@ -258,12 +187,6 @@ void save_plans(torch::autograd::AutogradContext* ctx, const Plan* grad_x, const
   ctx->saved_data["bias"] = bias;
 }
 
-// The output gradient as the kernels read it: contiguous, 16-byte aligned (a fresh copy otherwise).
-at::Tensor dense(const at::Tensor& grad, at::ScalarType dtype) {
-  at::Tensor g = grad.contiguous();
-  if (!aligned(g.data_ptr()) || g.scalar_type() != dtype) g = g.to(dtype).clone(at::MemoryFormat::Contiguous);
-  return g;
-}
 
 at::Tensor output_like(const at::Tensor& x, int64_t n) {
   auto sizes = x.sizes().vec();
@@ -329,27 +252,9 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
     return result;
   }
 };
-
-
-// Offered under another config generation: what the tables hold may be stale (caller holds table_guard).
-void renew(int64_t generation) {
-  if (generation != table_generation.load()) {
-    table.clear();
-    gelu_table.clear();
-    table_generation = generation;
-  }
-}
-
-}  // namespace
-
-// ---- the module's functions --------------------------------------------------------------------------------
-void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_current, int64_t device_get,
-                int64_t primary_ctx_retain) {
-  driver.launch = reinterpret_cast<LaunchKernel>(launch_kernel);
-  driver.ctx_get = reinterpret_cast<CtxGetCurrent>(ctx_get_current);
-  driver.ctx_set = reinterpret_cast<CtxSetCurrent>(ctx_set_current);
-  driver.device_get = reinterpret_cast<DeviceGet>(device_get);
-  driver.primary_retain = reinterpret_cast<PrimaryCtxRetain>(primary_ctx_retain);
+void clear_linear_tables() {
+  table.clear();
+  gelu_table.clear();
 }
 
 // A packed light-GEMM problem (jitops/light_gemm.py's Params, grid and launch facts) under its key.
@@ -390,10 +295,6 @@ void offer_gelu(int64_t device, bool bf16, bool tanh, int64_t vec, bool int_inde
 // y = x . weight^T (+ bias) through the offered problems, or None: the caller then takes the Python path.
 py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                   int64_t activation, int64_t generation) {
-  auto miss = [] {
-    misses.fetch_add(1, std::memory_order_relaxed);
-    return py::object(py::none());
-  };
   if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
   if (!x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return miss();
   const auto dtype = x.scalar_type();
@@ -436,8 +337,7 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
     sizes.back() = n;
     at::Tensor out = at::empty(sizes, x.options());
     launch(*forward, device, x.data_ptr(), weight.data_ptr(), out.data_ptr(), has_bias ? bias->data_ptr() : nullptr);
-    hits.fetch_add(1, std::memory_order_relaxed);
-    return py::cast(out);
+    return hit(out);
   }
   // The backward's problems, fetched now: a call runs here only if its whole step can.
   const bool transposed = !w.row_major;
@@ -459,26 +359,7 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   } else {
     out = LinearFunction::apply(x, weight, maybe_bias, forward, grad_x, grad_weight, static_cast<int64_t>(device));
   }
-  hits.fetch_add(1, std::memory_order_relaxed);
-  return py::cast(out);
+  return hit(out);
 }
 
-std::array<int64_t, 3> counters() {
-  std::lock_guard<std::mutex> hold(table_guard);
-  return {hits.load(), misses.load(), static_cast<int64_t>(table.size())};
-}
-
-void reset_counters() {
-  hits = 0;
-  misses = 0;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("set_driver", &set_driver);
-  m.def("offer", &offer);
-  m.def("offer_gelu", &offer_gelu);
-  m.def("linear", &linear, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"),
-        py::arg("generation"));
-  m.def("counters", &counters);
-  m.def("reset_counters", &reset_counters);
-}
+}  // namespace jitops_host

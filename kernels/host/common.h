@@ -1,0 +1,108 @@
+// The parts of jitops' C++ host path (host_path.cpp) that every op's section uses: the driver handed over from
+// Python, one launch on torch's current stream, the checks a tensor passes to be served here, and the shared
+// table state (one lock, one config generation, hit and miss counts).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace jitops_host {
+
+// ---- the driver, from Python (ctypes addresses of libcuda's entry points): no CUDA headers or libraries ----
+using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                             void**, void**);
+using CtxGetCurrent = int (*)(void**);
+using CtxSetCurrent = int (*)(void*);
+using DeviceGet = int (*)(int*, int);
+using PrimaryCtxRetain = int (*)(void**, int);
+
+struct Driver {
+  LaunchKernel launch = nullptr;
+  CtxGetCurrent ctx_get = nullptr;
+  CtxSetCurrent ctx_set = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain primary_retain = nullptr;
+};
+Driver driver;
+
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+
+// A thread that has made no CUDA runtime call (autograd's device threads) has no current context; the driver
+// then refuses launches.  Bind the device's primary context, as jitops.launch._bind_context does.
+void bind_primary_context(int device) {
+  int handle = 0;
+  void* context = nullptr;
+  TORCH_CHECK(driver.device_get(&handle, device) == 0 && driver.primary_retain(&context, handle) == 0 &&
+                  driver.ctx_set(context) == 0,
+              "jitops (C++ host path): cannot make device ", device, "'s primary context current");
+}
+
+// ---- the tables' shared state ------------------------------------------------------------------------------
+// Every op's table of offered problems sits under one lock and belongs to one config generation: a scope may pick
+// other kernels for the same problem, so an offer under a new generation drops every table (renew, host_path.cpp).
+std::mutex table_guard;
+std::atomic<int64_t> table_generation{-1};
+std::atomic<int64_t> hits{0}, misses{0};
+void renew(int64_t generation);  // caller holds table_guard
+
+// A call the host path hands back to Python: counted, and None to the caller.
+py::object miss() {
+  misses.fetch_add(1, std::memory_order_relaxed);
+  return py::none();
+}
+
+py::object hit(const at::Tensor& out) {
+  hits.fetch_add(1, std::memory_order_relaxed);
+  return py::cast(out);
+}
+
+// One launch on the device's current torch stream (CUDA graph capture included).
+void launch_kernel(void* function, const unsigned (&grid)[3], const unsigned (&block)[3], unsigned smem, int device,
+                   void** args) {
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                     ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
+                     .native_handle();
+  auto launch = [&] {
+    return driver.launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, args,
+                         nullptr);
+  };
+  int status = launch();
+  if (status == kInvalidContext) {
+    bind_primary_context(device);
+    status = launch();
+  }
+  TORCH_CHECK(status == 0, "jitops (C++ host path): cuLaunchKernel failed with CUDA error ", status);
+}
+
+bool aligned(const void* address) { return (reinterpret_cast<uintptr_t>(address) & 15) == 0; }
+
+bool plain(const at::Tensor& t) {
+  // Subclasses, functorch wrappers and functionalization have their own dispatch keys: the Python path (the
+  // dispatcher) serves them.
+  const auto keys = t.key_set();
+  return !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::FuncTorchBatched) &&
+         !keys.has(c10::DispatchKey::FuncTorchGradWrapper) && !keys.has(c10::DispatchKey::Functionalize) &&
+         !t._fw_grad(0).defined();
+}
+
+// The output gradient as the kernels read it: contiguous, 16-byte aligned (a fresh copy otherwise).
+at::Tensor dense(const at::Tensor& grad, at::ScalarType dtype) {
+  at::Tensor g = grad.contiguous();
+  if (!aligned(g.data_ptr()) || g.scalar_type() != dtype) g = g.to(dtype).clone(at::MemoryFormat::Contiguous);
+  return g;
+}
+
+}  // namespace jitops_host
