@@ -22,7 +22,6 @@ from harness import Bench, copy_bandwidth, rotate  # noqa: E402
 
 import jitops  # noqa: E402
 
-from jitops.ops import gelu as gelu_module
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SIZES = [1 << 16, 1 << 20, 1 << 24, 1 << 28]
 
@@ -71,23 +70,20 @@ def compare(bench: Bench, numel: int, name: str, approximate: str, label: str = 
 
 
 def sweep(bench: Bench) -> None:
-    """Tuning variants (module constants of jitops/ops/gelu.py): loads in flight a thread, grid cap, fast tanh."""
-    names = ("UNROLL_FORWARD", "UNROLL_BACKWARD", "BLOCKS_PER_SM", "FAST_TANH_16BIT")
-    saved = {name: getattr(gelu_module, name) for name in names}
-    for values in ((4, 2, 0, False), (1, 1, 0, False), (2, 2, 0, False), (4, 4, 0, False), (8, 8, 0, False),
-                   (4, 2, 8, False), (4, 2, 16, False), (4, 2, 0, True)):
-        for name, value in zip(names, values):
-            setattr(gelu_module, name, value)
-        jitops.find("gelu").clear_memory()
-        jitops.find("gelu_backward").clear_memory()
-        label = " u{}/{} b{}{}".format(*values[:3], " fast" if values[3] else "")
-        for name in ("bf16", "fp32"):
-            for approximate in ("none", "tanh"):
-                if name == "fp32" and values[3]:
-                    continue
-                compare(bench, 1 << 28, name, approximate, label)
-    for name, value in saved.items():
-        setattr(gelu_module, name, value)
+    """Tuning variants (config.gelu_tuning over jitops/ops/gelu_plan.py's constants): loads in flight a thread,
+    grid cap, fast tanh."""
+    names = ("unroll_forward", "unroll_backward", "blocks_per_sm", "fast_tanh")
+    for values in ((4, 2, 0, 0), (1, 1, 0, 0), (2, 2, 0, 0), (4, 4, 0, 0), (8, 8, 0, 0), (4, 2, 8, 0), (4, 2, 16, 0),
+                   (4, 2, 0, 1)):
+        with jitops.config.scope(gelu_tuning=dict(zip(names, values))):
+            jitops.find("gelu").clear_memory()  # kernels built in this scope, with its constants
+            jitops.find("gelu_backward").clear_memory()
+            label = " u{}/{} b{}{}".format(*values[:3], " fast" if values[3] else "")
+            for name in ("bf16", "fp32"):
+                for approximate in ("none", "tanh"):
+                    if name == "fp32" and values[3]:
+                        continue
+                    compare(bench, 1 << 28, name, approximate, label)
     jitops.find("gelu").clear_memory()
     jitops.find("gelu_backward").clear_memory()
 

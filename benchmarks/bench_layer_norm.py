@@ -33,7 +33,6 @@ import jitops  # noqa: E402
 
 from jitops.ops import layer_norm as ln
 from jitops.ops import layer_norm_plan as ln_plan  # noqa: E402
-from jitops.ops import layer_norm_run as ln_run  # noqa: E402
 ROWS = [1, 64, 4096, 65536]
 HIDDEN = [128, 1024, 4097, 8192, 16384]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -126,25 +125,19 @@ def host_overhead(bench: Bench) -> None:
 
 
 def sweep() -> None:
-    """Tuning variants (module constants of jitops/ops/layer_norm_plan.py and layer_norm_run.py) at a few shapes; prints ours vs torch."""
+    """Tuning variants (config.layer_norm_tuning over the constants of jitops/ops/layer_norm_plan.py and
+    layer_norm_run.py) at a few shapes; prints ours vs torch."""
     bench = Bench("layer_norm", baseline=BASELINE, variant="sweep", min_ms=30, reps=30)
     shapes = [(16384, 8192, "bf16"), (16384, 8192, "fp32"), (65536, 1024, "bf16"), (4096, 16384, "bf16"),
               (4096, 4097, "bf16")]
-    variants = [dict(FORWARD_TILE_BYTES=t, BACKWARD_TILE_BYTES=u, FORWARD_BLOCKS_PER_SM=f)
+    variants = [dict(forward_tile_bytes=t, backward_tile_bytes=u, forward_blocks_per_sm=f)
                 for t, u, f in ((128, 64, 16), (64, 64, 16), (128, 32, 16))]
-    def home(key):  # the buckets' constants live in the plan, the grid cap in the launch code
-        return ln_plan if hasattr(ln_plan, key) else ln_run
-
-    saved = {k: getattr(home(k), k) for k in variants[0]}
     for values in variants:
-        for key, value in values.items():
-            setattr(home(key), key, value)
-        ln_plan.clear_buckets()
-        print(f"--- {values}", flush=True)
-        for rows, n, name in shapes:
-            compare(bench, rows, n, name, timing="events")
-    for key, value in saved.items():
-        setattr(home(key), key, value)
+        with jitops.config.scope(layer_norm_tuning=values):
+            ln_plan.clear_buckets()  # the classes follow the scope's tile sizes
+            print(f"--- {values}", flush=True)
+            for rows, n, name in shapes:
+                compare(bench, rows, n, name, timing="events")
     ln_plan.clear_buckets()
 
 

@@ -206,6 +206,19 @@ def _optional_fold(name: str, value: Any) -> int | None:
     return value
 
 
+def _tuning(keys: tuple[str, ...], where: str) -> Callable[[str, Any], dict[str, int]]:
+    """A dict of an op's tuning constants to override (names from `keys`, values ints >= 0)."""
+    def check(name: str, value: Any) -> dict[str, int]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or any(k not in keys or type(v) is not int or v < 0
+                                              for k, v in value.items()):
+            raise ConfigError(f"config.{name}={value!r}: use a dict from {', '.join(keys)} to an int >= 0 "
+                              f"(see {where}); names left out keep the plan's values")
+        return dict(value)
+    return check
+
+
 def _bool(name: str, value: Any) -> bool:
     if type(value) is not bool:
         raise ConfigError(f"config.{name}={value!r}: use True or False")
@@ -290,8 +303,9 @@ class Config:
     native_host: Setting[bool] = Setting(
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
         "1 (default): jitops.linear's and jitops.layer_norm's calls on CUDA take a C++ host path "
-        "(kernels/host/host_path.cpp: the launches and the autograd node in C++), built once per machine in the background on the first CUDA call and used "
-        "once ready; until then, and for anything it does not cover, the Python path runs.  0: Python only.")
+        "(kernels/host/host_path.cpp: the launches and the autograd node in C++), built once per machine in the "
+        "background on the first CUDA call and used once ready; until then, and for anything it does not cover, "
+        "the Python path runs.  0: Python only.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")
@@ -347,6 +361,17 @@ class Config:
     conv2d_dgrad_phase_streams: Knob[bool] = Knob(
         _bool, True,
         "conv2d: a strided dgrad's phases run on side streams so their short kernels overlap (False: in turn).")
+    gelu_tuning: Knob[dict[str, int]] = Knob(
+        _tuning(("unroll_forward", "unroll_backward", "blocks_per_sm", "fast_tanh"), "jitops/ops/gelu_plan.py"), {},
+        "gelu: override its tuning constants, e.g. {'unroll_forward': 2}: 16-byte loads a thread issues before it "
+        "computes, the grid cap in blocks per SM (0: none), tanh.approx for 16-bit tanh (1).  Read when a shape "
+        "class's kernels are first built; the kernel set keeps what it was built with.")
+    layer_norm_tuning: Knob[dict[str, int]] = Knob(
+        _tuning(("forward_tile_bytes", "backward_tile_bytes", "forward_blocks_per_sm"),
+                "jitops/ops/layer_norm_plan.py"), {},
+        "layer_norm: override its tuning constants, e.g. {'forward_tile_bytes': 64}: bytes of a row a thread keeps "
+        "in registers, forward and backward (read when the buckets are computed: layer_norm_plan.clear_buckets()), "
+        "and the forward's grid cap in blocks per SM.")
     gemm_family: Knob[str] = Knob(
         _gemm_family, "auto",
         "gemm (and linear): the kernel family on every arch; 'sm80' runs the CUTLASS 2 kernels on an sm_90 GPU too "

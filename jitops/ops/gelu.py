@@ -22,23 +22,14 @@ from ..config import config
 from ..launch import sm_count
 from ..op import Impl, op, public
 from ..specs import CppLibrary, CudaKernel, Source, Target
+from .gelu_plan import BLOCK, PLANNED, GeluTuning, tuning
 
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 CPU_COMPUTE = shapes.CPU_COMPUTE
 APPROXIMATIONS = {"none": 0, "tanh": 1}
-BLOCK = 256
 # 32-bit indices below 2**30 elements: then every tile offset plus one grid stride stays below 2**31.
 INT32_LIMIT = 2**30
-# Tuning (benchmarks/bench_gelu.py --sweep, H100, 2^28 elements: every variant below within 5%
-# of the 3.0 TB/s copy except where noted): 16-byte vectors each thread loads before computing - forward 4 (bf16
-# erf 358 us where 1 and 2 took 372), backward 2 (bf16 erf 525 us; 4 took 535: 97 registers, 2 blocks an SM;
-# 8 took 671) - the grid cap in blocks per SM (0: one block per tile; capping at 8 or 16 a SM cost 5-10%), and
-# tanh through the SFU's tanh.approx for 16-bit types (no measurable gain, so off: the accurate tanhf).
-UNROLL_FORWARD = 4
-UNROLL_BACKWARD = 2
-BLOCKS_PER_SM = 0
-FAST_TANH_16BIT = False
 
 
 class GeluClass(NamedTuple):
@@ -92,16 +83,16 @@ def _remembered(dtype: torch.dtype, itemsize: int, address: int, approximate: st
     return cls
 
 
-# The kernels' template defaults are the tuned values (UNROLL 4 forward, 2 backward, FAST 0); other values of
-# the constants above (tuning sweeps) name them explicitly.
+# The kernels' template defaults are the planned values (gelu_plan.PLANNED); other values (a config scope's
+# gelu_tuning: tuning sweeps) name them explicitly.
 GELU_FORWARD = CudaKernel("gelu_forward", Source.file("gelu.cu"),
                           "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr i64")
 GELU_BACKWARD = CudaKernel("gelu_backward", Source.file("gelu.cu"),
                            "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}>", "ptr ptr ptr i64")
 _EXPLICIT = {
-    GELU_FORWARD: (4, CudaKernel("gelu_forward", Source.file("gelu.cu"),
+    GELU_FORWARD: (PLANNED.unroll_forward, CudaKernel("gelu_forward", Source.file("gelu.cu"),
                                  "jitops::gelu_forward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>", "ptr ptr i64")),
-    GELU_BACKWARD: (2, CudaKernel("gelu_backward", Source.file("gelu.cu"),
+    GELU_BACKWARD: (PLANNED.unroll_backward, CudaKernel("gelu_backward", Source.file("gelu.cu"),
                                   "jitops::gelu_backward<{T}, {VEC}, {APPROX}, {I}, {UNROLL}, {FAST}>",
                                   "ptr ptr ptr i64")),
 }
@@ -111,8 +102,9 @@ GELU_CPU = CppLibrary("gelu_cpu", Source.file("cpu/gelu.cpp"), functions={
 
 
 def _bind_cuda(kernel: CudaKernel, cls: GeluClass):
-    fast = int(FAST_TANH_16BIT and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
-    unroll = UNROLL_BACKWARD if kernel is GELU_BACKWARD else UNROLL_FORWARD
+    chosen = tuning()
+    fast = int(chosen.fast_tanh and cls.approximate == "tanh" and cls.dtype in (torch.float16, torch.bfloat16))
+    unroll = chosen.unroll_backward if kernel is GELU_BACKWARD else chosen.unroll_forward
     params = dict(T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec, APPROX=APPROXIMATIONS[cls.approximate], I=cls.index)
     default_unroll, explicit = _EXPLICIT[kernel]
     if unroll != default_unroll or fast:
@@ -125,9 +117,20 @@ def _cpu_kernels(cls: GeluClass, target: Target):
     return {"cpu": GELU_CPU.bind(shapes.dtype_name(compute), SCALAR_T=shapes.CPU_TYPES[compute])}
 
 
-def _grid(cls: GeluClass, n: int, unroll: int, x: torch.Tensor) -> int:
-    tiles = -(-(n // cls.vec or 1) // (BLOCK * unroll))
-    return min(tiles, sm_count(x.get_device()) * BLOCKS_PER_SM) if BLOCKS_PER_SM else tiles
+def grid(vec: int, n: int, unroll: int, blocks_per_sm: int, x: torch.Tensor) -> int:
+    """Blocks for n elements of x in vectors of `vec`, `unroll` vectors a thread: one block a tile, or at most
+    blocks_per_sm a SM when set."""
+    tiles = -(-(n // vec or 1) // (BLOCK * unroll))
+    return min(tiles, sm_count(x.get_device()) * blocks_per_sm) if blocks_per_sm else tiles
+
+
+def _tuning_of(k) -> GeluTuning:
+    """The tuning k's kernels were built with: the scope of the call that first runs them, the one that built
+    them (a sweep clears the op's memo inside each scope)."""
+    chosen = k.__dict__.get("tuning")
+    if chosen is None:
+        chosen = k.tuning = tuning()
+    return chosen
 
 
 # ---- jitops::gelu_backward: dx = dy * gelu'(x) -----------------------------------------------------------------
@@ -150,9 +153,12 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, approximate: str) 
     dx = torch.empty_like(x)
     n = x.numel()
     if n:
-        k.backward.launch(_grid(k.shape_class, n, UNROLL_BACKWARD, x), BLOCK, grad, x, dx, n)
+        chosen = _tuning_of(k)
+        k.backward.launch(grid(k.shape_class.vec, n, chosen.unroll_backward, chosen.blocks_per_sm, x), BLOCK, grad,
+                          x, dx, n)
         if k.__dict__.get("native_offered") != config.generation:  # for jitops.linear's C++ host path
-            native.offer_gelu(k, k.backward, k.shape_class, x.get_device(), True, BLOCK * UNROLL_BACKWARD, BLOCK)
+            native.offer_gelu(k, k.backward, k.shape_class, x.get_device(), True, BLOCK * chosen.unroll_backward,
+                              BLOCK)
     return dx
 
 
@@ -205,9 +211,11 @@ def run_cuda(k, x: torch.Tensor, approximate: str) -> torch.Tensor:
     y = torch.empty_like(x)
     n = x.numel()
     if n:
-        k.forward.launch(_grid(k.shape_class, n, UNROLL_FORWARD, x), BLOCK, x, y, n)
+        chosen = _tuning_of(k)
+        k.forward.launch(grid(k.shape_class.vec, n, chosen.unroll_forward, chosen.blocks_per_sm, x), BLOCK, x, y, n)
         if k.__dict__.get("native_offered") != config.generation:  # for jitops.linear's C++ host path
-            native.offer_gelu(k, k.forward, k.shape_class, x.get_device(), False, BLOCK * UNROLL_FORWARD, BLOCK)
+            native.offer_gelu(k, k.forward, k.shape_class, x.get_device(), False, BLOCK * chosen.unroll_forward,
+                              BLOCK)
     return y
 
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from .. import shapes
+from ..config import config
 
 CPU_COMPUTE = shapes.CPU_COMPUTE
 INT32_LIMIT = 2**30  # 32-bit index math below this many elements (row and grid offsets never pass 2^31)
@@ -92,9 +93,10 @@ def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -
     pair = _FORWARD_CLASSES.get(key)
     if pair is None:
         itemsize = _ITEMSIZE[dtype]
+        wide_tile = config.layer_norm_tuning.get("forward_tile_bytes", FORWARD_TILE_BYTES)
         pair = _FORWARD_CLASSES[key] = tuple(
             ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, tile, FORWARD_MAX_TPR, small), index)
-            for tile in (FORWARD_TILE_BYTES, FORWARD_TILE_BYTES // 2))
+            for tile in (wide_tile, wide_tile // 2))
     wide = small or (pair[0].tpr >= FORWARD_MIN_WIDE_TPR and rows * pair[0].tpr >= FORWARD_BUSY_THREADS)
     return pair[0] if wide else pair[1]
 
@@ -103,7 +105,8 @@ def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str
     key = (dtype, n, vec, small, index, few)
     cls = _BACKWARD_CLASSES.get(key)
     if cls is None:
-        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], BACKWARD_TILE_BYTES, BACKWARD_MAX_TPR, small)
+        tile = config.layer_norm_tuning.get("backward_tile_bytes", BACKWARD_TILE_BYTES)
+        tpr, iters = _bucket(n, vec, _ITEMSIZE[dtype], tile, BACKWARD_MAX_TPR, small)
         acc_size = 8 if dtype == torch.float64 else 4
         if few:
             params = 3
@@ -118,7 +121,7 @@ def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str
 
 
 def clear_buckets() -> None:
-    """Forget the memoized classes (after changing the tuning constants above)."""
+    """Forget the memoized classes: a config scope's layer_norm_tuning applies to classes computed after this."""
     _FORWARD_CLASSES.clear()
     _BACKWARD_CLASSES.clear()
 

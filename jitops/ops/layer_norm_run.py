@@ -9,6 +9,7 @@ import math
 import torch
 
 from .. import native
+from ..config import config
 from ..launch import UNCAPPED_GRID, sm_count
 from .layer_norm_plan import CPU_COMPUTE, _threads
 
@@ -59,7 +60,8 @@ def _forward_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float
         threads = tpr if tpr > 128 else 128  # _threads(tpr), inline
         grid = -(-rows // (threads // tpr))
         if grid > UNCAPPED_GRID:
-            grid = min(grid, sm_count(x.get_device()) * FORWARD_BLOCKS_PER_SM)
+            cap = config.layer_norm_tuning.get("forward_blocks_per_sm", FORWARD_BLOCKS_PER_SM)
+            grid = min(grid, sm_count(x.get_device()) * cap)
         k.forward.launch(grid, threads, x, weight, bias, y, stats, rows, n, eps)
     return y, stats
 
