@@ -115,7 +115,7 @@ def shape_args(m: int, n: int, k: int, dtype: torch.dtype, device: str = "cuda",
 
 
 def requests(target: Target, tune: bool = False, survey: bool = False) -> dict:
-    """Every kernel this benchmark loads on `target` (for benchmarks/prebuild_gemm.py): the default (light) sm_90a
+    """Every kernel this benchmark loads on `target` (for tools/prebuild_gemm.py): the default (light) sm_90a
     kernels and CUTLASS's, which --light times them against."""
     found = {}
     op = G.gemm.op

@@ -12,7 +12,7 @@
 #   in .prebuilt-pack/ next time.
 # prewarm-models: build the kernels of bench_models.py's models ($MODELS, comma-separated, default all), listed from
 #   a step on meta tensors, with every core; exported to $OUT/models-kernels.tar.gz for .prebuilt-pack/.
-# smoke: benchmarks/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
+# smoke: tools/conv2d_smoke.py per conv operator, each in its own process with a minute's limit (a fault
 #   or a hang in a new kernel costs one step, not the call).
 # bench NAME: benchmarks/bench_NAME.py with the arguments in $BENCH_ARGS_NAME, else $BENCH_ARGS; each writes its
 #   record (benchmarks/harness.py) to $OUT: copy a full run's NAME.json into benchmarks/results/.
@@ -49,9 +49,9 @@ while [ $i -lt ${#steps[@]} ]; do
       export JITOPS_TEST_CACHE_PATH=$root JITOPS_CACHE_PATH=$root ;;  # read-only roots (tests/conftest.py)
     build-gemm)
       roots=${JITOPS_CACHE_PATH:-}
-      JITOPS_CACHE_DIR=/tmp/jitops-gemm python3 benchmarks/prebuild_gemm.py --jobs 10 > "$OUT/build-gemm.log" 2>&1 &
+      JITOPS_CACHE_DIR=/tmp/jitops-gemm python3 tools/prebuild_gemm.py --jobs 10 > "$OUT/build-gemm.log" 2>&1 &
       main_build=$!
-      JITOPS_CACHE_DIR=/tmp/jitops-gemm-tune python3 benchmarks/prebuild_gemm.py --tune-only --jobs 8 \
+      JITOPS_CACHE_DIR=/tmp/jitops-gemm-tune python3 tools/prebuild_gemm.py --tune-only --jobs 8 \
         > "$OUT/build-gemm-tune.log" 2>&1
       wait $main_build || status=1
       tail -2 "$OUT/build-gemm.log" "$OUT/build-gemm-tune.log"
@@ -76,7 +76,7 @@ while [ $i -lt ${#steps[@]} ]; do
       export JITOPS_TEST_CACHE_PATH=${JITOPS_TEST_CACHE_PATH:+$JITOPS_TEST_CACHE_PATH:}$JITOPS_CACHE_DIR ;;
     smoke)
       for op in fprop dgrad wgrad; do
-        timeout 60 python3 benchmarks/conv2d_smoke.py "$op" 2>&1 | tee -a "$OUT/smoke.log"
+        timeout 60 python3 tools/conv2d_smoke.py "$op" 2>&1 | tee -a "$OUT/smoke.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     notebooks-bg)

@@ -1,4 +1,4 @@
-"""The jitops.gemm calls the GPU tests make, as data: the tests run them, and benchmarks/prebuild_gemm.py builds
+"""The jitops.gemm calls the GPU tests make, as data: the tests run them, and tools/prebuild_gemm.py builds
 their kernels (forward and backward) on a machine without a GPU, so the lent GPU compiles nothing."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 unaligned K/N and addresses, awkward M, both size buckets, gradients of every input against an fp64 reference,
 opcheck and torch.compile; and the CUTLASS 2 (sm_80 family) kernels run on whatever GPU is present.
 
-The calls are data (gemm_cases.py) so that benchmarks/prebuild_gemm.py can build their kernels beforehand."""
+The calls are data (gemm_cases.py) so that tools/prebuild_gemm.py can build their kernels beforehand."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True, scope="module")
 def _compile_stats():
-    """Kernels come prebuilt (benchmarks/prebuild_gemm.py, on a machine without a GPU) from the read-only roots
+    """Kernels come prebuilt (tools/prebuild_gemm.py, on a machine without a GPU) from the read-only roots
     in JITOPS_TEST_CACHE_PATH (conftest.py).  JITOPS_GEMM_STATS: a file for the run's counters."""
     yield
     stats_file = os.environ.get("JITOPS_GEMM_STATS")

@@ -1,7 +1,7 @@
 """Build, on a machine without a GPU, every gemm kernel the GPU tests and bench_gemm.py load, so that a session
 on the lent GPU compiles nothing: ship the cache directory as a read-only root (JITOPS_CACHE_PATH).
 
-    JITOPS_CACHE_DIR=.hw/gemm/prebuilt python benchmarks/prebuild_gemm.py [--tune | --tune-only] [--jobs 2] [--list]
+    JITOPS_CACHE_DIR=.hw/gemm/prebuilt python tools/prebuild_gemm.py [--tune | --tune-only] [--jobs 2] [--list]
 
 Builds for the H100 (compute capability 9.0), all through NVRTC: the sm_90a light and CUTLASS 3 kernels, and the
 CUTLASS 2 kernels that the tests run there (unaligned shapes, config.scope(gemm_family="sm80")) as sm_90 cubins,
@@ -16,8 +16,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "tests")]
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT), str(ROOT / "tests")]
 
 import jitops
 from jitops.specs import Target

@@ -1,5 +1,5 @@
 """A first look at one conv2d operator on the GPU, meant to run in its own process (a kernel fault or hang then
-costs one step, not the session):  python benchmarks/conv2d_smoke.py fprop|dgrad|wgrad
+costs one step, not the session):  python tools/conv2d_smoke.py fprop|dgrad|wgrad
 Prints the relative error against torch in fp32 for a few shapes and every tile configuration."""
 from __future__ import annotations
 
