@@ -397,10 +397,6 @@ def torch_add(k, a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
     return torch.add(a, b, alpha=alpha).contiguous()
 
 
-# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
-PREWARM = [{"op": "add", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 4096], [4096, 4096]]], "kwargs": {}}]
-
-
 # ---- autograd ---------------------------------------------------------------------------------------------------
 def setup_context(ctx, inputs, output) -> None:
     # Only when it is not 1: the first attribute stored on a fresh ctx allocates its __dict__, 0.3-0.6 us of a
@@ -431,3 +427,7 @@ add = op(
     doc=__doc__,
     fallback=torch_add,
 )
+
+
+# Common shape classes, for `python -m jitops` and `cache_tools prewarm --all-builtin` (manifest items).
+PREWARM = [{"op": "add", "dtypes": ["fp32", "fp16", "bf16"], "shapes": [[[4096, 4096], [4096, 4096]]], "kwargs": {}}]
