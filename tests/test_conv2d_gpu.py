@@ -369,7 +369,9 @@ def test_vit_patch_embedding_runs_on_linear_and_matches_fp32_reference(layout):
         t.requires_grad_(True)
     y = jitops.conv2d(x, w, b, stride=16)
     assert y.shape == (2, 768, 14, 14) and y.stride() == channels_last_strides(y.shape)
-    assert type(y.grad_fn.next_functions[0][0].next_functions[0][0]).__name__ == "jitops_linearBackward"
+    # jitops.linear's node: its Python autograd node, or the C++ host path's once an earlier call offered the problem
+    linear_node = type(y.grad_fn.next_functions[0][0].next_functions[0][0]).__name__
+    assert linear_node in ("jitops_linearBackward", "CppFunction"), linear_node
     grad = torch.randn_like(y)
     want_y, (want_dx, want_dw, want_db) = fp32_reference(x, w, b, 16, 0, 1, grad=grad)
     dx, dw, db = torch.autograd.grad(y, (x, w, b), grad)
