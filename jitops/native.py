@@ -214,18 +214,25 @@ def encode(recording: Recording, slots: Sequence[Any]) -> tuple[list, list] | No
 
 
 class Offers:
-    """The problems an op has offered under the current config generation (a later generation starts empty)."""
+    """The problems an op has offered under the current config generation (a later generation starts empty), at
+    most `limit` of them: the extension keeps every recipe it is given (a backward node may hold one), so a
+    workload of ever new shapes (serving with free sequence lengths) stops offering there and runs its new
+    problems on the Python path instead of growing the tables without bound."""
 
-    def __init__(self) -> None:
+    LIMIT = 4096
+
+    def __init__(self, limit: int = LIMIT) -> None:
         self._generation = -1
         self._keys: set = set()
+        self._limit = limit
 
     def first(self, key: Any) -> bool:
-        """Whether `key` is yet to be offered under this generation; noted as offered from now on."""
+        """Whether `key` is yet to be offered under this generation (and the limit not reached); noted as offered
+        from now on."""
         if self._generation != config.generation:
             self._keys = set()
             self._generation = config.generation
-        if key in self._keys:
+        if key in self._keys or len(self._keys) >= self._limit:
             return False
         self._keys.add(key)
         return True

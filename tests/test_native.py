@@ -165,3 +165,11 @@ def test_layer_norm_offers_are_checked_and_cpu_calls_left_to_python(module):
     assert module.layer_norm(x, 8, None, None, 1e-5, generation) is None
     assert native.counters()["native_misses"] == before + 1
     torch.testing.assert_close(jitops.layer_norm(x, 8), torch.nn.functional.layer_norm(x, (8,)))
+
+
+def test_offers_are_once_per_generation_and_bounded():
+    offers = native.Offers(limit=2)
+    assert offers.first("a") and not offers.first("a")
+    assert offers.first("b") and not offers.first("c")       # the limit: "c" stays on the Python path
+    with jitops.config.scope(progress_seconds=5.0):          # another generation starts empty
+        assert offers.first("a") and offers.first("c")
