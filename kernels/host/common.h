@@ -58,6 +58,27 @@ std::atomic<int64_t> table_generation{-1};
 std::atomic<int64_t> hits{0}, misses{0};
 void renew(int64_t generation);  // caller holds table_guard
 
+// A table of offered problems: a plain key struct (its maker zeroes it first, so padding takes part as zeros)
+// compared and hashed as its bytes, eight at a time.
+template <typename Key>
+struct BytesEqual {
+  bool operator()(const Key& a, const Key& b) const { return std::memcmp(&a, &b, sizeof(Key)) == 0; }
+};
+
+template <typename Key>
+struct BytesHash {
+  static_assert(sizeof(Key) % 8 == 0 && alignof(Key) >= 8, "a table key is a whole number of 8-byte words");
+  size_t operator()(const Key& key) const {
+    const auto* words = reinterpret_cast<const uint64_t*>(&key);
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof(Key) / 8; ++i) h = (h ^ words[i]) * 0x100000001b3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+template <typename Key, typename Value>
+using Table = std::unordered_map<Key, Value, BytesHash<Key>, BytesEqual<Key>>;
+
 // A call the host path hands back to Python: counted, and None to the caller.
 py::object miss() {
   misses.fetch_add(1, std::memory_order_relaxed);

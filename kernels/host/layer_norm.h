@@ -24,24 +24,13 @@ struct LayerNormKey {
   double eps;
   int32_t device;
   int8_t dtype, stage, has_weight, has_bias, align, need_dx, need_dweight, need_dbias;
-
-  bool operator==(const LayerNormKey& o) const { return std::memcmp(this, &o, sizeof(LayerNormKey)) == 0; }
-};
-
-struct LayerNormKeyHash {
-  size_t operator()(const LayerNormKey& key) const {
-    const auto* words = reinterpret_cast<const uint64_t*>(&key);
-    uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < sizeof(LayerNormKey) / 8; ++i) h = (h ^ words[i]) * 0x100000001b3ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
 };
 
 LayerNormKey layer_norm_key(LayerNormStage stage, int device, at::ScalarType dtype, int64_t rows, int64_t n,
                             bool has_weight, bool has_bias, int64_t align, double eps, bool need_dx,
                             bool need_dweight, bool need_dbias) {
   LayerNormKey key;
-  std::memset(&key, 0, sizeof(LayerNormKey));  // the padding takes part in operator== and the hash
+  std::memset(&key, 0, sizeof(LayerNormKey));  // the padding takes part in the comparison and the hash
   key.rows = rows, key.n = n, key.eps = stage == kBackward ? 0.0 : eps;
   key.device = device, key.dtype = static_cast<int8_t>(dtype), key.stage = stage;
   // The backward reads no bias (its key has only need_dbias).
@@ -51,7 +40,7 @@ LayerNormKey layer_norm_key(LayerNormStage stage, int device, at::ScalarType dty
   return key;
 }
 
-std::unordered_map<LayerNormKey, const Recipe*, LayerNormKeyHash> layer_norm_table;  // under table_guard
+Table<LayerNormKey, const Recipe*> layer_norm_table;  // under table_guard
 std::vector<std::unique_ptr<Recipe>> layer_norm_recipes;  // never freed: a backward node may hold one
 
 const Recipe* find_layer_norm(const LayerNormKey& key) {

@@ -20,17 +20,6 @@ struct Key {
   int64_t m, n, k, lda, ldb, ldd;
   int32_t device;
   int8_t dtype, out_fp32, a_kmajor, b_kmajor, activation, bias;
-
-  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
-};
-
-struct KeyHash {
-  size_t operator()(const Key& key) const {
-    const auto* words = reinterpret_cast<const uint64_t*>(&key);
-    uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < sizeof(Key) / 8; ++i) h = (h ^ words[i]) * 0x100000001b3ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
 };
 
 struct Plan {
@@ -43,13 +32,13 @@ struct Plan {
   alignas(64) uint8_t params[kParamsSize];
 };
 
-std::unordered_map<Key, Plan*, KeyHash> table;
+Table<Key, Plan*> table;  // under table_guard
 std::vector<std::unique_ptr<Plan>> plans;  // never freed: a backward node may hold one past a config change
 
 Key make_key(int device, at::ScalarType dtype, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n,
              int64_t k, int64_t lda, int64_t ldb, int64_t ldd, int activation, bool bias) {
   Key key;
-  std::memset(&key, 0, sizeof(Key));  // the padding takes part in operator== and the hash
+  std::memset(&key, 0, sizeof(Key));  // the padding takes part in the comparison and the hash
   key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
   key.device = device;
   key.dtype = dtype == at::kBFloat16 ? 0 : 1;
