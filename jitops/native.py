@@ -238,6 +238,16 @@ class Offers:
         return True
 
 
+def run_recorded_once(offers: Offers, key: Any, kernels: Any, run: Callable[..., Any], *args: Any
+                      ) -> tuple[Any, Recording | None]:
+    """run(kernels, *args), recorded the first time `key` is seen under this config generation: (its result, the
+    Recording to offer, or None when it was offered before)."""
+    if not offers.first(key):
+        return run(kernels, *args), None
+    recording = Recording(kernels)
+    return run(recording, *args), recording
+
+
 def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any) -> None:
     """Hand a recorded launch sequence to the extension through `offer` (its op's entry, e.g.
     `module.offer_layer_norm`), under the op's key fields, for the current config generation."""
@@ -259,4 +269,4 @@ def wait() -> Any:
 
 
 __all__ = ["HOST_PATH", "Offers", "Recording", "counters", "encode", "host", "offer_gelu", "offer_light",
-           "offer_recording", "wait"]
+           "offer_recording", "run_recorded_once", "wait"]

@@ -173,3 +173,21 @@ def test_offers_are_once_per_generation_and_bounded():
     assert offers.first("b") and not offers.first("c")       # the limit: "c" stays on the Python path
     with jitops.config.scope(progress_seconds=5.0):          # another generation starts empty
         assert offers.first("a") and offers.first("c")
+
+
+def test_a_run_is_recorded_only_the_first_time_its_problem_runs():
+    from types import SimpleNamespace
+
+    main = _function(("ptr", "i64"), 21)
+    kernels = SimpleNamespace(main=main)
+    offers = native.Offers()
+    x = torch.zeros(4)
+
+    def run(k, x):
+        k.main.launch(1, 32, x, 4)
+        return x
+
+    result, recording = native.run_recorded_once(offers, "problem", kernels, run, x)
+    assert result is x and len(recording.launches) == 1
+    result, recording = native.run_recorded_once(offers, "problem", kernels, run, x)
+    assert result is x and recording is None and len(main.launches) == 2   # ran again, not recorded

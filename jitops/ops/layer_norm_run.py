@@ -97,12 +97,12 @@ def forward_offered(k, x: torch.Tensor, normalized_shape, weight, bias, eps: flo
         stage, n = (_FORWARD if save_stats else _INFERENCE), normalized_shape[0]
         key = (stage, x.get_device(), x.dtype, x.numel() // n, n, weight is not None, bias is not None,
                _alignment((x, weight, bias)), eps)
-        if _offers.first(key):
-            recording = native.Recording(k)
-            y, stats = _forward_cuda(recording, x, normalized_shape, weight, bias, eps, save_stats)
+        (y, stats), recording = native.run_recorded_once(_offers, key, k, _forward_cuda, x, normalized_shape,
+                                                           weight, bias, eps, save_stats)
+        if recording is not None:
             native.offer_recording(module.offer_layer_norm, recording, (x, weight, bias, y, stats), stage, x,
                                    key[3], n, key[5], key[6], key[7], eps, False, False, False)
-            return y, stats
+        return y, stats
     return _forward_cuda(k, x, normalized_shape, weight, bias, eps, save_stats)
 
 
@@ -158,14 +158,13 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
         n = normalized_shape[0]
         key = (_BACKWARD, x.get_device(), x.dtype, x.numel() // n, n, weight is not None,
                _alignment((grad, x, weight)), need_dx, need_dweight, need_dbias)
-        if _offers.first(key):
-            recording = native.Recording(k)
-            dx, dw, db = _backward_cuda(recording, grad, x, stats, weight, normalized_shape, need_dx, need_dweight,
-                                        need_dbias)
+        (dx, dw, db), recording = native.run_recorded_once(_offers, key, k, _backward_cuda, grad, x, stats, weight,
+                                                             normalized_shape, need_dx, need_dweight, need_dbias)
+        if recording is not None:
             native.offer_recording(module.offer_layer_norm, recording, (grad, x, stats, weight, dx, dw, db),
                                    _BACKWARD, x, key[3], n, key[5], False, key[6], 0.0, need_dx, need_dweight,
                                    need_dbias)
-            return dx, dw, db
+        return dx, dw, db
     return _backward_cuda(k, grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias)
 
 
