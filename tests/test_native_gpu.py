@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import jitops
 from jitops import native
+from native_helpers import check_cuda_graph_capture
 
 pytestmark = pytest.mark.gpu
 
@@ -123,25 +124,7 @@ def test_a_config_scope_sends_calls_back_to_python_until_offered_again(host):
 def test_cpp_path_captures_into_a_cuda_graph(host):
     x, w, b = _leaves((4, 64), 256, 512, torch.bfloat16, True, False, seed=3)
     grad_out = torch.randn(4, 64, 512, device="cuda", dtype=torch.bfloat16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # the Python path offers; the C++ path runs
-            eager_y, eager_grads = _step(x, w, b, False, grad_out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    before = native.counters()["native_calls"]
-    for t in (x, w, b):
-        t.grad = None
-    with torch.cuda.graph(graph):
-        y = jitops.linear(x, w, b)
-        y.backward(grad_out)
-    assert native.counters()["native_calls"] == before + 1
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, eager_y)
-    for got, want in zip((x.grad, w.grad, b.grad), eager_grads):
-        assert torch.equal(got, want)
+    check_cuda_graph_capture(lambda: jitops.linear(x, w, b), [x, w, b], grad_out)
 
 
 def test_patched_module_steps_run_in_cpp(host):
