@@ -420,6 +420,8 @@ def host_function(fn: Any, name: str, arg_kinds: Sequence[str], ret_kind: str) -
     namespace: dict[str, Any] = {"fn": fn, "Tensor": torch.Tensor}
     exec(f"def call({', '.join(args)}):\n    return fn({', '.join(values)})\n", namespace)  # noqa: S102
     call = namespace["call"]
+    call.address = ctypes.cast(fn, ctypes.c_void_p).value  # what jitops' C++ host path calls (native.Recording)
+    call.arg_kinds = tuple(arg_kinds)
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"{name}({', '.join(arg_kinds)}) -> {ret_kind}"
     return call

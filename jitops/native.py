@@ -21,13 +21,15 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import logging
+import struct
 import threading
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import config
-from .launch import CudaFunction
+from .launch import CudaFunction, HostLibrary
 from .specs import CppExtension, Source, Target
 
 log = logging.getLogger("jitops")
@@ -164,36 +166,108 @@ class _RecordedFunction:
         self._launches.append((self._function, grid, block, args, shared_mem))
 
 
+class _RecordedLibrary:
+    """A host library (HostLibrary: nvcc-built CUTLASS host code) whose function calls run as usual and are kept
+    by the Recording."""
+
+    def __init__(self, library: Any, launches: list) -> None:
+        self._library = library
+        self._launches = launches
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(self._library, name)
+        if getattr(function, "address", None) is None:
+            return function
+
+        def call(*args: Any) -> Any:
+            result = function(*args)
+            self._launches.append((function, None, None, args, 0))
+            return result
+        return call
+
+
+class _Allocations(TorchDispatchMode):
+    """Watches a recorded run's aten ops: which tensors it allocated (`empty` and friends: workspaces, outputs)
+    and whether it did anything else that moves data (a copy or a sum the recording would not replay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addresses: set[int] = set()
+        self.pure = True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _ALLOCATIONS:
+            self.addresses.add(out.data_ptr())
+        elif not (func.is_view or func in _METADATA):
+            self.pure = False
+        return out
+
+
+_aten = torch.ops.aten
+_ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.new_empty.default,
+                _aten.empty_like.default}
+_METADATA = {_aten.detach.default, _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default,
+             _aten.sym_storage_offset.default, _aten.is_contiguous.default, _aten.is_contiguous.memory_format}
+
+
 class Recording:
-    """A loaded kernel set whose launches run as usual and are kept: handed to an op's run function in place of
-    the kernels, it records one call's launch sequence, which `offer_recording` gives the C++ host path to replay
-    on later calls of the same problem."""
+    """A loaded kernel set whose launches (and host-library calls) run as usual and are kept: handed to an op's
+    run function in place of the kernels, it records one call's launch sequence, which `offer_recording` gives
+    the C++ host path to replay on later calls of the same problem.  `watched()` runs the op under a dispatch
+    mode that also notes what the run allocated and whether it did anything but allocate, view and launch (a
+    copy or a reduction through torch, which a replay would leave out: then nothing is offered)."""
 
     def __init__(self, kernels: Any) -> None:
         self._kernels = kernels
         self.launches: list = []
+        self.allocated: set[int] | None = None  # addresses of the run's allocations, when watched
+        self.pure = True                          # False: the watched run moved data outside its launches
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._kernels, name)
-        return _RecordedFunction(value, self.launches) if isinstance(value, CudaFunction) else value
+        if isinstance(value, CudaFunction):
+            return _RecordedFunction(value, self.launches)
+        if isinstance(value, HostLibrary):
+            return _RecordedLibrary(value, self.launches)
+        return value
+
+    def watched(self, run: Callable[..., Any], *args: Any) -> Any:
+        """run(self, *args) under the allocation watch; the recording is then offerable only if it stayed pure."""
+        watch = _Allocations()
+        with watch:
+            result = run(self, *args)
+        self.allocated = watch.addresses if watch.pure else None
+        self.pure = watch.pure
+        return result
 
 
 def _triple(size: Any) -> tuple[int, int, int]:
     return (size, 1, 1) if type(size) is int else tuple((tuple(size) + (1, 1))[:3])  # type: ignore[return-value]
 
 
-def encode(recording: Recording, slots: Sequence[Any]) -> tuple[list, list] | None:
-    """The recorded launches as the extension takes them: per launch (function, grid, block, shared memory,
-    arguments packed with every pointer zero, each argument's offset, [(pointer offset, slot)]), and the
-    workspaces [(slot, bytes)].  A tensor argument is the call's slot it `is`, else a workspace the run allocated
-    (a slot after the call's; its contents are the kernels' own).  None if a pointer argument is neither a
-    tensor nor None (an address the recording cannot follow)."""
+STREAM_SLOT = -2  # kernels/host/recipe.h's kStreamSlot: the current stream, in a host call's arguments
+_HOST_KINDS = {"ptr": 0, "i32": 1, "i64": 2}  # recipe.h's HostKind
+
+
+def encode(recording: Recording, slots: Sequence[Any], stream: int = 0) -> tuple[list, list] | None:
+    """The recorded launches as the extension takes them: per kernel launch (function, grid, block, shared
+    memory, arguments packed with every pointer zero, each argument's offset, [(pointer offset, slot)]); per
+    host-library call (function address, (0, 0, 0), (0, 0, 0), 0, every argument as an int64, [], [(offset,
+    slot)]); and the workspaces [(slot, bytes)].  A tensor argument is the call's slot it `is` (or whose address
+    it has: a view), else a workspace the run allocated (a slot after the call's; its contents are the kernels'
+    own).  None if the run was watched and did more than allocate, view and launch, or passed an address the
+    recording cannot follow: a raw pointer other than `stream`, or, when watched, a tensor it did not allocate."""
+    if not recording.pure:
+        return None
     slot_of = {id(t): i for i, t in enumerate(slots) if t is not None}
+    slot_at = {t.data_ptr(): i for i, t in enumerate(slots) if t is not None and t.numel()}
     workspaces: list[tuple[int, int]] = []
     launches = []
     for function, grid, block, args, shared_mem in recording.launches:
+        kinds = function.signature if grid is not None else function.arg_kinds
         values, pointed = [], []
-        for index, (kind, arg) in enumerate(zip(function.signature, args)):
+        for index, (kind, arg) in enumerate(zip(kinds, args)):
             if kind != "ptr":
                 values.append(arg)
                 continue
@@ -201,12 +275,23 @@ def encode(recording: Recording, slots: Sequence[Any]) -> tuple[list, list] | No
             if arg is None:
                 continue
             if not isinstance(arg, torch.Tensor):
+                if grid is None and stream and arg == stream:
+                    pointed.append((index, STREAM_SLOT))
+                    continue
                 return None
             slot = slot_of.get(id(arg))
             if slot is None:
+                slot = slot_at.get(arg.data_ptr())
+            if slot is None:
+                if recording.allocated is not None and arg.data_ptr() not in recording.allocated:
+                    return None
                 slot = slot_of[id(arg)] = len(slots) + len(workspaces)
                 workspaces.append((slot, arg.numel() * arg.element_size()))
             pointed.append((index, slot))
+        if grid is None:  # a host-library call: its arguments as int64s, in order, and their kinds
+            launches.append((function.address, (0, 0, 0), (0, 0, 0), 0, struct.pack(f"<{len(values)}q", *values),
+                             [_HOST_KINDS[kind] for kind in kinds], [(8 * index, slot) for index, slot in pointed]))
+            continue
         arguments, offsets = function.packed(*values)
         launches.append((function.handle, _triple(grid), _triple(block), shared_mem, arguments, offsets,
                          [(offsets[index], slot) for index, slot in pointed]))
@@ -248,10 +333,11 @@ def run_recorded_once(offers: Offers, key: Any, kernels: Any, run: Callable[...,
     return run(recording, *args), recording
 
 
-def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any) -> None:
+def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any,
+                    stream: int = 0) -> None:
     """Hand a recorded launch sequence to the extension through `offer` (its op's entry, e.g.
     `module.offer_layer_norm`), under the op's key fields, for the current config generation."""
-    encoded = encode(recording, slots)
+    encoded = encode(recording, slots, stream)
     if encoded is not None and config.native_host:
         offer(*key, config.generation, *encoded)
 

@@ -35,10 +35,10 @@ KERNEL_HOST_SIDES = {
                                     "CUTLASS's host code by tests/test_cutlass_host.py; shared with light_gemm"),
     "jitops.light_gemm": (("gemm",), "the light sm_90a kernel's spec and host side (JITOPS_GEMM_SM90_KERNEL=light), "
                                   "tested on its own by tests/test_light_gemm.py"),
-    "jitops.native": (("linear", "gemm", "gelu", "layer_norm"),
-                      "the C++ host path (kernels/host/host_path.cpp): linear and layer_norm call it first, gemm's, "
-                      "gelu's and layer_norm's launches offer it their kernels; jitops/__init__ hands it the runtime "
-                      "that builds it"),
+    "jitops.native": (("linear", "gemm", "gelu", "layer_norm", "conv2d"),
+                      "the C++ host path (kernels/host/host_path.cpp): linear, layer_norm and conv2d call it first, "
+                      "gemm's, gelu's, layer_norm's and conv2d's launches offer it their kernels; jitops/__init__ "
+                      "hands it the runtime that builds it"),
 }
 HOST_SIDE_MAY_IMPORT = {"jitops.launch", "jitops.specs", "jitops.shapes", "jitops.errors", "jitops.config"}
 

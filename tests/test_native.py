@@ -191,3 +191,85 @@ def test_a_run_is_recorded_only_the_first_time_its_problem_runs():
     assert result is x and len(recording.launches) == 1
     result, recording = native.run_recorded_once(offers, "problem", kernels, run, x)
     assert result is x and recording is None and len(main.launches) == 2   # ran again, not recorded
+
+
+def _host_call(address=0xC0FFEE):
+    """A host-library function as a Recording sees it (launch.host_function's wrapper): calls are kept."""
+    from jitops.ops.conv2d import _ARGS
+
+    calls = []
+
+    def jitops_conv2d(*args):
+        calls.append(args)
+        return 0
+    jitops_conv2d.address, jitops_conv2d.arg_kinds, jitops_conv2d.calls = address, _ARGS, calls
+    return jitops_conv2d
+
+
+def _library(**functions):
+    from jitops.launch import HostLibrary
+
+    library = object.__new__(HostLibrary)
+    library.__dict__.update(functions)
+    return library
+
+
+def test_a_watched_recording_encodes_host_calls_with_the_stream():
+    import struct
+    from types import SimpleNamespace
+
+    kernels = SimpleNamespace(fprop=_library(jitops_conv2d=_host_call()))
+    x, w = torch.zeros(2, 8, 4, 4), torch.zeros(8, 8, 1, 1)
+    stream = 0x5EED
+
+    def run(k, x, w):
+        y = torch.empty(2, 8, 4, 4)
+        k.fprop.jitops_conv2d(x, w, y, None, *range(15), 1, 2, 3, 1, 0, 132, stream)
+        return y
+
+    recording = native.Recording(kernels)
+    y = recording.watched(run, x, w)
+    assert recording.pure and len(kernels.fprop.jitops_conv2d.calls) == 1
+    launches, workspaces = native.encode(recording, (x, w, None, y), stream)
+    address, grid, block, smem, arguments, kinds, pointers = launches[0]
+    assert (address, grid, block, smem, workspaces) == (0xC0FFEE, (0, 0, 0), (0, 0, 0), 0, [])
+    assert kinds == [0] * 4 + [1] * 15 + [2] * 3 + [1] * 3 + [0]
+    assert pointers == [(0, 0), (8, 1), (16, 3), (200, native.STREAM_SLOT)]
+    assert struct.unpack("<26q", arguments)[4:25] == (*range(15), 1, 2, 3, 1, 0, 132)
+    assert native.encode(recording, (x, w, None, y), stream=0x0DD) is None   # another stream: not replayable
+
+
+def test_a_watched_run_that_copies_or_passes_foreign_tensors_is_not_offered():
+    from types import SimpleNamespace
+
+    kernels = SimpleNamespace(fprop=_library(jitops_conv2d=_host_call()))
+    x, w, y = torch.zeros(2, 8, 4, 4), torch.zeros(8, 8, 1, 1), torch.zeros(2, 8, 4, 4)
+    elsewhere = torch.zeros(2, 8, 4, 4)
+
+    def copying(k, x):
+        k.fprop.jitops_conv2d(x.permute(0, 2, 3, 1).contiguous(), w, y, None, *range(15), 1, 2, 3, 1, 0, 1, 7)
+        return y
+
+    recording = native.Recording(kernels)
+    recording.watched(copying, x)
+    assert not recording.pure and native.encode(recording, (x, w, None, y), 7) is None
+
+    def foreign(k, x):  # a tensor the run did not allocate and that is no slot: its contents would be lost
+        k.fprop.jitops_conv2d(x, w, elsewhere, None, *range(15), 1, 2, 3, 1, 0, 1, 7)
+        return y
+
+    recording = native.Recording(kernels)
+    recording.watched(foreign, x)
+    assert recording.pure and native.encode(recording, (x, w, None, y), 7) is None
+
+
+def test_conv2d_offers_are_checked_and_cpu_calls_left_to_python(module):
+    generation = jitops.config.generation
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last)
+    with pytest.raises(RuntimeError, match="not jitops_conv2d's"):
+        module.offer_conv2d(0, x, [2, 8, 4, 4], [8, 8, 1, 1], (1, 1), (0, 0), (1, 1), False, generation,
+                            [(1, (0, 0, 0), (0, 0, 0), 0, bytes(16), [0, 0], [])], [])
+    before = native.counters()["native_misses"]
+    w = torch.randn(8, 8, 1, 1).to(memory_format=torch.channels_last)
+    assert module.conv2d(x, w, None, (1, 1), (0, 0), (1, 1), generation) is None
+    assert native.counters()["native_misses"] == before + 1

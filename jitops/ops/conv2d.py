@@ -71,7 +71,7 @@ from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _geometry, _pair, _plan_fold, _prewarm_items,
                           _uses_im2col, output_size, plan_gemm, plan_wgrad, round_up, takes_patches, wgrad_direct)
-from .conv2d_run import (_channels_last_like, patchify_calls, run_cpu, run_cuda, run_input_grad_cpu,
+from .conv2d_run import (_channels_last_like, native_conv2d, patchify_calls, run_cpu, run_cuda, run_input_grad_cpu,
                          run_input_grad_cuda, run_patchify, run_weight_grad_cpu, run_weight_grad_cuda)
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -481,6 +481,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         size = _patch_filter(x, weight, bias, stride, padding, dilation)
         if size is not None:  # a conv over non-overlapping patches: one jitops.linear call
             return run_patchify(x, weight, bias, *size)
+        if (y := native_conv2d(x, weight, bias, stride, padding, dilation)) is not None:  # the C++ host path
+            return y
     if groups == 1 and type(padding) is not str and (not isinstance(x, torch.Tensor) or
                                                     x.dim() != 3 and (x.dtype is not _FLOAT32 or x.is_cpu)):
         return _conv2d(x, weight, bias, stride, padding, dilation)  # the op's own arguments

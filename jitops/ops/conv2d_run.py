@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import shapes
+from .. import native, shapes
 from ..config import config
 from ..launch import SideStreams, current_stream, sm_count
-from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _im2col_shared_bytes,
-                          dgrad_phases, normalize_splits, output_size, round_up)
+from ..op import dispatcher_wanted
+from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _geometry,
+                          _im2col_shared_bytes, dgrad_phases, normalize_splits, output_size, round_up)
 from .linear import linear
 
 CHANNELS_LAST = torch.channels_last
@@ -28,6 +29,66 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
         args = (a, b, d, bias, *args)
         raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "
                            f"(n, h, w, c, k, r, s, pads, strides, dilations) = {args[4:19]}")
+
+
+# ---- offers to the C++ host path (jitops/native.py, kernels/host/conv2d.h) -------------------------------------
+# An operator's run is recorded the first time its problem runs (once the extension is loaded) and offered if it
+# only allocated, viewed and launched (one CUTLASS library call, and a split wgrad's reduction kernel): a copy or
+# a reduction through torch (padded channels, a strided dgrad's phases, split fprops, the im2col stem) keeps the
+# problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
+_FPROP, _DGRAD, _WGRAD = 0, 1, 2
+_LIBRARIES = {_FPROP: ("fprop",), _DGRAD: ("dgrad",), _WGRAD: ("wgrad", "wgrad_direct")}
+_offers = native.Offers()
+_host = native.host
+
+
+def _offered(op: int, kern, run, args: tuple, x_size, w_size, bias: bool, slots_of):
+    """run(kern, *args), recorded and offered under (op, device, dtype, sizes, geometry, bias) the first time;
+    `slots_of(result)` lists the call's tensors in the operator's slot order."""
+    module, sample = _host.module, args[0]
+    if module is None or not sample.is_cuda or not any(hasattr(kern, name) for name in _LIBRARIES[op]):
+        if module is None:  # (not a Hopper GPU, or a CPU stand-in of its kernels: nothing to offer)
+            _host.start()
+        return run(kern, *args)
+    cls = kern.shape_class
+    geometry = (tuple(cls.stride), tuple(cls.padding), tuple(cls.dilation))
+    key = (op, sample.get_device(), sample.dtype, tuple(int(v) for v in x_size), tuple(int(v) for v in w_size),
+           geometry, bias)
+    if not _offers.first(key):
+        return run(kern, *args)
+    recording = native.Recording(kern)
+    result = recording.watched(run, *args)
+    native.offer_recording(module.offer_conv2d, recording, slots_of(result), op, sample, list(key[3]), list(key[4]),
+                           *geometry, bias, stream=current_stream(sample.get_device()))
+    return result
+
+
+def native_conv2d(x, weight, bias, stride, padding, dilation):
+    """The call through the C++ host path (a CUDA call, groups 1, geometry as torch takes it), or None: then the
+    Python path runs it (and offers its operators)."""
+    module = _host.module
+    if module is None or not getattr(x, "is_cuda", False) or type(padding) is str or dispatcher_wanted():
+        return None
+    try:
+        st, pad, dil = _geometry("conv2d", stride, padding, dilation)
+        return module.conv2d(x, weight, bias, st, pad, dil, config.generation)
+    except (TypeError, ValueError):  # not tensors or a malformed geometry: the Python path says so
+        return None
+
+
+def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    return _offered(_FPROP, kern, _fprop_cuda, (x, weight, bias, stride, padding, dilation), x.shape, weight.shape,
+                    bias is not None, lambda y: (x, weight, bias, y))
+
+
+def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    return _offered(_DGRAD, kern, _input_grad_cuda, (grad, weight, input_size, stride, padding, dilation),
+                    input_size, weight.shape, False, lambda dx: (grad, weight, dx))
+
+
+def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    return _offered(_WGRAD, kern, _weight_grad_cuda, (grad, x, weight_size, stride, padding, dilation), x.shape,
+                    weight_size, False, lambda dw: (grad, x, dw))
 
 
 # ---- layouts ---------------------------------------------------------------------------------------------------
@@ -111,7 +172,7 @@ def _launch_args(t: torch.Tensor):
 
 
 # ---- dgrad ---------------------------------------------------------------------------------------------------
-def run_input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+def _input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) -> torch.Tensor:
     if not hasattr(kern, "dgrad") and not hasattr(kern, "col2im"):  # not a Hopper GPU
         return run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation)
     cls = kern.shape_class
@@ -240,7 +301,7 @@ def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, width
                        rows, channels, width)
 
 
-def run_weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+def _weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> torch.Tensor:
     direct = getattr(kern, "wgrad_direct", None)
     if not hasattr(kern, "wgrad") and direct is None:  # not a Hopper GPU
         return run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation)
@@ -297,7 +358,7 @@ def run_weight_grad_cpu(kern, grad, x, weight_size, stride, padding, dilation) -
 
 
 # ---- fprop ---------------------------------------------------------------------------------------------------
-def run_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+def _fprop_cuda(kern, x, weight, bias, stride, padding, dilation) -> torch.Tensor:
     if not hasattr(kern, "fprop"):  # not a Hopper GPU
         return run_cpu(kern, x, weight, bias, stride, padding, dilation)
     cls = kern.shape_class

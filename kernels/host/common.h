@@ -90,12 +90,17 @@ py::object hit(const at::Tensor& out) {
   return py::cast(out);
 }
 
-// One launch on the device's current torch stream (CUDA graph capture included).
+// The device's current torch stream (CUDA graph capture included).
+void* current_stream(int device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
+      .native_handle();
+}
+
+// One launch on the device's current torch stream.
 void launch_kernel(void* function, const unsigned (&grid)[3], const unsigned (&block)[3], unsigned smem, int device,
                    void** args) {
-  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                     ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
-                     .native_handle();
+  void* stream = current_stream(device);
   auto launch = [&] {
     return driver.launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, args,
                          nullptr);
@@ -107,6 +112,8 @@ void launch_kernel(void* function, const unsigned (&grid)[3], const unsigned (&b
   }
   TORCH_CHECK(status == 0, "jitops (C++ host path): cuLaunchKernel failed with CUDA error ", status);
 }
+
+const void* address_of(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
 bool aligned(const void* address) { return (reinterpret_cast<uintptr_t>(address) & 15) == 0; }
 

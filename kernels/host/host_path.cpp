@@ -1,5 +1,6 @@
 // jitops' C++ host path (jitops/native.py builds it with load_inline and hands it the driver): the launches of
-// jitops.linear (linear.h) and jitops.layer_norm (layer_norm.h), and their backwards as C++ autograd nodes.
+// jitops.linear (linear.h), jitops.layer_norm (layer_norm.h) and jitops.conv2d (conv2d.h), and their backwards
+// as C++ autograd nodes.
 //
 // Why: on the H100 machine's host a Linear's forward + backward through Python cost 397-589 us against torch's
 // 254-466, mostly the Python around each launch and the Python autograd node, and host-bound models (Llama,
@@ -13,6 +14,7 @@
 // launches and offers them.  The tables are dropped when jitops.config changes (its generation), since a scope may
 // pick other kernels for the same problem.
 #include "common.h"
+#include "conv2d.h"
 #include "layer_norm.h"
 #include "linear.h"
 #include "recipe.h"
@@ -24,6 +26,7 @@ void renew(int64_t generation) {
   if (generation != table_generation.load()) {
     clear_linear_tables();
     clear_layer_norm_tables();
+    clear_conv_tables();
     table_generation = generation;
   }
 }
@@ -44,7 +47,7 @@ void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_
 
 std::array<int64_t, 3> counters() {
   std::lock_guard<std::mutex> hold(table_guard);
-  return {hits.load(), misses.load(), static_cast<int64_t>(table.size() + layer_norm_table.size())};
+  return {hits.load(), misses.load(), static_cast<int64_t>(table.size() + layer_norm_table.size() + conv_table.size())};
 }
 
 void reset_counters() {
@@ -61,6 +64,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("offer_layer_norm", &offer_layer_norm);
   m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("n"), py::arg("weight"), py::arg("bias"), py::arg("eps"),
         py::arg("generation"));
+  m.def("offer_conv2d", &offer_conv2d);
+  m.def("conv2d", &conv2d, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+        py::arg("dilation"), py::arg("generation"));
   m.def("counters", &counters);
   m.def("reset_counters", &reset_counters);
 }

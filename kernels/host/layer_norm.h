@@ -57,8 +57,6 @@ at::Tensor new_stats(const at::Tensor& x, int64_t rows) {
   return at::empty({2, rows}, x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
 }
 
-const void* address_of(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; }
-
 struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
