@@ -302,7 +302,7 @@ class Config:
         "to compile).  Read when a shape class's kernels are first built in a process.")
     native_host: Setting[bool] = Setting(
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
-        "1 (default): jitops.linear's and jitops.layer_norm's calls on CUDA take a C++ host path "
+        "1 (default): jitops.linear's, jitops.layer_norm's and jitops.conv2d's calls on CUDA take a C++ host path "
         "(kernels/host/host_path.cpp: the launches and the autograd node in C++), built once per machine in the "
         "background on the first CUDA call and used once ready; until then, and for anything it does not cover, "
         "the Python path runs.  0: Python only.")

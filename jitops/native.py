@@ -250,14 +250,15 @@ STREAM_SLOT = -2  # kernels/host/recipe.h's kStreamSlot: the current stream, in 
 _HOST_KINDS = {"ptr": 0, "i32": 1, "i64": 2}  # recipe.h's HostKind
 
 
-def encode(recording: Recording, slots: Sequence[Any], stream: int = 0) -> tuple[list, list] | None:
+def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None) -> tuple[list, list] | None:
     """The recorded launches as the extension takes them: per kernel launch (function, grid, block, shared
     memory, arguments packed with every pointer zero, each argument's offset, [(pointer offset, slot)]); per
     host-library call (function address, (0, 0, 0), (0, 0, 0), 0, every argument as an int64, [], [(offset,
     slot)]); and the workspaces [(slot, bytes)].  A tensor argument is the call's slot it `is` (or whose address
     it has: a view), else a workspace the run allocated (a slot after the call's; its contents are the kernels'
     own).  None if the run was watched and did more than allocate, view and launch, or passed an address the
-    recording cannot follow: a raw pointer other than `stream`, or, when watched, a tensor it did not allocate."""
+    recording cannot follow: a raw pointer other than a host call's last argument equal to `stream` (the
+    stream it ran on), or, when watched, a tensor it did not allocate."""
     if not recording.pure:
         return None
     slot_of = {id(t): i for i, t in enumerate(slots) if t is not None}
@@ -275,7 +276,8 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int = 0) -> tuple
             if arg is None:
                 continue
             if not isinstance(arg, torch.Tensor):
-                if grid is None and stream and arg == stream:
+                # A host call's last argument, the stream (0 for the legacy default stream): the caller's.
+                if grid is None and stream is not None and arg == stream and index == len(kinds) - 1:
                     pointed.append((index, STREAM_SLOT))
                     continue
                 return None
@@ -334,7 +336,7 @@ def run_recorded_once(offers: Offers, key: Any, kernels: Any, run: Callable[...,
 
 
 def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any,
-                    stream: int = 0) -> None:
+                    stream: int | None = None) -> None:
     """Hand a recorded launch sequence to the extension through `offer` (its op's entry, e.g.
     `module.offer_layer_norm`), under the op's key fields, for the current config generation."""
     encoded = encode(recording, slots, stream)

@@ -237,6 +237,10 @@ def test_a_watched_recording_encodes_host_calls_with_the_stream():
     assert pointers == [(0, 0), (8, 1), (16, 3), (200, native.STREAM_SLOT)]
     assert struct.unpack("<26q", arguments)[4:25] == (*range(15), 1, 2, 3, 1, 0, 132)
     assert native.encode(recording, (x, w, None, y), stream=0x0DD) is None   # another stream: not replayable
+    stream = 0                                                              # the legacy default stream's handle
+    recording = native.Recording(kernels)
+    y = recording.watched(run, x, w)
+    assert native.encode(recording, (x, w, None, y), stream)[0][0][6][-1] == (200, native.STREAM_SLOT)
 
 
 def test_a_watched_run_that_copies_or_passes_foreign_tensors_is_not_offered():
