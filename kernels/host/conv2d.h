@@ -26,17 +26,6 @@ struct ConvKey {
   int32_t stride[2], padding[2], dilation[2];
   int32_t device;
   int8_t dtype, op, bias;
-
-  bool operator==(const ConvKey& o) const { return std::memcmp(this, &o, sizeof(ConvKey)) == 0; }
-};
-
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& key) const {
-    const auto* words = reinterpret_cast<const uint64_t*>(&key);
-    uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < sizeof(ConvKey) / 8; ++i) h = (h ^ words[i]) * 0x100000001b3ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
 };
 
 struct ConvGeometry {
@@ -46,7 +35,7 @@ struct ConvGeometry {
 ConvKey conv_key(ConvOperator op, int device, at::ScalarType dtype, at::IntArrayRef x_size, at::IntArrayRef w_size,
                  const ConvGeometry& g, bool bias) {
   ConvKey key;
-  std::memset(&key, 0, sizeof(ConvKey));  // the padding takes part in operator== and the hash
+  std::memset(&key, 0, sizeof(ConvKey));  // the padding takes part in the comparison and the hash
   key.n = x_size[0], key.c = x_size[1], key.h = x_size[2], key.w = x_size[3];
   key.k = w_size[0], key.r = w_size[2], key.s = w_size[3];
   for (int i = 0; i < 2; ++i) {
@@ -58,7 +47,7 @@ ConvKey conv_key(ConvOperator op, int device, at::ScalarType dtype, at::IntArray
   return key;
 }
 
-std::unordered_map<ConvKey, const Recipe*, ConvKeyHash> conv_table;  // under table_guard
+Table<ConvKey, const Recipe*> conv_table;  // under table_guard
 std::vector<std::unique_ptr<Recipe>> conv_recipes;                  // never freed: a backward node may hold one
 
 const Recipe* find_conv(const ConvKey& key) {
