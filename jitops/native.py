@@ -4,7 +4,10 @@ A jitops.linear or jitops.layer_norm call on CUDA (and its backward) costs a Pyt
 around each launch; that host time, not the GPU's, kept patched models behind eager (docs/architecture.md, "Where
 a step's host time goes").  The extension runs the same kernels with the same arguments from C++: the public
 functions ask it first (`host.module.linear(...)`, `host.module.layer_norm(...)`), and it answers None for
-anything it does not cover, so the Python path stays the reference and the fallback.
+anything it does not cover, so the Python path stays the reference and the fallback.  Calls that reach torch's
+dispatcher instead (torch.compile's graphs, the profiler) meet its kernels at the BackendSelect key
+(kernels/host/dispatch.h), which serve the same offered problems and pass every other call on to the Python
+implementation.
 
 How problems get there: the Python path offers what it launched, once per problem and config generation.  A
 light-GEMM launch offers its packed problem (`offer_light`); jitops.gelu its kernels (`offer_gelu`);
@@ -77,6 +80,10 @@ class _Host:
             if self.module is None:
                 module = future.result()
                 _give_driver(module)
+                # torch.compile's graphs and the profiler call the ops through the dispatcher: its kernels
+                # (dispatch.h) serve the offered problems there too, under the generation Python says is current.
+                config.on_generation(module.set_generation)
+                module.register_dispatch()
                 self.module = module
 
     def wait(self) -> Any:

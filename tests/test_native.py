@@ -277,3 +277,43 @@ def test_conv2d_offers_are_checked_and_cpu_calls_left_to_python(module):
     w = torch.randn(8, 8, 1, 1).to(memory_format=torch.channels_last)
     assert module.conv2d(x, w, None, (1, 1), (0, 0), (1, 1), generation) is None
     assert native.counters()["native_misses"] == before + 1
+DISPATCHED = ("gemm", "linear", "gelu", "gelu_backward", "layer_norm_forward", "layer_norm_inference",
+              "layer_norm_backward")
+
+
+def test_dispatcher_kernels_sit_at_backend_select(module):
+    for name in DISPATCHED:
+        dump = torch._C._dispatch_dump(f"jitops::{name}")
+        assert "BackendSelect: registered at" in dump and "dispatch.h" in dump, dump
+
+
+def test_dispatched_cpu_and_meta_calls_pass_on_to_python(module):
+    # Through torch.ops (torch.compile's graphs call the ops this way): the C++ kernel passes every CPU and meta
+    # call on, uncounted, and the Python implementation answers as before.
+    before = native.counters()
+    a, b, bias = torch.randn(5, 16), torch.randn(16, 8), torch.randn(8)
+    torch.testing.assert_close(torch.ops.jitops.gemm(a, b, bias, "relu"), torch.relu(a @ b + bias))
+    torch.testing.assert_close(torch.ops.jitops.linear(a, b.t(), bias), torch.nn.functional.linear(a, b.t(), bias))
+    torch.testing.assert_close(torch.ops.jitops.gelu(a, "tanh"), torch.nn.functional.gelu(a, approximate="tanh"))
+    x = torch.randn(3, 7, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    y, stats = torch.ops.jitops.layer_norm_forward(x, [16], w, None, 1e-5)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, [16], w, None, 1e-5))
+    y.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    meta = torch.ops.jitops.gemm(a.to("meta"), b.to("meta"))
+    assert meta.device.type == "meta" and meta.shape == (5, 8)
+    assert native.counters()["native_calls"] == before["native_calls"]
+    assert native.counters()["native_misses"] == before["native_misses"]
+
+
+def test_the_extension_follows_config_generations():
+    seen = []
+    jitops.config.on_generation(seen.append)
+    try:
+        start = jitops.config.generation
+        with jitops.config.scope(log_level=jitops.config.log_level):
+            inside = jitops.config.generation
+        assert seen == [start, inside, jitops.config.generation] and len(set(seen)) == 3
+    finally:
+        jitops.config._listeners.remove(seen.append)

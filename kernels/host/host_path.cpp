@@ -1,6 +1,7 @@
 // jitops' C++ host path (jitops/native.py builds it with load_inline and hands it the driver): the launches of
 // jitops.linear (linear.h), jitops.layer_norm (layer_norm.h) and jitops.conv2d (conv2d.h), and their backwards
-// as C++ autograd nodes.
+// as C++ autograd nodes; and linear's and layer_norm's problems served to torch's dispatcher (dispatch.h:
+// torch.compile's graphs, the profiler).
 //
 // Why: on the H100 machine's host a Linear's forward + backward through Python cost 397-589 us against torch's
 // 254-466, mostly the Python around each launch and the Python autograd node, and host-bound models (Llama,
@@ -15,6 +16,7 @@
 // pick other kernels for the same problem.
 #include "common.h"
 #include "conv2d.h"
+#include "dispatch.h"
 #include "layer_norm.h"
 #include "linear.h"
 #include "recipe.h"
@@ -67,6 +69,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("offer_conv2d", &offer_conv2d);
   m.def("conv2d", &conv2d, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
         py::arg("dilation"), py::arg("generation"));
+  m.def("register_dispatch", &register_dispatch);
+  m.def("set_generation", &set_generation);
   m.def("counters", &counters);
   m.def("reset_counters", &reset_counters);
 }

@@ -281,25 +281,33 @@ void offer_gelu(int64_t device, bool bf16, bool tanh, int64_t vec, bool int_inde
   gelu_table[key] = ElementwisePlan{reinterpret_cast<void*>(function), static_cast<unsigned>(block), per_block};
 }
 
-// y = x . weight^T (+ bias) through the offered problems, or None: the caller then takes the Python path.
-py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                  int64_t activation, int64_t generation) {
-  if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
-  if (!x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return miss();
+// A Linear's problem as the Python path keys it, from a call's tensors: false for anything the packed problems
+// do not cover (the caller then takes the Python path).
+struct LinearCall {
+  int device;
+  at::ScalarType dtype;
+  int64_t m, n, k;
+  WeightLayout w;
+  bool has_bias;
+};
+
+bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                 LinearCall* call) {
+  if (!x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return false;
   const auto dtype = x.scalar_type();
-  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || weight.scalar_type() != dtype) return miss();
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || weight.scalar_type() != dtype) return false;
   const int device = x.get_device();
-  if (weight.get_device() != device || !plain(x) || !plain(weight)) return miss();
+  if (weight.get_device() != device || !plain(x) || !plain(weight)) return false;
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
                    bias->dim() != 1 || bias->stride(0) != 1 || !aligned(bias->data_ptr()) || !plain(*bias))) {
-    return miss();
+    return false;
   }
   const int64_t n = weight.size(0), k = weight.size(1);
   if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0 || !x.is_contiguous() || (has_bias && bias->size(0) != n))
-    return miss();
+    return false;
   const int64_t m = x.numel() / k;
-  if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return miss();
+  if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
   const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
   WeightLayout w;
   if (s1 == 1 && s0 >= k) {
@@ -307,10 +315,25 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   } else if (s0 == 1 && s1 >= n) {
     w = {false, s1};
   } else {
-    return miss();
+    return false;
   }
-  if (w.ld % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return miss();
-  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return miss();
+  if (w.ld % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return false;
+  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return false;
+  *call = LinearCall{device, dtype, m, n, k, w, has_bias};
+  return true;
+}
+
+// y = x . weight^T (+ bias) through the offered problems, or None: the caller then takes the Python path.
+py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                  int64_t activation, int64_t generation) {
+  if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
+  LinearCall call;
+  if (!linear_call(x, weight, bias, &call)) return miss();
+  const int device = call.device;
+  const auto dtype = call.dtype;
+  const int64_t m = call.m, n = call.n, k = call.k;
+  const WeightLayout w = call.w;
+  const bool has_bias = call.has_bias;
 
   const bool grad = at::GradMode::is_enabled() &&
                     (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
@@ -322,9 +345,7 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   const Plan* forward = find(fkey);
   if (!forward) return miss();
   if (!grad) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = n;
-    at::Tensor out = at::empty(sizes, x.options());
+    at::Tensor out = output_like(x, n);
     launch(*forward, device, x.data_ptr(), weight.data_ptr(), out.data_ptr(), has_bias ? bias->data_ptr() : nullptr);
     return hit(out);
   }
