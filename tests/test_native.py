@@ -278,7 +278,7 @@ def test_conv2d_offers_are_checked_and_cpu_calls_left_to_python(module):
     assert module.conv2d(x, w, None, (1, 1), (0, 0), (1, 1), generation) is None
     assert native.counters()["native_misses"] == before + 1
 DISPATCHED = ("gemm", "linear", "gelu", "gelu_backward", "layer_norm_forward", "layer_norm_inference",
-              "layer_norm_backward")
+              "layer_norm_backward", "conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 
 
 def test_dispatcher_kernels_sit_at_backend_select(module):
@@ -301,6 +301,9 @@ def test_dispatched_cpu_and_meta_calls_pass_on_to_python(module):
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, [16], w, None, 1e-5))
     y.sum().backward()
     assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    image, filters = torch.randn(2, 8, 6, 6), torch.randn(4, 8, 3, 3)
+    torch.testing.assert_close(torch.ops.jitops.conv2d(image, filters, None, [1, 1], [1, 1], [1, 1]),
+                               torch.nn.functional.conv2d(image, filters, padding=1))
     meta = torch.ops.jitops.gemm(a.to("meta"), b.to("meta"))
     assert meta.device.type == "meta" and meta.shape == (5, 8)
     assert native.counters()["native_calls"] == before["native_calls"]
