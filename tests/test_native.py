@@ -277,8 +277,10 @@ def test_conv2d_offers_are_checked_and_cpu_calls_left_to_python(module):
     w = torch.randn(8, 8, 1, 1).to(memory_format=torch.channels_last)
     assert module.conv2d(x, w, None, (1, 1), (0, 0), (1, 1), generation) is None
     assert native.counters()["native_misses"] == before + 1
+
+
 DISPATCHED = ("gemm", "linear", "gelu", "gelu_backward", "layer_norm_forward", "layer_norm_inference",
-              "layer_norm_backward", "conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+              "layer_norm_backward")
 
 
 def test_dispatcher_kernels_sit_at_backend_select(module):

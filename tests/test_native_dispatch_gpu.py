@@ -1,8 +1,7 @@
 """jitops' ops through torch's dispatcher on the C++ host path (kernels/host/dispatch.h) on a real GPU: a first
 call through torch.ops runs the Python implementation, which offers its problem; the same call then runs in C++
 (counted) and gives the same bits.  Covers gemm over operand layouts, bias and activations; linear; gelu and its
-backward; layer_norm's forward, inference and backward; conv2d's fprop, dgrad and wgrad (channels_last, on
-ResNet-50-sized layers); a torch.compile'd patched block, forward and backward,
+backward; layer_norm's forward, inference and backward; a torch.compile'd patched block, forward and backward,
 whose second step runs every jitops call in C++; calls under a new config scope, which go back to Python; and
 calls the tables do not hold (float32, unaligned, CPU), which pass on."""
 from __future__ import annotations
@@ -106,29 +105,6 @@ def test_layer_norm_stages_run_in_cpp_with_the_same_bits(host, dtype, params):
         first, second, calls = _twice(lambda: torch.ops.jitops.layer_norm_backward(grad, x, stats, w, [768], *needs))
         _same(first, second)
         assert calls == 1
-
-
-@pytest.mark.parametrize("layer", [((8, 128, 28, 28), (128, 128, 3, 3), 1), ((8, 256, 56, 56), (64, 256, 1, 1), 0)],
-                         ids=["3x3", "1x1"])
-def test_conv2d_operators_run_in_cpp_with_the_same_bits(host, layer):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("jitops.conv2d's kernels are sm_90a")
-    x_size, w_size, padding = layer
-    g = torch.Generator(device="cpu").manual_seed(14)
-    cl = torch.channels_last
-    x = torch.randn(x_size, generator=g).to("cuda", torch.bfloat16).contiguous(memory_format=cl)
-    w = (0.1 * torch.randn(w_size, generator=g)).to("cuda", torch.bfloat16).contiguous(memory_format=cl)
-    geometry = ([1, 1], [padding, padding], [1, 1])
-    first, second, calls = _twice(lambda: torch.ops.jitops.conv2d(x, w, None, *geometry))
-    _same(first, second)
-    assert calls == 1
-    grad = torch.randn(first.shape, generator=g).to("cuda", torch.bfloat16).contiguous(memory_format=cl)
-    first, second, calls = _twice(lambda: torch.ops.jitops.conv2d_input_grad(grad, w, list(x_size), *geometry))
-    _same(first, second)
-    assert calls == 1
-    first, second, calls = _twice(lambda: torch.ops.jitops.conv2d_weight_grad(grad, x, list(w_size), *geometry))
-    _same(first, second)
-    assert calls == 1
 
 
 def test_calls_the_tables_do_not_hold_pass_on_to_python(host):

@@ -11,6 +11,12 @@
 // The tables belong to one jitops.config generation: Python says which one is current (set_generation) whenever
 // a scope starts or ends, and a call under another generation than the tables' passes on, as the public
 // functions' calls under a stale generation do.
+//
+// Not conv2d's operators: served here, a torch.compile'd ResNet-50 trained on wrong values (loss ln(1000), a
+// gradient 7.7e4 off, where the same model with only conv2d's kernels left out matched eager to 6e-5).  Those
+// calls replayed the strided layers' fprop and wgrad recipes, which the eager path never replays in training
+// (it needs all three operators offered, and a strided layer's dgrad never is); conv2d_run.py now offers no
+// strided layer's run.  Until conv2d's dispatched calls are checked on a GPU again, they stay in Python.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -18,7 +24,6 @@
 #include <torch/library.h>
 
 #include "common.h"
-#include "conv2d.h"
 #include "layer_norm.h"
 #include "linear.h"
 
@@ -294,98 +299,6 @@ void layer_norm_backward_dispatched(const c10::OperatorHandle& op, c10::Dispatch
   pass_on(op, keys, stack, is_cuda_call(args));
 }
 
-// ---- jitops::conv2d, conv2d_input_grad, conv2d_weight_grad: the recorded operator runs --------------------------
-// Every tensor channels_last, dense and 16-byte aligned, as the recorded runs read them (conv2d.h); geometry as
-// int[2] lists; 16-bit types.
-bool geometry(Arguments args, size_t first, ConvGeometry* g) {
-  std::array<int64_t, 2>* fields[3] = {&g->stride, &g->padding, &g->dilation};
-  for (size_t i = 0; i < 3; ++i) {
-    if (!args[first + i].isIntList()) return false;
-    const auto values = args[first + i].toIntVector();
-    if (values.size() != 2) return false;
-    *fields[i] = {values[0], values[1]};
-  }
-  return true;
-}
-
-bool conv_tensors(std::initializer_list<const c10::IValue*> values, int* device, at::ScalarType* dtype) {
-  for (const c10::IValue* v : values) {
-    if (!v->isTensor()) return false;
-    const at::Tensor& t = v->toTensor();
-    if (!t.is_cuda() || !channels_last_dense(t) || !plain(t) || t.numel() == 0) return false;
-  }
-  const at::Tensor& first = (*values.begin())->toTensor();
-  *device = first.get_device();
-  *dtype = first.scalar_type();
-  if ((*dtype != at::kBFloat16 && *dtype != at::kHalf) || !on_current_device(first)) return false;
-  for (const c10::IValue* v : values) {
-    const at::Tensor& t = v->toTensor();
-    if (t.get_device() != *device || t.scalar_type() != *dtype) return false;
-  }
-  return true;
-}
-
-std::vector<int64_t> conv_output(at::IntArrayRef x_size, at::IntArrayRef w_size, const ConvGeometry& g) {
-  return {x_size[0], w_size[0], output_size(x_size[2], w_size[2], g.stride[0], g.padding[0], g.dilation[0]),
-          output_size(x_size[3], w_size[3], g.stride[1], g.padding[1], g.dilation[1])};
-}
-
-// conv2d(x, weight, bias, stride, padding, dilation) -> y
-void conv2d_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 6);
-  int device;
-  at::ScalarType dtype;
-  ConvGeometry g;
-  if (tables_current() && geometry(args, 3, &g) && conv_tensors({&args[0], &args[1]}, &device, &dtype)) {
-    const at::Tensor& x = args[0].toTensor();
-    const at::Tensor& weight = args[1].toTensor();
-    const auto bias = optional_tensor(args[2]);
-    const auto output = conv_output(x.sizes(), weight.sizes(), g);
-    const bool bias_ok = !bias.has_value() ||
-                         (bias->is_cuda() && bias->get_device() == device && bias->scalar_type() == dtype &&
-                          bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->stride(0) == 1 &&
-                          aligned(bias->data_ptr()) && plain(*bias));
-    if (bias_ok && weight.size(1) == x.size(1) && output[2] > 0 && output[3] > 0) {
-      const Recipe* recipe = find_conv(conv_key(kFprop, device, dtype, x.sizes(), weight.sizes(), g, bias.has_value()));
-      if (recipe) {
-        at::Tensor y = channels_last_empty(output, x);
-        replay(*recipe, device, {x.data_ptr(), weight.data_ptr(), address_of(bias), y.data_ptr()}, x.options());
-        return served(stack, 6, {y});
-      }
-    }
-  }
-  pass_on(op, keys, stack, is_cuda_call(args));
-}
-
-// conv2d_input_grad(grad, weight, input_size, ...) -> dx and conv2d_weight_grad(grad, x, weight_size, ...) -> dweight:
-// the gradient's sizes must be the convolution's output.
-template <ConvOperator kOperator>
-void conv2d_grad_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 6);
-  int device;
-  at::ScalarType dtype;
-  ConvGeometry g;
-  if (tables_current() && args[2].isIntList() && geometry(args, 3, &g) &&
-      conv_tensors({&args[0], &args[1]}, &device, &dtype)) {
-    const at::Tensor& grad = args[0].toTensor();
-    const at::Tensor& other = args[1].toTensor();  // the filter (dgrad) or x (wgrad)
-    const auto size = args[2].toIntVector();
-    if (size.size() == 4) {
-      const at::IntArrayRef x_size = kOperator == kDgrad ? at::IntArrayRef(size) : other.sizes();
-      const at::IntArrayRef w_size = kOperator == kDgrad ? other.sizes() : at::IntArrayRef(size);
-      if (x_size[1] == w_size[1] && grad.sizes() == at::IntArrayRef(conv_output(x_size, w_size, g))) {
-        const Recipe* recipe = find_conv(conv_key(kOperator, device, dtype, x_size, w_size, g, false));
-        if (recipe) {
-          at::Tensor out = channels_last_empty(size, grad);
-          replay(*recipe, device, {grad.data_ptr(), other.data_ptr(), out.data_ptr()}, grad.options());
-          return served(stack, 6, {out});
-        }
-      }
-    }
-  }
-  pass_on(op, keys, stack, is_cuda_call(args));
-}
-
 // ---- registration ----------------------------------------------------------------------------------------------
 // Once a process: the kernels stay registered for the process's life (torch.library keeps no handle to drop them).
 void register_dispatch() {
@@ -402,9 +315,6 @@ void register_dispatch() {
   library->impl("layer_norm_inference",
                 torch::CppFunction::makeFromBoxedFunction<&layer_norm_forward_dispatched<false>>());
   library->impl("layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&layer_norm_backward_dispatched>());
-  library->impl("conv2d", torch::CppFunction::makeFromBoxedFunction<&conv2d_dispatched>());
-  library->impl("conv2d_input_grad", torch::CppFunction::makeFromBoxedFunction<&conv2d_grad_dispatched<kDgrad>>());
-  library->impl("conv2d_weight_grad", torch::CppFunction::makeFromBoxedFunction<&conv2d_grad_dispatched<kWgrad>>());
 }
 
 void set_generation(int64_t generation) { current_generation = generation; }
