@@ -544,7 +544,8 @@ def main() -> int:
         if r["mode"] == "patched_compile" and r["model"] in compiled:
             r["speedup_vs_compile"] = compiled[r["model"]]["step_ms"] / r["step_ms"]
         print(f"{r['model']:10s} {r['mode']:16s} {r['step_ms']:9.2f} "
-              f"{(r['speedup_vs_eager'] or float('nan')):8.3f} {r['host_ms']:8.2f} {r.get('gpu_ms', float('nan')):8.2f} "
+              f"{(r['speedup_vs_eager'] or float('nan')):8.3f} {r['host_ms']:8.2f} "
+              f"{r.get('gpu_ms', float('nan')):8.2f} "
               f"{r['first_step_s']:8.2f} {r['first_step_compiles']:8d} {r.get('peak_mem_gb', float('nan')):8.2f} "
               f"{r.get('loss_diff', float('nan')):10.2e} {r.get('grad_rel_err_max', float('nan')):9.2e}")
     if not args.tiny:
