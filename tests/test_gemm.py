@@ -582,3 +582,18 @@ def test_swizzle_follows_the_tile_rows_and_columns():
     assert P._swizzle(large, 16384, 2048) == 1                  # 8 columns: measured better with 1
     assert P._swizzle(large, 512, 14336) == 1                   # 4 rows: swizzle 8 would pad them to 8
     assert P._swizzle(large, 2560, 4096) == 4                   # 20 rows: 8 does not divide them, 4 does
+
+
+def test_a_program_mixing_torchs_tf32_apis_still_gets_a_float32_route():
+    # torch.get_float32_matmul_precision() raises once both APIs have set the flag (for the rest of the process):
+    # the CUDA matmul's own flag then decides.
+    m = lambda *s: torch.empty(s, dtype=torch.float32, device="meta")  # noqa: E731
+    previous = torch.backends.cuda.matmul.fp32_precision  # the generic query may already refuse (sticky)
+    try:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert G.shape_class(m(64, 32), m(32, 16), None, None, None).bucket == "cublas_fp32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert G.shape_class(m(64, 32), m(32, 16), None, None, None).bucket == "cublas_tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = previous
