@@ -1,9 +1,22 @@
-"""Shared checks of the C++ host path's GPU tests (tests/test_native_gpu.py, test_native_layer_norm_gpu.py)."""
+"""Shared parts of the C++ host path's GPU tests (tests/test_native*_gpu.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from jitops import native
+
+
+def loaded_host_path(needs_sm90: str | None = None):
+    """The C++ host path's module, built and loaded; skips without a GPU, and below sm_90 when `needs_sm90` says
+    why the test needs it."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if needs_sm90 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip(needs_sm90)
+    module = native.wait()
+    assert module is not None, "the C++ host path did not build (see the jitops log)"
+    return module
 
 
 def check_cuda_graph_capture(call, leaves, grad_out) -> None:

@@ -10,6 +10,7 @@ import torch
 
 import jitops
 from jitops import native
+from native_helpers import loaded_host_path
 from test_conv2d import make_args
 
 pytestmark = pytest.mark.gpu
@@ -17,13 +18,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def host():
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("jitops.conv2d's kernels are sm_90a")
-    module = native.wait()
-    assert module is not None, "the C++ host path did not build (see the jitops log)"
-    return module
+    return loaded_host_path("jitops.conv2d's kernels are sm_90a")
 
 
 def _leaves(case, dtype, bias, seed=0):

@@ -10,20 +10,14 @@ import torch.nn.functional as F
 
 import jitops
 from jitops import native
-from native_helpers import check_cuda_graph_capture
+from native_helpers import check_cuda_graph_capture, loaded_host_path
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def host():
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the light GEMM kernel is sm_90a")
-    module = native.wait()
-    assert module is not None, "the C++ host path did not build (see the jitops log)"
-    return module
+    return loaded_host_path("the light GEMM kernel is sm_90a")
 
 
 def _leaves(lead, k, n, dtype, bias, transposed, seed=0):

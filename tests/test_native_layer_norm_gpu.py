@@ -11,18 +11,14 @@ import torch.nn.functional as F
 
 import jitops
 from jitops import native
-from native_helpers import check_cuda_graph_capture
+from native_helpers import check_cuda_graph_capture, loaded_host_path
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def host():
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    module = native.wait()
-    assert module is not None, "the C++ host path did not build (see the jitops log)"
-    return module
+    return loaded_host_path()
 
 
 def _leaves(lead, n, dtype, weight, bias, seed=0, grads=(True, True, True), offset=0):

@@ -79,6 +79,14 @@ struct BytesHash {
 template <typename Key, typename Value>
 using Table = std::unordered_map<Key, Value, BytesHash<Key>, BytesEqual<Key>>;
 
+// The value offered under `key`, or a null one (caller does not hold table_guard).
+template <typename Key, typename Value>
+Value find_offered(const Table<Key, Value>& table, const Key& key) {
+  std::lock_guard<std::mutex> hold(table_guard);
+  auto found = table.find(key);
+  return found == table.end() ? Value() : found->second;
+}
+
 // A call the host path hands back to Python: counted, and None to the caller.
 py::object miss() {
   misses.fetch_add(1, std::memory_order_relaxed);

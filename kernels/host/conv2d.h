@@ -51,9 +51,7 @@ Table<ConvKey, const Recipe*> conv_table;  // under table_guard
 std::vector<std::unique_ptr<Recipe>> conv_recipes;                  // never freed: a backward node may hold one
 
 const Recipe* find_conv(const ConvKey& key) {
-  std::lock_guard<std::mutex> hold(table_guard);
-  auto found = conv_table.find(key);
-  return found == conv_table.end() ? nullptr : found->second;
+  return find_offered(conv_table, key);
 }
 
 void clear_conv_tables() { conv_table.clear(); }

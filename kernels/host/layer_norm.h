@@ -44,9 +44,7 @@ Table<LayerNormKey, const Recipe*> layer_norm_table;  // under table_guard
 std::vector<std::unique_ptr<Recipe>> layer_norm_recipes;  // never freed: a backward node may hold one
 
 const Recipe* find_layer_norm(const LayerNormKey& key) {
-  std::lock_guard<std::mutex> hold(table_guard);
-  auto found = layer_norm_table.find(key);
-  return found == layer_norm_table.end() ? nullptr : found->second;
+  return find_offered(layer_norm_table, key);
 }
 
 void clear_layer_norm_tables() { layer_norm_table.clear(); }

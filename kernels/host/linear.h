@@ -48,9 +48,7 @@ Key make_key(int device, at::ScalarType dtype, bool out_fp32, bool a_kmajor, boo
 }
 
 const Plan* find(const Key& key) {
-  std::lock_guard<std::mutex> hold(table_guard);
-  auto found = table.find(key);
-  return found == table.end() ? nullptr : found->second;
+  return find_offered(table, key);
 }
 
 // One launch of a packed problem on other operands: Params copied to the stack and the four addresses patched
