@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import config
-from .launch import CudaFunction, HostLibrary
+from .launch import CudaFunction, HostLibrary, _Driver
 from .specs import CppExtension, Source, Target
 
 log = logging.getLogger("jitops")
@@ -105,8 +105,6 @@ def _give_driver(module: Any) -> None:
     CPU-only torch builds it too), and calls the same driver as jitops.launch."""
     if not torch.cuda.is_available():
         return
-    from .launch import _Driver
-
     lib = _Driver.get().lib
 
     def address(name: str) -> int:
@@ -218,18 +216,59 @@ _METADATA = {_aten.detach.default, _aten.sym_size.int, _aten.sym_stride.int, _at
              _aten.sym_storage_offset.default, _aten.is_contiguous.default, _aten.is_contiguous.memory_format}
 
 
+class _LaunchCount:
+    """Counts every launch through jitops.launch's driver while a recorded run runs (CudaFunction's and the light
+    GEMM's launches; not cuLaunchKernelEx's, not a host library's own): a launch that did not go through the
+    Recording's wrappers (a kernel reached some other way) would be missing from the replay, so such a
+    recording is not offered.  Recordings take turns (one lock, re-entrant for a recorded run inside another),
+    and a launch by another thread meanwhile is counted too, which only costs that problem its offer."""
+
+    _turn = threading.RLock()
+
+    def __init__(self) -> None:
+        self.count: int | None = None  # None: no driver in this process (nothing can have launched)
+        self._driver: Any = None
+
+    def __enter__(self) -> "_LaunchCount":
+        self._turn.acquire()
+        driver = _Driver._instance
+        if driver is None and torch.cuda.is_available():
+            try:
+                driver = _Driver.get()
+            except RuntimeError:  # no libcuda
+                driver = None
+        if driver is not None:
+            self._driver, self._original, self.count = driver, driver.launch, 0
+
+            def counting(*args: Any) -> Any:
+                self.count += 1  # type: ignore[operator]
+                return self._original(*args)
+            self._counting = driver.launch = counting
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            # CuPy's launcher may have replaced ours meanwhile (launch.py's tier-up): keep it.
+            if self._driver is not None and self._driver.launch is self._counting:
+                self._driver.launch = self._original
+        finally:
+            self._turn.release()
+
+
 class Recording:
     """A loaded kernel set whose launches (and host-library calls) run as usual and are kept: handed to an op's
     run function in place of the kernels, it records one call's launch sequence, which `offer_recording` gives
-    the C++ host path to replay on later calls of the same problem.  `watched()` runs the op under a dispatch
-    mode that also notes what the run allocated and whether it did anything but allocate, view and launch (a
-    copy or a reduction through torch, which a replay would leave out: then nothing is offered)."""
+    the C++ host path to replay on later calls of the same problem.  `record()` runs the op and counts the
+    driver's launches meanwhile (each must be one the Recording kept); `watched()` also runs it under a dispatch
+    mode that notes what the run allocated and whether it did anything but allocate, view and launch (a copy or a
+    reduction through torch, which a replay would leave out).  Either failing, nothing is offered."""
 
     def __init__(self, kernels: Any) -> None:
         self._kernels = kernels
         self.launches: list = []
         self.allocated: set[int] | None = None  # addresses of the run's allocations, when watched
         self.pure = True                          # False: the watched run moved data outside its launches
+        self.driver_launches: int | None = None   # the driver's launches during record()/watched(), if counted
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._kernels, name)
@@ -239,14 +278,26 @@ class Recording:
             return _RecordedLibrary(value, self.launches)
         return value
 
+    def record(self, run: Callable[..., Any], *args: Any) -> Any:
+        """run(self, *args), counting the driver's launches."""
+        with _LaunchCount() as counted:
+            result = run(self, *args)
+        self.driver_launches = counted.count
+        return result
+
     def watched(self, run: Callable[..., Any], *args: Any) -> Any:
-        """run(self, *args) under the allocation watch; the recording is then offerable only if it stayed pure."""
+        """record(), under the allocation watch; the recording is then offerable only if it stayed pure."""
         watch = _Allocations()
         with watch:
-            result = run(self, *args)
+            result = self.record(run, *args)
         self.allocated = watch.addresses if watch.pure else None
         self.pure = watch.pure
         return result
+
+    def complete(self) -> bool:
+        """Whether every driver launch of the run is one the recording kept (True when they were not counted)."""
+        kept = sum(1 for launch in self.launches if launch[1] is not None)  # host calls launch on their own
+        return self.driver_launches is None or self.driver_launches == kept
 
 
 def _triple(size: Any) -> tuple[int, int, int]:
@@ -265,8 +316,9 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None
     it has: a view), else a workspace the run allocated (a slot after the call's; its contents are the kernels'
     own).  None if the run was watched and did more than allocate, view and launch, or passed an address the
     recording cannot follow: a raw pointer other than a host call's last argument equal to `stream` (the
-    stream it ran on), or, when watched, a tensor it did not allocate."""
-    if not recording.pure:
+    stream it ran on), or, when watched, a tensor it did not allocate; or if the driver launched more than the
+    recording kept."""
+    if not recording.pure or not recording.complete():
         return None
     slot_of = {id(t): i for i, t in enumerate(slots) if t is not None}
     slot_at = {t.data_ptr(): i for i, t in enumerate(slots) if t is not None and t.numel()}
@@ -339,7 +391,7 @@ def run_recorded_once(offers: Offers, key: Any, kernels: Any, run: Callable[...,
     if not offers.first(key):
         return run(kernels, *args), None
     recording = Recording(kernels)
-    return run(recording, *args), recording
+    return recording.record(run, *args), recording
 
 
 def offer_recording(offer: Callable[..., None], recording: Recording, slots: Sequence[Any], *key: Any,

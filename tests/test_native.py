@@ -322,3 +322,51 @@ def test_the_extension_follows_config_generations():
         assert seen == [start, inside, jitops.config.generation] and len(set(seen)) == 3
     finally:
         jitops.config._listeners.remove(seen.append)
+
+
+def test_a_recording_whose_run_launched_around_it_is_not_offered(monkeypatch):
+    # The driver counts every launch while a recorded run runs: one the Recording did not keep (a kernel reached
+    # some other way) would be missing from the replay.
+    from types import SimpleNamespace
+
+    from jitops import launch
+
+    driver = SimpleNamespace(launch=lambda *args: None)
+    monkeypatch.setattr(launch._Driver, "_instance", driver)
+    main = _function(("ptr", "i64"), 21)
+    through_driver = main.launch
+    main.launch = lambda grid, block, *args, shared_mem=0: (driver.launch(), through_driver(grid, block, *args))
+    kernels = SimpleNamespace(main=main)
+    x = torch.zeros(8)
+
+    def kept(k, x):
+        k.main.launch(1, 32, x, 8)
+        return x
+
+    def around(k, x):
+        k.main.launch(1, 32, x, 8)
+        driver.launch()  # a launch the recording never saw
+        return x
+
+    recording = native.Recording(kernels)
+    recording.record(kept, x)
+    assert recording.driver_launches == 1 and native.encode(recording, (x,)) is not None
+    recording = native.Recording(kernels)
+    recording.record(around, x)
+    assert recording.driver_launches == 2 and native.encode(recording, (x,)) is None
+    original = driver.launch
+    recording = native.Recording(kernels)
+    recording.watched(around, x)  # the watched path counts too
+    assert recording.driver_launches == 2 and native.encode(recording, (x,)) is None
+    assert driver.launch is original  # the counting launcher is gone afterwards
+
+
+def test_a_run_recorded_once_counts_its_launches():
+    from types import SimpleNamespace
+
+    kernels = SimpleNamespace(main=_function(("ptr", "i64"), 22))
+    offers = native.Offers()
+    x = torch.zeros(8)
+    _, recording = native.run_recorded_once(offers, "key", kernels, lambda k, x: k.main.launch(1, 32, x, 8), x)
+    # No driver in this process (a CPU machine): nothing is counted and the recording stands on its own.
+    assert recording is not None and recording.complete()
