@@ -241,8 +241,11 @@ class _LaunchCount:
             self._driver, self._original, self.count = driver, driver.launch, 0
 
             def counting(*args: Any) -> Any:
+                result = self._original(*args)
+                # Counted once it went through: a first launch on a thread without a context fails and is
+                # retried (launch.py's _launch_failed), one launch of the Recording's.
                 self.count += 1  # type: ignore[operator]
-                return self._original(*args)
+                return result
             self._counting = driver.launch = counting
         return self
 

@@ -370,3 +370,33 @@ def test_a_run_recorded_once_counts_its_launches():
     _, recording = native.run_recorded_once(offers, "key", kernels, lambda k, x: k.main.launch(1, 32, x, 8), x)
     # No driver in this process (a CPU machine): nothing is counted and the recording stands on its own.
     assert recording is not None and recording.complete()
+
+
+def test_a_failed_launch_retried_counts_once(monkeypatch):
+    # A thread without a CUDA context: the first try fails, the launcher binds the context and tries again.
+    from types import SimpleNamespace
+
+    from jitops import launch
+
+    tries = []
+
+    def driver_launch(*args):
+        tries.append(args)
+        if len(tries) == 1:
+            raise launch.DriverError.__new__(launch.DriverError)
+
+    driver = SimpleNamespace(launch=driver_launch)
+    monkeypatch.setattr(launch._Driver, "_instance", driver)
+    main = _function(("ptr", "i64"), 23)
+    through = main.launch
+
+    def retrying(grid, block, *args, shared_mem=0):
+        try:
+            driver.launch()
+        except launch.DriverError:
+            driver.launch()
+        through(grid, block, *args)
+    main.launch = retrying
+    recording = native.Recording(SimpleNamespace(main=main))
+    recording.record(lambda k, x: k.main.launch(1, 32, x, 8), torch.zeros(8))
+    assert len(tries) == 2 and recording.driver_launches == 1 and recording.complete()
