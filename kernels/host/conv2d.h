@@ -47,14 +47,7 @@ ConvKey conv_key(ConvOperator op, int device, at::ScalarType dtype, at::IntArray
   return key;
 }
 
-Table<ConvKey, const Recipe*> conv_table;  // under table_guard
-std::vector<std::unique_ptr<Recipe>> conv_recipes;                  // never freed: a backward node may hold one
-
-const Recipe* find_conv(const ConvKey& key) {
-  return find_offered(conv_table, key);
-}
-
-void clear_conv_tables() { conv_table.clear(); }
+RecipeTable<ConvKey> conv_recipes;
 
 bool channels_last_dense(const at::Tensor& t) {
   return t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast) && aligned(t.data_ptr());
@@ -128,8 +121,7 @@ void offer_conv2d(int64_t op, const at::Tensor& sample, std::vector<int64_t> x_s
                                ConvGeometry{stride, padding, dilation}, bias);
   std::lock_guard<std::mutex> hold(table_guard);
   renew(generation);
-  conv_table[key] = recipe.get();
-  conv_recipes.push_back(std::move(recipe));
+  conv_recipes.add(key, std::move(recipe));
 }
 
 // y = conv2d(x, weight, bias, stride, padding, dilation) (groups 1) through the offered problems, or None: the
@@ -160,7 +152,8 @@ py::object conv2d(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                                  output_size(x.size(2), weight.size(2), stride[0], padding[0], dilation[0]),
                                  output_size(x.size(3), weight.size(3), stride[1], padding[1], dilation[1])};
   if (x.numel() == 0 || weight.numel() == 0 || output[2] <= 0 || output[3] <= 0) return miss();
-  const Recipe* fprop = find_conv(conv_key(kFprop, device, dtype, x.sizes(), weight.sizes(), g, bias.has_value()));
+  const Recipe* fprop =
+      conv_recipes.find(conv_key(kFprop, device, dtype, x.sizes(), weight.sizes(), g, bias.has_value()));
   if (!fprop) return miss();
   const bool need_dx = x.requires_grad(), need_dw = weight.requires_grad();
   const bool grad = at::GradMode::is_enabled() && (need_dx || need_dw || (bias.has_value() && bias->requires_grad()));
@@ -169,10 +162,11 @@ py::object conv2d(const at::Tensor& x, const at::Tensor& weight, const c10::opti
     replay(*fprop, device, {x.data_ptr(), weight.data_ptr(), address_of(bias), y.data_ptr()}, x.options());
     return hit(y);
   }
-  const Recipe* dgrad = need_dx ? find_conv(conv_key(kDgrad, device, dtype, x.sizes(), weight.sizes(), g, false))
-                                : nullptr;
-  const Recipe* wgrad = need_dw ? find_conv(conv_key(kWgrad, device, dtype, x.sizes(), weight.sizes(), g, false))
-                                : nullptr;
+  auto find = [&](ConvOperator which) {
+    return conv_recipes.find(conv_key(which, device, dtype, x.sizes(), weight.sizes(), g, false));
+  };
+  const Recipe* dgrad = need_dx ? find(kDgrad) : nullptr;
+  const Recipe* wgrad = need_dw ? find(kWgrad) : nullptr;
   if ((need_dx && !dgrad) || (need_dw && !wgrad)) return miss();
   return hit(ConvFunction::apply(x, weight, bias, fprop, dgrad, wgrad, output, static_cast<int64_t>(device)));
 }

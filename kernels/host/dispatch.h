@@ -179,29 +179,21 @@ bool gelu_plan(Arguments args, int count, bool backward, ElementwisePlan* plan, 
   return find_gelu(x.get_device(), dtype, x.element_size(), x.numel(), addresses, name == "tanh", backward, plan);
 }
 
+// gelu(x, approximate) -> y, and gelu_backward(grad, x, approximate) -> dx: the kernel reads x (grad, x).
+template <bool kBackward>
 void gelu_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 2);
+  constexpr int kInputs = kBackward ? 2 : 1;
+  Arguments args = torch::jit::last(*stack, kInputs + 1);
   ElementwisePlan plan;
   int vec;
-  if (tables_current() && gelu_plan(args, 1, false, &plan, &vec)) {
-    const at::Tensor& x = args[0].toTensor();
-    at::Tensor y = at::empty(x.sizes(), x.options());
-    launch_gelu(plan, x.get_device(), x.numel(), vec, {x.data_ptr(), y.data_ptr(), nullptr}, 2);
-    return served(stack, 2, {y});
-  }
-  pass_on(op, keys, stack, is_cuda_call(args));
-}
-
-void gelu_backward_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 3);
-  ElementwisePlan plan;
-  int vec;
-  if (tables_current() && gelu_plan(args, 2, true, &plan, &vec)) {
-    const at::Tensor& grad = args[0].toTensor();
-    const at::Tensor& x = args[1].toTensor();
-    at::Tensor dx = at::empty(x.sizes(), x.options());
-    launch_gelu(plan, x.get_device(), x.numel(), vec, {grad.data_ptr(), x.data_ptr(), dx.data_ptr()}, 3);
-    return served(stack, 3, {dx});
+  if (tables_current() && gelu_plan(args, kInputs, kBackward, &plan, &vec)) {
+    const at::Tensor& x = args[kInputs - 1].toTensor();
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    const void* first = args[0].toTensor().data_ptr();
+    const std::array<const void*, 3> pointers = {first, kBackward ? x.data_ptr() : out.data_ptr(),
+                                                 kBackward ? out.data_ptr() : nullptr};
+    launch_gelu(plan, x.get_device(), x.numel(), vec, pointers, kInputs + 1);
+    return served(stack, kInputs + 1, {out});
   }
   pass_on(op, keys, stack, is_cuda_call(args));
 }
@@ -241,7 +233,7 @@ void layer_norm_forward_dispatched(const c10::OperatorHandle& op, c10::DispatchK
       const at::Tensor& x = args[0].toTensor();
       const int64_t rows = x.numel() / n;
       const int device = x.get_device();
-      const Recipe* recipe = find_layer_norm(layer_norm_key(
+      const Recipe* recipe = layer_norm_recipes.find(layer_norm_key(
           kStats ? kForwardWithStats : kInference, device, x.scalar_type(), rows, n, weight.has_value(),
           bias.has_value(), static_cast<int64_t>(address_bits({x.data_ptr(), address_of(weight), address_of(bias)})),
           args[4].toDouble(), false, false, false));
@@ -279,7 +271,7 @@ void layer_norm_backward_dispatched(const c10::OperatorHandle& op, c10::Dispatch
           stats.get_device() == x.get_device() && stats.scalar_type() == stats_dtype && stats.is_contiguous() &&
           stats.numel() == 2 * rows && plain(stats)) {
         const int device = x.get_device();
-        const Recipe* recipe = find_layer_norm(layer_norm_key(
+        const Recipe* recipe = layer_norm_recipes.find(layer_norm_key(
             kBackward, device, x.scalar_type(), rows, n, weight.has_value(), false,
             static_cast<int64_t>(address_bits({grad.data_ptr(), x.data_ptr(), address_of(weight)})), 0.0, need_dx,
             need_dweight, need_dbias));
@@ -308,8 +300,8 @@ void register_dispatch() {
                                              __FILE__, __LINE__);
   library->impl("gemm", torch::CppFunction::makeFromBoxedFunction<&gemm_dispatched>());
   library->impl("linear", torch::CppFunction::makeFromBoxedFunction<&linear_dispatched>());
-  library->impl("gelu", torch::CppFunction::makeFromBoxedFunction<&gelu_dispatched>());
-  library->impl("gelu_backward", torch::CppFunction::makeFromBoxedFunction<&gelu_backward_dispatched>());
+  library->impl("gelu", torch::CppFunction::makeFromBoxedFunction<&gelu_dispatched<false>>());
+  library->impl("gelu_backward", torch::CppFunction::makeFromBoxedFunction<&gelu_dispatched<true>>());
   library->impl("layer_norm_forward",
                 torch::CppFunction::makeFromBoxedFunction<&layer_norm_forward_dispatched<true>>());
   library->impl("layer_norm_inference",

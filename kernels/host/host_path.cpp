@@ -27,8 +27,8 @@ namespace jitops_host {
 void renew(int64_t generation) {
   if (generation != table_generation.load()) {
     clear_linear_tables();
-    clear_layer_norm_tables();
-    clear_conv_tables();
+    layer_norm_recipes.current.clear();
+    conv_recipes.current.clear();
     table_generation = generation;
   }
 }
@@ -49,7 +49,8 @@ void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_
 
 std::array<int64_t, 3> counters() {
   std::lock_guard<std::mutex> hold(table_guard);
-  return {hits.load(), misses.load(), static_cast<int64_t>(table.size() + layer_norm_table.size() + conv_table.size())};
+  const size_t problems = table.size() + layer_norm_recipes.current.size() + conv_recipes.current.size();
+  return {hits.load(), misses.load(), static_cast<int64_t>(problems)};
 }
 
 void reset_counters() {

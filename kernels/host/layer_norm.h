@@ -40,14 +40,7 @@ LayerNormKey layer_norm_key(LayerNormStage stage, int device, at::ScalarType dty
   return key;
 }
 
-Table<LayerNormKey, const Recipe*> layer_norm_table;  // under table_guard
-std::vector<std::unique_ptr<Recipe>> layer_norm_recipes;  // never freed: a backward node may hold one
-
-const Recipe* find_layer_norm(const LayerNormKey& key) {
-  return find_offered(layer_norm_table, key);
-}
-
-void clear_layer_norm_tables() { layer_norm_table.clear(); }
+RecipeTable<LayerNormKey> layer_norm_recipes;
 
 // Statistics as the Python path keeps them: (2, rows), the mean and 1/sqrt(var + eps) of every row, in float32
 // (float64 for float64 inputs).
@@ -111,8 +104,7 @@ void offer_layer_norm(int64_t stage, const at::Tensor& sample, int64_t rows, int
                                           has_bias, align, eps, need_dx, need_dweight, need_dbias);
   std::lock_guard<std::mutex> hold(table_guard);
   renew(generation);
-  layer_norm_table[key] = recipe.get();
-  layer_norm_recipes.push_back(std::move(recipe));
+  layer_norm_recipes.add(key, std::move(recipe));
 }
 
 bool layer_norm_param(const c10::optional<at::Tensor>& t, const at::Tensor& x, int64_t n) {
@@ -142,9 +134,9 @@ py::object layer_norm(const at::Tensor& x, int64_t n, const c10::optional<at::Te
   const bool need_dx = x.requires_grad(), need_dweight = weight.has_value() && weight->requires_grad(),
              need_dbias = bias.has_value() && bias->requires_grad();
   const bool grad = at::GradMode::is_enabled() && (need_dx || need_dweight || need_dbias);
-  const Recipe* forward = find_layer_norm(layer_norm_key(grad ? kForwardWithStats : kInference, device, dtype, rows,
-                                                         n, weight.has_value(), bias.has_value(), align, eps, false,
-                                                         false, false));
+  const Recipe* forward = layer_norm_recipes.find(layer_norm_key(grad ? kForwardWithStats : kInference, device, dtype,
+                                                                 rows, n, weight.has_value(), bias.has_value(), align,
+                                                                 eps, false, false, false));
   if (!forward) return miss();
   if (!grad) {
     at::Tensor y = at::empty(x.sizes(), x.options());
@@ -152,7 +144,7 @@ py::object layer_norm(const at::Tensor& x, int64_t n, const c10::optional<at::Te
     return hit(y);
   }
   // The backward reads dy (dense: 16-byte aligned), x and weight: its alignment is theirs.
-  const Recipe* backward = find_layer_norm(layer_norm_key(
+  const Recipe* backward = layer_norm_recipes.find(layer_norm_key(
       kBackward, device, dtype, rows, n, weight.has_value(), bias.has_value(),
       static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.data_ptr()) | params_align), eps, need_dx, need_dweight,
       need_dbias));

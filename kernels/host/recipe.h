@@ -53,6 +53,21 @@ struct Recipe {
   std::vector<std::pair<int, int64_t>> workspaces;   // (slot, bytes): scratch that the launches share
 };
 
+// An op's recorded problems: the table of the current config generation (under table_guard) and every recipe
+// ever offered, never freed (a backward node may hold one past a config change).
+template <typename Key>
+struct RecipeTable {
+  Table<Key, const Recipe*> current;
+  std::vector<std::unique_ptr<Recipe>> kept;
+
+  const Recipe* find(const Key& key) const { return find_offered(current, key); }
+
+  void add(const Key& key, std::unique_ptr<Recipe> recipe) {  // caller holds table_guard
+    current[key] = recipe.get();
+    kept.push_back(std::move(recipe));
+  }
+};
+
 // As Python hands a recording over: (function, grid, block, shared memory, packed arguments, argument offsets,
 // [(offset, slot)]) per launch, and [(slot, bytes)] of the workspaces.
 using OfferedLaunch = std::tuple<int64_t, std::array<int64_t, 3>, std::array<int64_t, 3>, int64_t, std::string,
