@@ -231,12 +231,15 @@ class _LaunchCount:
 
     def __enter__(self) -> "_LaunchCount":
         self._turn.acquire()
-        driver = _Driver._instance
-        if driver is None and torch.cuda.is_available():
-            try:
+        try:
+            driver = _Driver._instance
+            if driver is None and torch.cuda.is_available():
                 driver = _Driver.get()
-            except RuntimeError:  # no libcuda
-                driver = None
+        except RuntimeError:  # no libcuda: nothing can launch through it
+            driver = None
+        except BaseException:
+            self._turn.release()
+            raise
         if driver is not None:
             self._driver, self._original, self.count = driver, driver.launch, 0
 
