@@ -9,6 +9,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --prewarm sm_90a --tiles 128x128c2x1 --operators wgrad   # build those
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
     python benchmarks/bench_conv2d.py --grouped       # depthwise and grouped layers against cuDNN (the ATen route)
+    python benchmarks/bench_conv2d.py --light         # also fprop and dgrad on the light kernels (light_conv.py)
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
@@ -153,7 +154,7 @@ def time_graphed(calls, replays: int | None = None) -> float:
 
 
 def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
-                wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad")):
+                wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad"), light=False):
     out = conv_plan.output_size(size, kernel, stride, padding, 1)
     geometry = ((stride, stride), (padding, padding), (1, 1))
     flops = 2.0 * BATCH * out * out * k * c * kernel * kernel
@@ -192,6 +193,8 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
+        if light and name != "wgrad" and not (sweep or tiles or wgrad_splits):
+            configs.append(("light", None))  # the same plan on the light kernels (JITOPS_CONV2D_SM90_KERNEL)
         if name == "wgrad":  # a tile over several filter taps runs only layers of its channels and filter width
             wgrad_c, wgrad_rs = ((conv_plan.round_up(c * kernel * kernel), (1, 1))
                                  if conv_plan._uses_im2col(c, kernel, kernel) else (c, (kernel, kernel)))
@@ -200,6 +203,9 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
                 knobs = dict(conv2d_wgrad_reduce_kernel=False, conv2d_wgrad_direct=False)  # a class of its own
+            elif tile == "light":  # the same classes: the kernels loaded for the other setting must not answer
+                knobs = dict(conv2d_sm90_kernel="light")
+                jitops.clear_memory_cache()
             else:
                 knobs = dict(conv2d_tile={name: tile}, conv2d_splits={name: splits})
             try:
@@ -210,8 +216,9 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                     if base_ms is None:
                         base_ms = time_graphed([lambda s=s: base(s) for s in sets])
                     ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                    operator = f"{name} (torch reduce)" if tile == "torch-reduce" else name
-                    row = harness.Row(f"{name} gpu" + ("" if tile is None else f" {chosen}"), shape, "fp16", ours_ms,
+                    operator = {"torch-reduce": f"{name} (torch reduce)", "light": f"{name} (light)"}.get(tile, name)
+                    label_tile = {None: "", "light": f" light {chosen}"}.get(tile, f" {chosen}")
+                    row = harness.Row(f"{name} gpu{label_tile}", shape, "fp16", ours_ms,
                                       base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
                                       base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
                                                               tile=chosen, timing="graph"))
@@ -224,6 +231,8 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                                       rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
             except Exception as exc:  # a configuration that fails is reported, the sweep goes on
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            if tile == "light":
+                jitops.clear_memory_cache()
 
 
 def weighted_totals(rows) -> dict[str, str]:
@@ -233,7 +242,7 @@ def weighted_totals(rows) -> dict[str, str]:
     for row in rows:
         extra = row.extra
         layer = extra.get("layer", "")
-        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith("(torch reduce)")
+        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith(("(torch reduce)", "(light)"))
         if extra.get("timing") != "graph" or not automatic or not layer.startswith("L"):
             continue
         weight = OCCURRENCES[int(layer[1:])]
@@ -354,7 +363,8 @@ def variant_of(args) -> str | None:
     """A sweep or a partial run names its variant, so its record does not replace the full run's
     (harness.save_record)."""
     parts = [part for part, on in (("sweep", args.sweep), ("tiles", args.tiles), ("splits", args.wgrad_splits),
-                                   ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases)) if on]
+                                   ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases),
+                                   ("light", args.light)) if on]
     if args.operators != "fprop,dgrad,wgrad":
         parts.append(args.operators.replace(",", "-"))
     return "-".join(parts) or None
@@ -377,6 +387,8 @@ def main() -> int:
                              "config.conv2d_dgrad_phase_streams)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
+    parser.add_argument("--light", action="store_true", help="also time fprop and dgrad on the light kernels "
+                        "(JITOPS_CONV2D_SM90_KERNEL=light) with each layer's plan")
     parser.add_argument("--grouped", action="store_true", help="depthwise and grouped layers (MobileNetV2, "
                         "ConvNeXt-T, ResNeXt-50) against cuDNN alone; needs no prebuilt kernels")
     args = parser.parse_args()
@@ -423,7 +435,7 @@ def main() -> int:
     operators = tuple(args.operators.split(","))
     for label, c, k, size, kernel, stride, padding in layers:
         bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager,
-                    operators=operators)
+                    operators=operators, light=args.light)
         if args.tiles and not args.wgrad_splits:
             bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
                         tiles=args.tiles.split(","), operators=operators)

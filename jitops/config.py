@@ -89,6 +89,15 @@ def _parse_gemm_sm90_kernel(name: str, raw: str) -> str:
 GEMM_SM90_KERNELS = ("cutlass", "light")
 
 
+def _parse_conv2d_sm90_kernel(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in GEMM_SM90_KERNELS:
+        raise ConfigError(f"{name}={raw!r}: use 'cutlass' (CUTLASS 3's conv kernels through nvcc, about 40 s each to "
+                          "compile, the default) or 'light' (the light GEMM kernel with im2col loads, under a second, "
+                          "for fprop and unit-stride dgrad)")
+    return value
+
+
 def _parse_positive_float(name: str, raw: str) -> float:
     value = _parse_float(name, raw)
     if value <= 0:
@@ -300,6 +309,12 @@ class Config:
         "jitops.gemm's sm_90a kernel: light (default: kernels/gemm/sm90_light_gemm.cu, raw PTX, about 1 s to "
         "compile, level with CUTLASS's kernel on bench_gemm's shapes) or cutlass (CUTLASS's GemmUniversal, 35-50 s "
         "to compile).  Read when a shape class's kernels are first built in a process.")
+    conv2d_sm90_kernel: Setting[str] = Setting(
+        "JITOPS_CONV2D_SM90_KERNEL", _parse_conv2d_sm90_kernel, lambda: "cutlass",
+        "jitops.conv2d's sm_90a kernels: cutlass (default: CUTLASS 3's conv kernels, nvcc, about 40 s each to "
+        "compile) or light (kernels/gemm/sm90_light_gemm.cu as an implicit GEMM with TMA im2col loads, NVRTC, "
+        "under a second, for fprop and unit-stride dgrad in one slice; the other operators stay CUTLASS's).  Read "
+        "when a shape class's kernels are first built in a process.")
     native_host: Setting[bool] = Setting(
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
         "1 (default): jitops.linear's, jitops.layer_norm's and jitops.conv2d's calls on CUDA take a C++ host path "

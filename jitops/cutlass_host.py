@@ -120,6 +120,22 @@ class TmaArgs(NamedTuple):
     l2: int = L2_PROMOTION_128B
 
 
+class Im2colArgs(NamedTuple):
+    """The arguments of one cuTensorMapEncodeIm2col call: an NHWC tensor as dims (C, W, H, N) with byte strides
+    (the first implicit), the bounding box's corners (W, H) for a filter offset of 0, and what one load brings:
+    `pixels` pixels of `channels` channels, stepping through the box by `element_strides` (C, W, H, N)."""
+    dtype: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+    channels: int
+    pixels: int
+    element_strides: tuple[int, ...]
+    swizzle: int
+    l2: int = L2_PROMOTION_128B
+
+
 def _swizzle_of(inner_bytes: int) -> int:
     """The widest swizzle whose 16-byte-unit pattern a row of `inner_bytes` fills (CUTLASS's smem selectors pick
     the widest layout atom that divides the tile)."""
@@ -260,6 +276,12 @@ class _TmaDriver:
                                 ctypes.POINTER(_U64), ctypes.POINTER(_U64), ctypes.POINTER(_U32),
                                 ctypes.POINTER(_U32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         self.encode.restype = ctypes.c_int
+        self.encode_im2col = lib.cuTensorMapEncodeIm2col
+        self.encode_im2col.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.POINTER(_U64),
+            ctypes.POINTER(_U64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), ctypes.c_uint32,
+            ctypes.c_uint32, ctypes.POINTER(_U32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        self.encode_im2col.restype = ctypes.c_int
         self.replace = lib.cuTensorMapReplaceAddress
         self.replace.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.replace.restype = ctypes.c_int
@@ -299,6 +321,17 @@ class _TmaDriver:
             0, args.swizzle, args.l2, 0)
         if status:
             raise DriverError(f"cuTensorMapEncodeTiled{tuple(args)}", status)
+
+    def encode_im2col_into(self, buffer: Any, offset: int, args: Im2colArgs, address: int) -> None:
+        rank = len(args.dims)
+        spatial = rank - 2
+        status = self.encode_im2col(
+            ctypes.addressof(buffer) + offset, args.dtype, rank, address, (_U64 * rank)(*args.dims),
+            (_U64 * (rank - 1))(*args.strides), (ctypes.c_int * spatial)(*args.lower),
+            (ctypes.c_int * spatial)(*args.upper), args.channels, args.pixels, (_U32 * rank)(*args.element_strides),
+            0, args.swizzle, args.l2, 0)
+        if status:
+            raise DriverError(f"cuTensorMapEncodeIm2col{tuple(args)}", status)
 
     def _find_address_field(self) -> int | None:
         """Where a descriptor keeps its global address, if it is a plain little-endian field: encode one, move

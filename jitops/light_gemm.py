@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, _TmaDriver, cubin_u64_table
+from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs, _TmaDriver, cubin_u64_table
 from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
@@ -47,13 +47,14 @@ IN_TYPES = {torch.bfloat16: 0, torch.float16: 1}
 # Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A, B and D, then bias, m, n, k, activation, group_m.
 # The kernel's static_asserts hold it to these offsets.
 PARAMS_SIZE = 448
+CONV_PARAMS_SIZE = 512        # a conv kernel's: eleven ints more (jitops/light_conv.py)
 TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
 _FIELDS = struct.Struct("<Qiiiii")
 STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
 EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
-               "store_cols", "a_kmajor", "b_kmajor", "pingpong")
+               "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv")
 
 
 class LightInfo(NamedTuple):
@@ -70,6 +71,7 @@ class LightInfo(NamedTuple):
     a_kmajor: int
     b_kmajor: int
     pingpong: int
+    conv: int  # 0 the GEMM, 1 conv2d's fprop, 2 its dgrad (jitops/light_conv.py)
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
@@ -78,14 +80,15 @@ class LightInfo(NamedTuple):
 
 
 def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2,
-                  pingpong: bool = False) -> LightInfo:
+                  pingpong: bool = False, conv: int = 0) -> LightInfo:
     """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
     stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
     period, plus two mbarriers a stage and the pingpong consumers' two."""
     stage = (TILE_M + tile_n) * TILE_K * 2
     stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
     return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
-                     PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor), int(b_kmajor), int(pingpong))
+                     CONV_PARAMS_SIZE if conv else PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
+                     int(b_kmajor), int(pingpong), conv)
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
@@ -210,13 +213,13 @@ class _LightDriver:
         self._driver = _Driver.get()
         self.address_field = self._find_address_field()
 
-    def _find_address_field(self) -> int | None:
-        """Where a rank-2 descriptor keeps its global address (_TmaDriver probes a rank-3 one; the format is the
-        driver's, so it is probed again rather than assumed): encode, move it with cuTensorMapReplaceAddress, see
-        which 8 bytes changed.  None: every patch goes through the driver."""
+    def _find_address_field(self, args: TmaArgs | Im2colArgs | None = None) -> int | None:
+        """Where a rank-2 descriptor (or one encoded from `args`) keeps its global address (_TmaDriver probes a
+        rank-3 one; the format is the driver's, so it is probed again rather than assumed): encode, move it with
+        cuTensorMapReplaceAddress, see which 8 bytes changed.  None: every patch goes through the driver."""
         probe = (ctypes.c_char * 128)()
         first, second = 0x10000000, 0x7654321000
-        self.encode_into(probe, 0, operand_tma(True, 64, 64, 64, TILE_M), first)
+        self.encode_into(probe, 0, args or operand_tma(True, 64, 64, 64, TILE_M), first)
         before = bytes(probe)
         scratch = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(scratch) + 63) // 64 * 64
@@ -231,12 +234,15 @@ class _LightDriver:
                 return at
         return None
 
-    def encode_into(self, buffer: Any, offset: int, args: TmaArgs, address: int) -> None:
-        """cuTensorMapEncodeTiled into a 64-byte aligned scratch (the driver asks for an aligned tensor map; a
-        bytearray is only 16-byte aligned), then copied into Params, which the launch copies anyway."""
+    def encode_into(self, buffer: Any, offset: int, args: TmaArgs | Im2colArgs, address: int) -> None:
+        """cuTensorMapEncodeTiled (or EncodeIm2col) into a 64-byte aligned scratch (the driver asks for an aligned
+        tensor map; a bytearray is only 16-byte aligned), then copied into Params, which the launch copies anyway."""
         scratch = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(scratch) + 63) // 64 * 64 - ctypes.addressof(scratch)
-        self._tma.encode_into(scratch, aligned, args, address)
+        if isinstance(args, Im2colArgs):
+            self._tma.encode_im2col_into(scratch, aligned, args, address)
+        else:
+            self._tma.encode_into(scratch, aligned, args, address)
         ctypes.memmove(ctypes.addressof(buffer) + offset, ctypes.addressof(scratch) + aligned, 128)
 
     def launch(self, function: CudaFunction, grid: tuple[int, int, int], block: int, smem: int, stream: int,

@@ -35,6 +35,9 @@ KERNEL_HOST_SIDES = {
                                     "CUTLASS's host code by tests/test_cutlass_host.py; shared with light_gemm"),
     "jitops.light_gemm": (("gemm",), "the light sm_90a kernel's spec and host side (JITOPS_GEMM_SM90_KERNEL=light), "
                                   "tested on its own by tests/test_light_gemm.py"),
+    "jitops.light_conv": (("conv2d",), "the light sm_90a conv kernels' specs and host side "
+                                     "(JITOPS_CONV2D_SM90_KERNEL=light), tested on their own by "
+                                     "tests/test_light_conv.py"),
     "jitops.native": (("linear", "gemm", "gelu", "layer_norm", "conv2d"),
                       "the C++ host path (kernels/host/host_path.cpp): linear, layer_norm and conv2d call it first, "
                       "gemm's, gelu's, layer_norm's and conv2d's launches offer it their kernels; jitops/__init__ "

@@ -24,15 +24,13 @@ Three operators, each compiled on first use per shape class:
 - fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
-                                                                                one NVRTC kernel sums into dw;
-                                                                                one slice: dw stored directly;
-                                                                                through TMA as a flat matrix
-                                                                                where the tile allows)
-Filter size, stride, padding and dilation reach the kernel at run time (CUTLASS 3 encodes them into the TMA
-im2col descriptors on the host), so one compiled kernel serves many layers; the shape class still names them,
-with the dtype, the channel alignment and the plan (tile or thread block cluster, split count, im2col, flat
-store) picked for the GEMM shape by cost models fitted to the op's own benchmark sweeps (GEMM_TILE_US,
-WGRAD_TILE_US).
+                                                one NVRTC kernel sums into dw; one slice: dw stored directly)
+JITOPS_CONV2D_SM90_KERNEL=light runs fprop and unit-stride dgrad on the light GEMM kernel with TMA im2col loads
+instead (NVRTC, under a second to compile; jitops/light_conv.py).
+Filter size, stride, padding and dilation reach the kernel at run time (encoded into the TMA im2col descriptors
+on the host), so one compiled kernel serves many layers; the shape class still names them, with the dtype, the
+channel alignment and the plan (tile or cluster, split count, im2col, flat store) picked for the GEMM shape by
+cost models fitted to the op's own benchmark sweeps (GEMM_TILE_US, WGRAD_TILE_US).
 
 Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
 phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
@@ -65,7 +63,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import shapes
+from .. import light_conv, shapes
 from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
@@ -139,6 +137,8 @@ def _request(name: str, cls: ConvClass, target: Target, fp32_out: bool = False):
     """The library of operator `name` for the class; fp32_out: the split-K form (fp32 slices) even unsplit."""
     if target.capability is None or target.capability[0] != 9:
         return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
+    if config.conv2d_sm90_kernel == "light" and light_conv.unsupported(name, cls, fp32_out) is None:
+        return {name: light_conv.request(name, cls, fp32_out)}
     tile = TILES[cls.tile]
     split = fp32_out or (name != "wgrad" and cls.splits > 1)
     defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import native, shapes
+from .. import light_conv, native, shapes
 from ..config import config
 from ..launch import SideStreams, current_stream, sm_count
 from ..op import dispatcher_wanted
@@ -23,8 +23,11 @@ _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)"
 # ---- the CUTLASS conv library's entry point ---------------------------------------------------------------------
 def _call(library, op_name: str, a, b, d, bias, *args) -> None:
     # The library's function is generated for its declared C signature (launch.host_function): tensors pass
-    # their data pointer with no per-argument loop, so a bare ctypes handle of its own is not needed.
-    status = library.jitops_conv2d(a, b, d, bias, *args)
+    # their data pointer with no per-argument loop, so a bare ctypes handle of its own is not needed.  A light
+    # kernel (JITOPS_CONV2D_SM90_KERNEL=light: a CudaFunction, no library) takes the same arguments through its
+    # Python host side.
+    run = getattr(library, "jitops_conv2d", None) or light_conv.host(library).jitops_conv2d
+    status = run(a, b, d, bias, *args)
     if status:
         args = (a, b, d, bias, *args)
         raise RuntimeError(f"jitops.{op_name}: {_STATUS.get(status, f'status {status}')}; problem "

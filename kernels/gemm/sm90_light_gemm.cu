@@ -27,6 +27,15 @@
 //   LIGHT_PINGPONG  0: both consumers on each tile;  1: the consumers take tiles in turn (LIGHT_TILE_N 128)
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
+//   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, as an implicit GEMM (below)
+//
+// Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
+// for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
+// read at one filter tap, 64 channels a k-block; GEMM-K runs over (tap, channel block).  B is the KRSC filter
+// through a rank-3 descriptor (a tap a box, so a channel count that is not a multiple of 64 reads zeros past C):
+// fprop's B is K-major (dims C, R*S, K), dgrad's MN-major (dims C, K, R*S) with the taps flipped, since
+// dx = conv(dy, w rotated 180 degrees and transposed) at unit stride.  D is the NHWC output as the row-major
+// (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
 // leading dimensions that are multiples of 8 elements (D's: of 16 bytes); M, N, K below 2**31.
 #if LIGHT_T == 0
@@ -36,6 +45,10 @@
 #endif
 
 #include "sm90_light_gemm.cuh"
+
+#ifndef LIGHT_CONV
+#define LIGHT_CONV 0
+#endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "sm90_light_gemm.cu needs sm_90a (wgmma, setmaxnreg)"
@@ -50,6 +63,8 @@ constexpr bool kAKMajor = LIGHT_A_KMAJOR;
 constexpr bool kBKMajor = LIGHT_B_KMAJOR;
 constexpr int kConsumers = 2;
 constexpr bool kPingpong = LIGHT_PINGPONG;
+constexpr int kConv = LIGHT_CONV;
+constexpr bool kActivation = kConv == 0;  // a conv's fused epilogue adds its bias only
 constexpr int kWarpgroupRows = kPingpong ? kTileM : kTileM / kConsumers;  // a consumer's rows of its tiles
 constexpr int kMmaBlocks = kWarpgroupRows / 64;                           // m64 wgmmas a k16 step
 constexpr int kAccumulators = kMmaBlocks * kTileN / 2;                    // fp32 registers a thread
@@ -76,7 +91,8 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 // (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
-static_assert(kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 128 or 256");
+static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
+static_assert(kConv == 0 || (kAKMajor && kBKMajor == (kConv == 1)), "conv: K-major A; B K-major for fprop only");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -94,14 +110,24 @@ struct alignas(64) Params {
     int m, n, k;
     int activation;  // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
     int group_m;     // tile rows per raster group, >= 1
+#if LIGHT_CONV
+    // A is then an im2col descriptor and B a rank-3 one; k = taps * c_blocks * 64.
+    int c_blocks;            // 64-channel k-blocks a filter tap: ceil(channels of A / 64)
+    int taps;                // R * S
+    int filter_s;            // S
+    int out_w, out_hw;       // the pixel grid of D's rows: Q and P * Q (dgrad: W and H * W)
+    int corner_w, corner_h;  // the im2col bounding box's lower corner: -padding (dgrad: padding - dilation * (R - 1))
+    int stride_w, stride_h;  // its traversal strides (dgrad: 1)
+    int dil_w, dil_h;        // a tap's offset per filter column and row
+#endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
-              sizeof(Params) == 448 && alignof(Params) == 64, "Params layout");
+              sizeof(Params) == (kConv ? 512 : 448) && alignof(Params) == 64, "Params layout");
 
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
     kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
-    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong};
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -171,6 +197,8 @@ template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
     if constexpr (kN == 256) {
         wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
+    } else if constexpr (kN == 64) {
+        wgmma_m64n64k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     } else {
         wgmma_m64n128k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     }
@@ -243,12 +271,41 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             int m_block, n_block;
             tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+#if LIGHT_CONV
+            // The tile's first output pixel, where its im2col box starts (the box then walks the pixel grid).
+            const int m0 = m_block * kTileM;
+            const int image = m0 / p.out_hw;
+            const int oh = (m0 - image * p.out_hw) / p.out_w;
+            const int ow = m0 - image * p.out_hw - oh * p.out_w;
+            const int w0 = p.corner_w + ow * p.stride_w, h0 = p.corner_h + oh * p.stride_h;
+            int tap = 0, c_block = 0;
+#endif
             for (int kb = 0; kb < k_blocks; ++kb) {
                 mbarrier_wait(empty + 8 * stage, phase ^ 1);
                 const u32 bar = full + 8 * stage;
                 mbarrier_arrive_expect_tx(bar, kStageBytes);
+#if LIGHT_CONV
+                const int r = tap / p.filter_s, s = tap - r * p.filter_s;
+                tma_load_im2col_4d(&p.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
+                                   static_cast<unsigned short>(s * p.dil_w), static_cast<unsigned short>(r * p.dil_h));
+                const int filter_tap = kConv == 2 ? p.taps - 1 - tap : tap;
+                if constexpr (kBKMajor) {
+                    tma_load_3d(&p.b, smem_b + stage * kBytesB, bar, c_block * kTileK, filter_tap, n_block * kTileN);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < kTileN / 64; ++j) {
+                        tma_load_3d(&p.b, smem_b + stage * kBytesB + j * 8192, bar, n_block * kTileN + 64 * j,
+                                    c_block * kTileK, filter_tap);
+                    }
+                }
+                if (++c_block == p.c_blocks) {
+                    c_block = 0;
+                    ++tap;
+                }
+#else
                 load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
                 load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
+#endif
                 if (++stage == kStages) {
                     stage = 0;
                     phase ^= 1;
@@ -353,10 +410,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                     const int col = 8 * cc + 2 * (lane % 4);
 #if LIGHT_FUSED
                     const float b0 = bias_value(bias_pairs[cc], 0), b1 = bias_value(bias_pairs[cc], 1);
-                    stage_pair(buffer, row, col, activate(block[4 * c] + b0, p.activation),
-                               activate(block[4 * c + 1] + b1, p.activation));
-                    stage_pair(buffer, row + 8, col, activate(block[4 * c + 2] + b0, p.activation),
-                               activate(block[4 * c + 3] + b1, p.activation));
+                    if constexpr (kActivation) {
+                        stage_pair(buffer, row, col, activate(block[4 * c] + b0, p.activation),
+                                   activate(block[4 * c + 1] + b1, p.activation));
+                        stage_pair(buffer, row + 8, col, activate(block[4 * c + 2] + b0, p.activation),
+                                   activate(block[4 * c + 3] + b1, p.activation));
+                    } else {
+                        stage_pair(buffer, row, col, block[4 * c] + b0, block[4 * c + 1] + b1);
+                        stage_pair(buffer, row + 8, col, block[4 * c + 2] + b0, block[4 * c + 3] + b1);
+                    }
 #else
                     stage_pair(buffer, row, col, block[4 * c], block[4 * c + 1]);
                     stage_pair(buffer, row + 8, col, block[4 * c + 2], block[4 * c + 3]);

@@ -68,6 +68,26 @@ __device__ __forceinline__ void tma_load_2d(const TmaDescriptor* desc, u32 dst, 
         :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
 
+// A 3-D box at (c0, c1, c2), innermost first (the conv kernels' filters: channels, a tap or a channel, taps).
+__device__ __forceinline__ void tma_load_3d(const TmaDescriptor* desc, u32 dst, u32 bar, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+        :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+// An im2col box of an NHWC tensor: the descriptor's pixelsPerColumn pixels, each channelsPerPixel channels from
+// channel c, starting at pixel (w, h, n) (absolute: a padded start is negative) and stepping through the
+// descriptor's bounding box by its traversal strides, every pixel read at (+ off_w, + off_h): the filter tap.
+// Pixels outside the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_im2col_4d(const TmaDescriptor* desc, u32 dst, u32 bar, int c, int w, int h,
+                                                   int n, unsigned short off_w, unsigned short off_h) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};"
+        :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w),
+           "h"(off_h) : "memory");
+}
+
 // A 2-D box of shared memory to global memory at (c0 inner, c1 outer), in the thread's bulk async-group.
 // Out-of-bounds elements are not written: a partial tile needs no guard.
 __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src, int c0, int c1) {
@@ -155,6 +175,22 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
 // D (64 x N, fp32, registers of the warpgroup) += A (64 x 16, shared) . B (16 x N, shared); kTransA, kTransB:
 // 0 if the operand's tile is K-major in shared memory, 1 if MN-major; scale_d 0 ignores D's old value.  Register
 // i of a thread holds row 16 * warp + lane / 4 + 8 * (i / 2 % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], u64 desc_a, u64 desc_b, u32 scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." LIGHT_AB "." LIGHT_AB " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+
 template <int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], u64 desc_a, u64 desc_b, u32 scale_d) {
     asm volatile(

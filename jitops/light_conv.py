@@ -1,0 +1,226 @@
+"""The host side of jitops.conv2d's light sm_90a kernels: the light GEMM kernel (kernels/gemm/sm90_light_gemm.cu)
+built with LIGHT_CONV, an implicit GEMM whose A operand TMA loads in im2col mode.  JITOPS_CONV2D_SM90_KERNEL=light
+takes them for the operators they cover; CUTLASS's conv kernels (kernels/conv/conv2d_sm90.cu, nvcc) run the rest.
+
+Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of it instantiating templates
+(docs/architecture.md); conv2d's 42 kernels were 1532 s of the 1704 s an image's prewarm spent compiling.  A light
+conv kernel compiles through NVRTC in 0.2-0.7 s.
+
+Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns), and
+dgrad at unit stride, each in one slice (no split-K), with the tile width of the class's plan (64, 128 or 256;
+the plan's clusters are dropped).  Not covered: wgrad, strided dgrad (its phases write strided views of dx),
+split-K plans.  The same `jitops_conv2d` arguments as CUTLASS's library (conv2d_run._call), so the op's launch
+code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any, NamedTuple
+
+from . import shapes
+from .cutlass_host import SWIZZLE_128B, TMA_UINT16, Im2colArgs, TmaArgs
+from .launch import CudaFunction
+from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, TILE_K, TILE_M, LightGemm, _Packed, _FIELDS,
+                         grid, output_tma, Problem)
+
+OPERATORS = {"fprop": 1, "dgrad": 2}
+CONV_FIELDS = FIELDS + _FIELDS.size           # the eleven conv ints follow the GEMM's fields
+_CONV_FIELDS = struct.Struct("<11i")
+# TMA's im2col limits for a rank-4 (NHWC) tensor: the bounding box's corners within [-128, 127], a load's filter
+# offsets within [0, 255] (16 bits shared by the two spatial dimensions).
+CORNER_LIMIT = 128
+OFFSET_LIMIT = 256
+
+
+def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
+    """Why the light kernels cannot run operator `name` of a conv class (ConvClass), or None when they can."""
+    if name not in OPERATORS:
+        return f"operator {name}"
+    if cls.dtype not in IN_TYPES:
+        return f"inputs of {cls.dtype}"
+    if cls.splits > 1:
+        return "a split-K plan"
+    if name == "dgrad" and tuple(cls.stride) != (1, 1):
+        return "a strided dgrad (phases writing strided views of dx)"
+    (r, s), (pad_h, pad_w), (dil_h, dil_w) = cls.kernel, cls.padding, cls.dilation
+    reach_h, reach_w = dil_h * (r - 1), dil_w * (s - 1)
+    if max(reach_h, reach_w) >= OFFSET_LIMIT or max(pad_h, pad_w, reach_h, reach_w) >= CORNER_LIMIT:
+        return "a filter reach or padding beyond TMA's im2col corners"
+    return None
+
+
+def tile_n_for(cls: Any) -> int:
+    """The width of the plan's tile (conv2d_plan.TILES: 128 rows by 64, 128 or 256 for fprop and dgrad)."""
+    return int(cls.tile.split("x")[1].split("c")[0].split("t")[0])
+
+
+def request(name: str, cls: Any, fp32_out: bool = False):
+    return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype], LIGHT_OUT=int(fp32_out),
+                           LIGHT_TILE_N=tile_n_for(cls), LIGHT_FUSED=int(name == "fprop" and not fp32_out),
+                           LIGHT_A_KMAJOR=1, LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0,
+                           LIGHT_CONV=OPERATORS[name])
+
+
+# ---- Params -------------------------------------------------------------------------------------------------------
+class ConvProblem(NamedTuple):
+    """One call's problem as conv2d_run passes it (CUTLASS's argument order), with the kernel's operator."""
+    conv: int                  # 1 fprop, 2 dgrad
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    pad_h: int
+    pad_h_hi: int
+    pad_w: int
+    pad_w_hi: int
+    stride_h: int
+    stride_w: int
+    dil_h: int
+    dil_w: int
+    sm_count: int
+
+
+def _out_size(size: int, pad: int, pad_hi: int, taps: int, stride: int, dilation: int) -> int:
+    return (size + pad + pad_hi - dilation * (taps - 1) - 1) // stride + 1
+
+
+def geometry(p: ConvProblem) -> dict:
+    """The implicit GEMM of a problem: its A tensor (x for fprop, dy for dgrad) and the descriptors' corners.
+
+    fprop: rows are y's pixels (N, P, Q); pixel (p, q) at tap (r, s) reads x at (p * stride - pad + r * dil, ...),
+    so the box starts at -pad and is stride apart; its upper corner is pad_hi - dil * (S - 1).
+    dgrad (unit stride): rows are dx's pixels (N, H, W); dx(h) = sum over taps r of dy(h + pad - r * dil) . w(r), so
+    with r' = R - 1 - r the read is at h + (pad - dil * (R - 1)) + r' * dil: the box starts there, a pixel apart,
+    and takes the filter's taps in reverse (the kernel flips them)."""
+    if p.conv == 1:
+        out_h = _out_size(p.h, p.pad_h, p.pad_h_hi, p.r, p.stride_h, p.dil_h)
+        out_w = _out_size(p.w, p.pad_w, p.pad_w_hi, p.s, p.stride_w, p.dil_w)
+        lower = (-p.pad_w, -p.pad_h)
+        upper = (p.pad_w_hi - p.dil_w * (p.s - 1), p.pad_h_hi - p.dil_h * (p.r - 1))
+        return dict(a_dims=(p.c, p.w, p.h, p.n), a_channels=p.c, out_channels=p.k, out_h=out_h, out_w=out_w,
+                    lower=lower, upper=upper, strides=(p.stride_w, p.stride_h))
+    dy_h = _out_size(p.h, p.pad_h, p.pad_h_hi, p.r, 1, p.dil_h)
+    dy_w = _out_size(p.w, p.pad_w, p.pad_w_hi, p.s, 1, p.dil_w)
+    lower = (p.pad_w - p.dil_w * (p.s - 1), p.pad_h - p.dil_h * (p.r - 1))
+    upper = (lower[0] + p.w - dy_w, lower[1] + p.h - dy_h)
+    return dict(a_dims=(p.k, dy_w, dy_h, p.n), a_channels=p.k, out_channels=p.c, out_h=p.h, out_w=p.w,
+                lower=lower, upper=upper, strides=(1, 1))
+
+
+def activation_tma(g: dict) -> Im2colArgs:
+    """A: the NHWC tensor in im2col mode, 128 pixels (a tile's rows) of 64 channels (128 bytes, the swizzle's
+    width) a load."""
+    c, w, h, _ = g["a_dims"]
+    return Im2colArgs(TMA_UINT16, g["a_dims"], (c * 2, w * c * 2, h * w * c * 2), g["lower"], g["upper"], TILE_K,
+                      TILE_M, (1, *g["strides"], 1), SWIZZLE_128B)
+
+
+def filter_tma(p: ConvProblem, tile_n: int) -> TmaArgs:
+    """B: the KRSC filter by tap.  fprop (K-major): dims (C, R*S, K), a box of 64 channels of one tap for tile_n
+    filters.  dgrad (MN-major): dims (C, K, R*S), boxes of 64 channels (dx's) by 64 filters (GEMM-K) of one tap."""
+    taps = p.r * p.s
+    if p.conv == 1:
+        return TmaArgs(TMA_UINT16, (p.c, taps, p.k), (p.c * 2, taps * p.c * 2), (TILE_K, 1, tile_n), SWIZZLE_128B)
+    return TmaArgs(TMA_UINT16, (p.c, p.k, taps), (taps * p.c * 2, p.c * 2), (64, TILE_K, 1), SWIZZLE_128B)
+
+
+def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode
+                ) -> tuple[bytearray, tuple[int, int, int]]:
+    """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor."""
+    g = geometry(p)
+    a, b, d, bias = addresses
+    m = p.n * g["out_h"] * g["out_w"]
+    c_blocks = -(-g["a_channels"] // TILE_K)
+    taps = p.r * p.s
+    gemm = Problem(m, g["out_channels"], taps * c_blocks * TILE_K, 0, 0, g["out_channels"], 0, p.sm_count)
+    params = bytearray(info.params_size)
+    _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-m // TILE_M)))
+    dil_w, dil_h = (p.dil_w, p.dil_h)
+    _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
+                           *g["lower"], *g["strides"], dil_w, dil_h)
+    buffer = (ctypes.c_char * len(params)).from_buffer(params)
+    encode(buffer, 0, activation_tma(g), a)
+    encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
+    encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
+    return params, grid(gemm, info.tile_n)
+
+
+def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int]) -> None:
+    """What the kernel assumes and the class's plan already guarantees (conv2d_run pads channels to multiples of 8
+    and passes NHWC memory): checked once per packed problem."""
+    name = "conv2d" if p.conv == 1 else "conv2d_input_grad"
+    if p.c % 8 or p.k % 8 or any(address % 16 for address in addresses[:3]):
+        raise ValueError(f"jitops.{name} (light sm_90a kernel): channels {p.c} and {p.k} must be multiples of 8 and "
+                         "the tensors 16-byte aligned; this class should have taken CUTLASS's kernel")
+    if p.conv == 2:
+        if (p.stride_h, p.stride_w) != (1, 1):
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): stride {(p.stride_h, p.stride_w)}; the light "
+                             "dgrad takes unit stride only")
+        if any(d_strides) and d_strides != (p.h * p.w * p.c, p.w * p.c, p.c):
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} are not its NHWC memory")
+
+
+# ---- the host object ----------------------------------------------------------------------------------------------
+class LightConv(LightGemm):
+    """A light conv kernel with its host side: `jitops_conv2d(...)` takes CUTLASS's library arguments and returns
+    its status (0).  A problem's Params are packed once; a call patches the tensors' addresses."""
+
+    def __init__(self, function: CudaFunction, info: Any = None, driver: Any = None) -> None:
+        super().__init__(function, info, driver)
+        self._address_field: Any = ...  # the im2col descriptor's, probed on the first problem
+
+    def _im2col_address_field(self, args: Im2colArgs) -> int | None:
+        """The tiled descriptors' address field if the im2col descriptor keeps its address there too, else None:
+        then every patch goes through cuTensorMapReplaceAddress."""
+        if self._address_field is ...:
+            tiled = self._driver.address_field
+            probed = self._driver._find_address_field(args)
+            self._address_field = tiled if probed == tiled else None
+        return self._address_field
+
+    def jitops_conv2d(self, a: Any, b: Any, d: Any, bias: Any, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
+                      pad_h: int, pad_h_hi: int, pad_w: int, pad_w_hi: int, stride_h: int, stride_w: int, dil_h: int,
+                      dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
+                      stream: int) -> int:
+        if splits != 1:
+            raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light kernels "
+                             "take one")
+        addresses = tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias))
+        key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
+               dil_w, sm_count)
+        with self._lock:
+            packed = self._problems.get(key)
+            if packed is None:
+                problem = ConvProblem(*key)
+                check_problem(problem, (d_sn, d_sh, d_sw), addresses)
+                self._driver.ensure_context(self.function.device_index)
+                if not self._attribute_set:
+                    self._driver.set_shared_memory(self.function, self.info.smem)
+                    self._attribute_set = True
+                if len(self._problems) >= 1024:
+                    self._problems.clear()
+                params, launch_grid = pack_params(self.info, problem, addresses, self._driver.encode_into)
+                packed = _Packed(self, key, params, launch_grid, addresses)
+                packed.address_field = self._im2col_address_field(activation_tma(geometry(problem)))
+                self._problems[key] = packed
+            packed.launch(*addresses, stream)
+        return 0
+
+
+def host(kernel: Any) -> LightConv:
+    """The host side of a loaded light conv kernel, made once and kept on it.  A Recording's wrapper of the kernel
+    (jitops/native.py) is looked through: the launch then goes past the Recording, whose launch count keeps such
+    a run from being offered to the C++ host path."""
+    function = getattr(kernel, "_function", kernel)
+    found = function.__dict__.get("light_conv_host")
+    if found is None:
+        found = function.__dict__.setdefault("light_conv_host", LightConv(function))
+    return found
+
+
+__all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "filter_tma", "geometry", "host",
+           "pack_params", "request", "tile_n_for", "unsupported"]

@@ -1,0 +1,262 @@
+"""jitops.conv2d's light sm_90a kernels (jitops/light_conv.py: the light GEMM kernel with TMA im2col loads).
+
+On the CPU: the kernels compile under NVRTC for sm_90a with wgmma, im2col loads and no spills; the implicit
+GEMM's geometry (bounding boxes, output grids) agrees with the op's own output sizes; Params and descriptors are
+packed as the kernel reads them; the setting routes fprop and unit-stride dgrad to them and leaves the rest to
+CUTLASS.  On a GPU (marked): jitops.conv2d with the setting on against torch's conv2d in fp32, forward and
+dx, over the op's test geometries and ResNet-50's layer kinds.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+
+import pytest
+import torch
+
+import jitops
+from jitops import light_conv as LC
+from jitops import light_gemm as L
+from jitops.cutlass_host import SWIZZLE_128B, TMA_UINT16, Im2colArgs, TmaArgs
+from jitops.ops import conv2d as conv_module
+from jitops.ops.conv2d_plan import ConvClass, output_size
+from jitops.specs import Target
+
+from fakes import FakeTmaDriver
+from test_light_gemm import compile_with_ptx
+
+SM90A = Target.parse("sm_90a")
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def conv_class(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), tile="128x128", splits=1,
+               dtype=BF16) -> ConvClass:
+    return ConvClass(dtype, kernel, stride, padding, dilation, True, tile, splits)
+
+
+# ---- compiling ----------------------------------------------------------------------------------------------------
+BUILDS = [  # (operator, class tile, fp32 out, dtype)
+    ("fprop", "128x64", False, BF16), ("fprop", "128x128", False, FP16), ("fprop", "128x256", False, BF16),
+    ("fprop", "128x128", True, BF16), ("dgrad", "128x64c1x2", False, BF16), ("dgrad", "128x128", False, FP16),
+    ("dgrad", "128x256", False, BF16)]
+
+
+@pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
+                                                                  f"{str(b[3])[6:]}" for b in BUILDS])
+def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_out, dtype):
+    cls = conv_class(tile=tile, dtype=dtype)
+    cubin, ptx, log = compile_with_ptx(LC.request(name, cls, fp32_out))
+    tile_n = LC.tile_n_for(cls)
+    ab = "bf16" if dtype == BF16 else "f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
+    assert set(re.findall(r"p, 1, 1, (\d), (\d);", ptx)) == {("0", "0" if name == "fprop" else "1")}
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global.im2col" in ptx
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" not in ptx  # every load is a conv operand's
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "C7510" not in log, log
+    info = L.LightInfo.from_cubin(cubin)
+    assert info == L.expected_info(tile_n, True, name == "fprop", 4 if fp32_out else 2, False,
+                                   LC.OPERATORS[name])
+
+
+# ---- the implicit GEMM's geometry ---------------------------------------------------------------------------------
+def problem(conv, n=2, h=9, w=11, c=64, k=128, r=3, s=3, pad=(1, 1, 1, 1), stride=(1, 1), dil=(1, 1)):
+    return LC.ConvProblem(conv, n, h, w, c, k, r, s, *pad, *stride, *dil, 132)
+
+
+def box_positions(lower: int, upper: int, size: int, stride: int) -> int:
+    """How many start positions TMA's im2col traversal visits along one dimension (CUTLASS's formula)."""
+    return (size + upper - lower - 1) // stride + 1
+
+
+@pytest.mark.parametrize("h,r,stride,pad,pad_hi,dil", [(9, 3, 1, 1, 1, 1), (9, 3, 2, 1, 1, 1), (224, 7, 2, 3, 3, 1),
+                                                        (13, 3, 1, 2, 2, 2), (8, 3, 2, 1, 0, 2), (14, 1, 2, 0, 0, 1)])
+def test_fprop_box_walks_the_output_grid(h, r, stride, pad, pad_hi, dil):
+    p = problem(1, h=h, w=h, r=r, s=r, pad=(pad, pad_hi, pad, pad_hi), stride=(stride, stride), dil=(dil, dil))
+    g = LC.geometry(p)
+    out = (h + pad + pad_hi - dil * (r - 1) - 1) // stride + 1
+    assert g["out_h"] == g["out_w"] == out
+    if pad == pad_hi:
+        assert out == output_size(h, r, stride, pad, dil)
+    assert box_positions(g["lower"][1], g["upper"][1], h, stride) == out
+    # the last tap of the last output pixel reads within the padded input
+    assert g["lower"][1] + (out - 1) * stride + (r - 1) * dil <= h - 1 + pad_hi
+
+
+@pytest.mark.parametrize("h,r,pad,dil", [(9, 3, 1, 1), (9, 1, 0, 1), (13, 3, 2, 2), (10, 5, 2, 1), (10, 3, 0, 1)])
+def test_dgrad_box_walks_dx_and_reads_dy_where_the_forward_wrote(h, r, pad, dil):
+    p = problem(2, h=h, w=h, r=r, s=r, pad=(pad, pad, pad, pad), dil=(dil, dil))
+    g = LC.geometry(p)
+    dy = output_size(h, r, 1, pad, dil)
+    assert g["a_dims"] == (p.k, dy, dy, p.n) and (g["out_h"], g["out_w"]) == (h, h)
+    assert box_positions(g["lower"][1], g["upper"][1], dy, 1) == h
+    # dx(i) reads dy(i + lower + r' * dil) at flipped tap r = R - 1 - r': the forward's p = i + pad - r * dil
+    for i in range(h):
+        for r_flipped in range(r):
+            assert i + g["lower"][1] + r_flipped * dil == i + pad - (r - 1 - r_flipped) * dil
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __call__(self, buffer, offset, args, address) -> None:
+        self.calls.append((offset, args, address))
+
+
+def test_params_and_descriptors_of_a_strided_fprop():
+    p = problem(1, n=2, h=56, w=56, c=64, k=256, r=3, s=3, stride=(2, 2))
+    info = L.expected_info(128, True, True, 2, False, 1)
+    encode = Recorder()
+    params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), encode)
+    assert len(params) == 512
+    bias, m, n, k, activation, group = struct.unpack_from("<Qiiiii", params, 384)
+    assert (bias, m, n, k, activation) == (0x4000, 2 * 28 * 28, 256, 9 * 64, 0)
+    fields = struct.unpack_from("<11i", params, LC.CONV_FIELDS)
+    assert fields == (1, 9, 3, 28, 28 * 28, -1, -1, 2, 2, 1, 1)
+    (a_at, a, a_address), (b_at, b, b_address), (d_at, d, d_address) = encode.calls
+    assert (a_at, b_at, d_at) == (0, 128, 256) and (a_address, b_address, d_address) == (0x1000, 0x2000, 0x3000)
+    assert a == Im2colArgs(TMA_UINT16, (64, 56, 56, 2), (128, 56 * 128, 56 * 56 * 128), (-1, -1), (-1, -1), 64, 128,
+                           (1, 2, 2, 1), SWIZZLE_128B)
+    assert b == TmaArgs(TMA_UINT16, (64, 9, 256), (128, 9 * 128), (64, 1, 128), SWIZZLE_128B)
+    assert d == L.output_tma(m, 256, 256, 64)
+    assert launch_grid == (min(132, -(-m // 128) * 2), 1, 1)
+
+
+def test_params_and_descriptors_of_a_dgrad():
+    p = problem(2, n=4, h=14, w=14, c=256, k=72, r=3, s=3)
+    info = L.expected_info(256, True, False, 2, False, 2)
+    encode = Recorder()
+    params, _ = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0), encode)
+    _, m, n, k, _, _ = struct.unpack_from("<Qiiiii", params, 384)
+    assert (m, n, k) == (4 * 14 * 14, 256, 9 * 2 * 64)  # 72 filters: two 64-channel k-blocks a tap
+    assert struct.unpack_from("<11i", params, LC.CONV_FIELDS) == (2, 9, 3, 14, 196, -1, -1, 1, 1, 1, 1)
+    a, b = encode.calls[0][1], encode.calls[1][1]
+    assert a.dims == (72, 14, 14, 4) and a.lower == (-1, -1) and a.upper == (-1, -1)
+    assert b == TmaArgs(TMA_UINT16, (256, 72, 9), (9 * 256 * 2, 256 * 2), (64, 64, 1), SWIZZLE_128B)
+
+
+# ---- the route ----------------------------------------------------------------------------------------------------
+def test_unsupported_operators_and_plans():
+    assert LC.unsupported("fprop", conv_class(stride=(2, 2))) is None
+    assert LC.unsupported("fprop", conv_class(), fp32_out=True) is None
+    assert LC.unsupported("dgrad", conv_class()) is None
+    assert "wgrad" in LC.unsupported("wgrad", conv_class())
+    assert "strided" in LC.unsupported("dgrad", conv_class(stride=(2, 1)))
+    assert "split" in LC.unsupported("fprop", conv_class(splits=2))
+    assert "corners" in LC.unsupported("fprop", conv_class(kernel=(3, 3), dilation=(200, 1)))
+    assert "corners" in LC.unsupported("fprop", conv_class(padding=(130, 0)))
+    assert LC.unsupported("fprop", conv_class(dtype=torch.float32)) is not None
+
+
+def test_the_setting_routes_fprop_and_unit_stride_dgrad():
+    unit, strided = conv_class(), conv_class(stride=(2, 2))
+    cutlass_fprop = conv_module._request("fprop", unit, SM90A)
+    assert "conv2d_sm90.cu" in str(cutlass_fprop["fprop"].source.name)  # the default: CUTLASS's
+    with jitops.config.scope(conv2d_sm90_kernel="light"):
+        assert conv_module._request("fprop", unit, SM90A) == {"fprop": LC.request("fprop", unit)}
+        assert conv_module._request("fprop", strided, SM90A) == {"fprop": LC.request("fprop", strided)}
+        assert conv_module._request("dgrad", unit, SM90A) == {"dgrad": LC.request("dgrad", unit)}
+        # a strided dgrad's phases and every wgrad stay on CUTLASS's kernels
+        assert "conv2d_sm90.cu" in str(conv_module._request("dgrad", strided, SM90A)["dgrad"].source.name)
+        assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", unit, SM90A)["wgrad"].source.name)
+        assert conv_module._request("fprop", unit, Target.parse("sm_80")) == {}
+
+
+def test_bad_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("JITOPS_CONV2D_SM90_KERNEL", "fast")
+    with pytest.raises(jitops.errors.ConfigError, match="JITOPS_CONV2D_SM90_KERNEL"):
+        jitops.config.conv2d_sm90_kernel
+
+
+# ---- the host object with a stand-in driver -----------------------------------------------------------------------
+class FakeDriver(FakeTmaDriver):
+    def __init__(self, address_field):
+        super().__init__(address_field, Recorder())
+
+    def _find_address_field(self, args):
+        return self.address_field
+
+    def launch(self, function, grid, block, smem, stream, params_address):
+        params = ctypes.cast(params_address, ctypes.POINTER(ctypes.c_void_p))[0]
+        self.launches.append({"grid": grid, "stream": stream, "params": ctypes.string_at(params, 512)})
+
+
+class FakeFunction:
+    handle, device_index = 0x1234, 0
+
+
+class FakeTensor:
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+def test_a_repeated_problem_is_packed_once_and_patched():
+    driver = FakeDriver(16)
+    host = LC.LightConv(FakeFunction(), L.expected_info(128, True, True, 2, False, 1), driver)
+    args = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 132)
+    t = [FakeTensor(a) for a in (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000)]
+    assert host.jitops_conv2d(t[0], t[1], t[2], None, *args, 7) == 0
+    assert host.jitops_conv2d(t[3], t[4], t[5], None, *args, 9) == 0
+    assert len(driver.encode_into.calls) == 3 and driver.shared == [host.info.smem]
+    one, two = driver.launches
+    assert (one["stream"], two["stream"]) == (7, 9) and one["grid"] == two["grid"]
+    for descriptor, address in ((0, 0x40000), (128, 0x50000), (256, 0x60000)):
+        assert struct.unpack_from("<Q", two["params"], descriptor + 16)[0] == address
+    with pytest.raises(ValueError, match="split-K"):
+        host.jitops_conv2d(t[0], t[1], t[2], None, *args[:18], 2, 0, 132, 7)
+    dgrad = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2), FakeDriver(16))
+    with pytest.raises(ValueError, match="NHWC memory"):  # a phase's strided view of dx is CUTLASS's
+        dgrad.jitops_conv2d(t[0], t[1], t[2], None, 2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1,
+                            9 * 11 * 64, 2 * 11 * 64, 64, 1, 0, 132, 7)
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------------------------
+# The op's test geometries (tests/test_conv2d.py) and ResNet-50's layer kinds at batch 4: 1x1, 3x3, strided 3x3,
+# strided 1x1, channels that are not a multiple of 64, and more filters than one tile.
+GPU_CASES = [
+    ((2, 8, 9, 11), (16, 3, 3), 1, 1, 1), ((2, 8, 9, 11), (16, 3, 3), 2, 1, 1), ((1, 16, 13, 13), (8, 3, 3), 1, 2, 2),
+    ((2, 16, 7, 9), (24, 1, 1), 1, 0, 1), ((2, 16, 9, 9), (32, 1, 1), 2, 0, 1), ((1, 3, 15, 15), (8, 7, 7), 2, 3, 1),
+    ((2, 12, 8, 8), (20, 3, 3), (2, 1), (1, 0), (1, 2)), ((4, 64, 56, 56), (64, 3, 3), 1, 1, 1),
+    ((4, 256, 56, 56), (64, 1, 1), 1, 0, 1), ((4, 128, 56, 56), (128, 3, 3), 2, 1, 1),
+    ((4, 1024, 14, 14), (2048, 1, 1), 2, 0, 1), ((4, 72, 20, 20), (200, 3, 3), 1, 1, 1),
+    ((4, 512, 7, 7), (512, 3, 3), 1, 1, 1)]
+GPU_IDS = [f"x{c[0]}-k{c[1]}-s{c[2]}-p{c[3]}-d{c[4]}".replace(" ", "") for c in GPU_CASES]
+TOLERANCE = {FP16: 2e-3, BF16: 1.5e-2}
+
+
+def _light_kernels_of(op, args, cls):
+    return op.op.loaded(args[0].get_device(), cls).__dict__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
+def test_light_conv_matches_fp32_conv(case, dtype):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the light kernels are sm_90a only")
+    from test_conv2d import make_args
+    from test_conv2d_gpu import fp32_reference, relative_error
+    x, w, b, *geometry = make_args(case, dtype, "cuda", channels_last=True)
+    x.requires_grad_(True)  # (not w: wgrad is CUTLASS's either way, tested in test_conv2d_gpu.py)
+    jitops.clear_memory_cache()  # kernels loaded under the default setting must not answer
+    try:
+        with jitops.config.scope(conv2d_sm90_kernel="light"):
+            y = jitops.conv2d(x, w, b, *geometry)
+            grad = torch.randn_like(y)
+            (dx,) = torch.autograd.grad(y, (x,), grad)
+            cls = conv_module.shape_class(x, w, b, *geometry)
+            loaded = _light_kernels_of(conv_module.conv2d, (x,), cls) if not cls.im2col else {}
+    finally:
+        jitops.clear_memory_cache()
+    if not cls.im2col:  # the stem's 1x1 conv over its im2col matrix is a class of its own
+        assert isinstance(loaded.get("fprop"), jitops.launch.CudaFunction), loaded
+    want_y, (want_dx, _, _) = fp32_reference(x, w, b, *geometry, grad=grad)
+    for name, got, want in (("y", y, want_y), ("dx", dx, want_dx)):
+        error = relative_error(got, want)
+        assert error < TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
