@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_UINT16, Im2colArgs, TmaArgs
 from .launch import CudaFunction
-from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, TILE_K, TILE_M, LightGemm, _Packed, _FIELDS,
-                         grid, output_tma, Problem)
+from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, TILE_K, TILE_M, LightGemm, _FIELDS, grid,
+                         output_tma, Problem)
 
 OPERATORS = {"fprop": 1, "dgrad": 2}
 CONV_FIELDS = FIELDS + _FIELDS.size           # the eleven conv ints follow the GEMM's fields
@@ -139,9 +139,8 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     gemm = Problem(m, g["out_channels"], taps * c_blocks * TILE_K, 0, 0, g["out_channels"], 0, p.sm_count)
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-m // TILE_M)))
-    dil_w, dil_h = (p.dil_w, p.dil_h)
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
-                           *g["lower"], *g["strides"], dil_w, dil_h)
+                           *g["lower"], *g["strides"], p.dil_w, p.dil_h)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     encode(buffer, 0, activation_tma(g), a)
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
@@ -167,19 +166,20 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
 # ---- the host object ----------------------------------------------------------------------------------------------
 class LightConv(LightGemm):
     """A light conv kernel with its host side: `jitops_conv2d(...)` takes CUTLASS's library arguments and returns
-    its status (0).  A problem's Params are packed once; a call patches the tensors' addresses."""
+    its status (0).  LightGemm's packing and patching, with a conv problem's checks and Params."""
 
     def __init__(self, function: CudaFunction, info: Any = None, driver: Any = None) -> None:
         super().__init__(function, info, driver)
-        self._address_field: Any = ...  # the im2col descriptor's, probed on the first problem
+        self._address_field: Any = ...  # probed on the first problem
 
-    def _im2col_address_field(self, args: Im2colArgs) -> int | None:
-        """The tiled descriptors' address field if the im2col descriptor keeps its address there too, else None:
+    def descriptor_address_field(self) -> int | None:
+        """The tiled descriptors' address field if an im2col descriptor keeps its address there too, else None:
         then every patch goes through cuTensorMapReplaceAddress."""
         if self._address_field is ...:
             tiled = self._driver.address_field
-            probed = self._driver._find_address_field(args)
-            self._address_field = tiled if probed == tiled else None
+            probe = Im2colArgs(TMA_UINT16, (64, 8, 8, 1), (128, 1024, 8192), (0, 0), (0, 0), TILE_K, TILE_M,
+                               (1, 1, 1, 1), SWIZZLE_128B)
+            self._address_field = tiled if self._driver._find_address_field(probe) == tiled else None
         return self._address_field
 
     def jitops_conv2d(self, a: Any, b: Any, d: Any, bias: Any, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
@@ -189,26 +189,16 @@ class LightConv(LightGemm):
         if splits != 1:
             raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light kernels "
                              "take one")
-        addresses = tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias))
         key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
-               dil_w, sm_count)
-        with self._lock:
-            packed = self._problems.get(key)
-            if packed is None:
-                problem = ConvProblem(*key)
-                check_problem(problem, (d_sn, d_sh, d_sw), addresses)
-                self._driver.ensure_context(self.function.device_index)
-                if not self._attribute_set:
-                    self._driver.set_shared_memory(self.function, self.info.smem)
-                    self._attribute_set = True
-                if len(self._problems) >= 1024:
-                    self._problems.clear()
-                params, launch_grid = pack_params(self.info, problem, addresses, self._driver.encode_into)
-                packed = _Packed(self, key, params, launch_grid, addresses)
-                packed.address_field = self._im2col_address_field(activation_tma(geometry(problem)))
-                self._problems[key] = packed
-            packed.launch(*addresses, stream)
+               dil_w, sm_count, d_sn, d_sh, d_sw)
+        self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
         return 0
+
+    def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
+        check_problem(ConvProblem(*key[:17]), key[17:], addresses)
+
+    def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
+        return pack_params(self.info, ConvProblem(*key[:17]), addresses, self._driver.encode_into)
 
 
 def host(kernel: Any) -> LightConv:

@@ -270,21 +270,35 @@ class LightGemm:
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
             activation: int, sm_count: int, stream: int) -> "_Packed":
-        key = (m, n, k, lda, ldb, ldd, activation, sm_count)
+        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count), (a, b, d, bias), stream)
+
+    def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int) -> "_Packed":
+        """Launch problem `key` with these (A, B, D, bias) addresses: its Params packed the first time (after
+        `_check`), patched with new addresses after."""
         with self._lock:
             packed = self._problems.get(key)
             if packed is None:
-                check_problem(m, n, k, lda, ldb, ldd, (a, b, d, bias))
+                self._check(key, addresses)
                 self._driver.ensure_context(self.function.device_index)  # before any encode (_TmaDriver)
                 if not self._attribute_set:
                     self._driver.set_shared_memory(self.function, self.info.smem)
                     self._attribute_set = True
                 if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
                     self._problems.clear()
-                params, launch_grid = pack_params(self.info, Problem(*key), (a, b, d, bias), self._driver.encode_into)
-                packed = self._problems[key] = _Packed(self, key, params, launch_grid, (a, b, d, bias))
-            packed.launch(a, b, d, bias, stream)
+                params, launch_grid = self._pack(key, addresses)
+                packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses)
+            packed.launch(*addresses, stream)
         return packed
+
+    def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
+        check_problem(*key[:6], addresses)
+
+    def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
+        return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
+
+    def descriptor_address_field(self) -> int | None:
+        """Where the kernel's descriptors keep their global address (None: patched through the driver)."""
+        return self._driver.address_field
 
 
 class _Packed:
@@ -305,7 +319,7 @@ class _Packed:
         self._kernel_params_address = ctypes.addressof(self.kernel_params)
         self.grid = grid
         self.addresses = addresses
-        self.address_field = owner._driver.address_field
+        self.address_field = owner.descriptor_address_field()
         self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
