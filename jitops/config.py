@@ -78,24 +78,25 @@ def _parse_compile_mode(name: str, raw: str) -> str:
 COMPILE_MODES = ("blocking", "background")
 
 
-def _parse_gemm_sm90_kernel(name: str, raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in GEMM_SM90_KERNELS:
-        raise ConfigError(f"{name}={raw!r}: use 'light' (the raw-PTX kernel that compiles in about a second, the "
-                          "default) or 'cutlass' (CUTLASS's GemmUniversal, about 35-50 s to compile)")
-    return value
-
-
 GEMM_SM90_KERNELS = ("cutlass", "light")
 
 
-def _parse_conv2d_sm90_kernel(name: str, raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in GEMM_SM90_KERNELS:
-        raise ConfigError(f"{name}={raw!r}: use 'cutlass' (CUTLASS 3's conv kernels through nvcc, about 40 s each to "
-                          "compile, the default) or 'light' (the light GEMM kernel with im2col loads, under a second, "
-                          "for fprop and unit-stride dgrad)")
-    return value
+def _kernel_choice(choices: str):
+    """A parser of an sm_90a kernel family setting: 'light' or 'cutlass', `choices` saying what each is."""
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in GEMM_SM90_KERNELS:
+            raise ConfigError(f"{name}={raw!r}: use {choices}")
+        return value
+    return parse
+
+
+_parse_gemm_sm90_kernel = _kernel_choice(
+    "'light' (the raw-PTX kernel that compiles in about a second, the default) or 'cutlass' (CUTLASS's "
+    "GemmUniversal, about 35-50 s to compile)")
+_parse_conv2d_sm90_kernel = _kernel_choice(
+    "'cutlass' (CUTLASS 3's conv kernels through nvcc, about 40 s each to compile, the default) or 'light' (the "
+    "light GEMM kernel with im2col loads, under a second, for fprop and unit-stride dgrad)")
 
 
 def _parse_positive_float(name: str, raw: str) -> float:
