@@ -160,6 +160,13 @@ __device__ __forceinline__ float activate(float v, int activation) {
     return activation >= 2 ? gelu : activation == 1 ? fmaxf(v, 0.f) : v;
 }
 
+// A fused epilogue's value: the activation of the GEMM's, none for a conv's (the branch-free formula above would
+// be computed for nothing, once an output).
+__device__ __forceinline__ float epilogue_value(float v, int activation) {
+    if constexpr (kActivation) return activate(v, activation);
+    return v;
+}
+
 // The bias of columns (col, col + 1) as one 4-byte load (col is even; the class's alignment keeps the bias
 // 16-byte aligned, a bias that is not takes the sm_80 family's kernel).
 __device__ __forceinline__ u32 load_bias_pair(const void* bias, int col) {
@@ -410,15 +417,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                     const int col = 8 * cc + 2 * (lane % 4);
 #if LIGHT_FUSED
                     const float b0 = bias_value(bias_pairs[cc], 0), b1 = bias_value(bias_pairs[cc], 1);
-                    if constexpr (kActivation) {
-                        stage_pair(buffer, row, col, activate(block[4 * c] + b0, p.activation),
-                                   activate(block[4 * c + 1] + b1, p.activation));
-                        stage_pair(buffer, row + 8, col, activate(block[4 * c + 2] + b0, p.activation),
-                                   activate(block[4 * c + 3] + b1, p.activation));
-                    } else {
-                        stage_pair(buffer, row, col, block[4 * c] + b0, block[4 * c + 1] + b1);
-                        stage_pair(buffer, row + 8, col, block[4 * c + 2] + b0, block[4 * c + 3] + b1);
-                    }
+                    stage_pair(buffer, row, col, epilogue_value(block[4 * c] + b0, p.activation),
+                               epilogue_value(block[4 * c + 1] + b1, p.activation));
+                    stage_pair(buffer, row + 8, col, epilogue_value(block[4 * c + 2] + b0, p.activation),
+                               epilogue_value(block[4 * c + 3] + b1, p.activation));
 #else
                     stage_pair(buffer, row, col, block[4 * c], block[4 * c + 1]);
                     stage_pair(buffer, row + 8, col, block[4 * c + 2], block[4 * c + 3]);
