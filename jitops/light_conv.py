@@ -165,8 +165,8 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
 
 # ---- the host object ----------------------------------------------------------------------------------------------
 class LightConv(LightGemm):
-    """A light conv kernel with its host side: `jitops_conv2d(...)` takes CUTLASS's library arguments and returns
-    its status (0).  LightGemm's packing and patching, with a conv problem's checks and Params."""
+    """A light conv kernel with its host side: `launch(...)` takes CUTLASS's library arguments.  LightGemm's
+    packing and patching, with a conv problem's checks and Params."""
 
     def __init__(self, function: CudaFunction, info: Any = None, driver: Any = None) -> None:
         super().__init__(function, info, driver)
@@ -182,17 +182,17 @@ class LightConv(LightGemm):
             self._address_field = tiled if self._driver._find_address_field(probe) == tiled else None
         return self._address_field
 
-    def jitops_conv2d(self, a: Any, b: Any, d: Any, bias: Any, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
-                      pad_h: int, pad_h_hi: int, pad_w: int, pad_w_hi: int, stride_h: int, stride_w: int, dil_h: int,
-                      dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
-                      stream: int) -> int:
+    def launch(self, a: Any, b: Any, d: Any, bias: Any, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
+               pad_h: int, pad_h_hi: int, pad_w: int, pad_w_hi: int, stride_h: int, stride_w: int, dil_h: int,
+               dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
+               stream: int) -> Any:
+        """One call with the CUTLASS library's arguments (tensors a, b, d, bias); returns the packed problem."""
         if splits != 1:
             raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light kernels "
                              "take one")
         key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
                dil_w, sm_count, d_sn, d_sh, d_sw)
-        self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
-        return 0
+        return self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         check_problem(ConvProblem(*key[:17]), key[17:], addresses)
@@ -203,8 +203,7 @@ class LightConv(LightGemm):
 
 def host(kernel: Any) -> LightConv:
     """The host side of a loaded light conv kernel, made once and kept on it.  A Recording's wrapper of the kernel
-    (jitops/native.py) is looked through: the launch then goes past the Recording, whose launch count keeps such
-    a run from being offered to the C++ host path."""
+    (jitops/native.py) is looked through; conv2d_run hands the wrapper the launch to keep."""
     function = getattr(kernel, "_function", kernel)
     found = function.__dict__.get("light_conv_host")
     if found is None:

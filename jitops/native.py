@@ -170,6 +170,35 @@ class _RecordedFunction:
         self._function.launch(grid, block, *args, shared_mem=shared_mem)
         self._launches.append((self._function, grid, block, args, shared_mem))
 
+    def keep_params_launch(self, packed: Any, tensors: tuple) -> None:
+        """Keep a launch that the kernel's host side made itself (a light kernel's packed Params, launched with
+        `tensors` (A, B, D, bias) in its descriptors), when a replay can write those addresses as plain fields.
+        Otherwise it is not kept, and the launch count leaves the recording unoffered."""
+        if packed.address_field is not None:
+            info = packed.owner.info
+            self._launches.append((_ParamsLaunch(packed), packed.grid, info.threads, tensors, info.smem))
+
+
+class _ParamsLaunch:
+    """A kernel of one Params parameter (the light kernels: TMA descriptors, then a bias pointer) as `encode` packs
+    a launch: four pointer arguments, the descriptors' address fields and the bias field, in one kernel parameter,
+    the whole struct."""
+
+    signature = ("ptr", "ptr", "ptr", "ptr")
+    fields = [0]
+
+    def __init__(self, packed: Any) -> None:
+        self.handle = packed.owner.function.handle
+        self._params = bytes(packed.params)
+        self._offsets = [descriptor + packed.address_field for descriptor in packed.descriptors]
+        self._offsets.append(packed.bias_field)
+
+    def packed(self, *values: int) -> tuple[bytes, list[int]]:
+        params = bytearray(self._params)
+        for offset, value in zip(self._offsets, values):
+            struct.pack_into("<Q", params, offset, value)
+        return bytes(params), self._offsets
+
 
 class _RecordedLibrary:
     """A host library (HostLibrary: nvcc-built CUTLASS host code) whose function calls run as usual and are kept
@@ -360,7 +389,8 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None
                              [_HOST_KINDS[kind] for kind in kinds], [(8 * index, slot) for index, slot in pointed]))
             continue
         arguments, offsets = function.packed(*values)
-        launches.append((function.handle, _triple(grid), _triple(block), shared_mem, arguments, offsets,
+        fields = getattr(function, "fields", offsets)  # the kernel's parameters (_ParamsLaunch: one struct)
+        launches.append((function.handle, _triple(grid), _triple(block), shared_mem, arguments, fields,
                          [(offsets[index], slot) for index, slot in pointed]))
     return launches, workspaces
 

@@ -201,18 +201,18 @@ def test_a_repeated_problem_is_packed_once_and_patched():
     host = LC.LightConv(FakeFunction(), L.expected_info(128, True, True, 2, False, 1), driver)
     args = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 132)
     t = [FakeTensor(a) for a in (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000)]
-    assert host.jitops_conv2d(t[0], t[1], t[2], None, *args, 7) == 0
-    assert host.jitops_conv2d(t[3], t[4], t[5], None, *args, 9) == 0
+    host.launch(t[0], t[1], t[2], None, *args, 7)
+    host.launch(t[3], t[4], t[5], None, *args, 9)
     assert len(driver.encode_into.calls) == 3 and driver.shared == [host.info.smem]
     one, two = driver.launches
     assert (one["stream"], two["stream"]) == (7, 9) and one["grid"] == two["grid"]
     for descriptor, address in ((0, 0x40000), (128, 0x50000), (256, 0x60000)):
         assert struct.unpack_from("<Q", two["params"], descriptor + 16)[0] == address
     with pytest.raises(ValueError, match="split-K"):
-        host.jitops_conv2d(t[0], t[1], t[2], None, *args[:18], 2, 0, 132, 7)
+        host.launch(t[0], t[1], t[2], None, *args[:18], 2, 0, 132, 7)
     dgrad = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2), FakeDriver(16))
     with pytest.raises(ValueError, match="NHWC memory"):  # a phase's strided view of dx is CUTLASS's
-        dgrad.jitops_conv2d(t[0], t[1], t[2], None, 2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1,
+        dgrad.launch(t[0], t[1], t[2], None, 2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1,
                             9 * 11 * 64, 2 * 11 * 64, 64, 1, 0, 132, 7)
 
 

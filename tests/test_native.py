@@ -144,6 +144,39 @@ def test_a_recording_encodes_slots_workspaces_and_literals():
     assert launches[1][1:3] == ((5, 1, 1), (32, 4, 1)) and launches[1][6] == [(0, 3), (8, 2)]
 
 
+def test_a_light_kernels_params_launch_is_kept_with_its_address_fields():
+    # A light kernel's host side launches its packed Params itself (jitops/light_conv.py); the Recording keeps
+    # the launch as one kernel parameter whose descriptor address fields and bias field the replay fills.
+    import struct
+
+    from types import SimpleNamespace
+
+    function = _function((), 31)
+    kernels = SimpleNamespace(conv=function)
+    params = bytearray(512)
+    for at in (0 + 16, 128 + 16, 256 + 16, 384):
+        struct.pack_into("<Q", params, at, 0xABCDEF00)   # the last call's addresses, left in the bytes
+    struct.pack_into("<i", params, 392, 77)
+    owner = SimpleNamespace(function=function, info=SimpleNamespace(threads=384, smem=200000))
+    packed = SimpleNamespace(owner=owner, params=params, grid=(132, 1, 1), address_field=16, descriptors=(0, 128, 256),
+                             bias_field=384)
+    x, w, y = torch.zeros(4, 8), torch.zeros(8, 8), torch.zeros(4, 8)
+    recording = native.Recording(kernels)
+    recording.conv.keep_params_launch(packed, (x, w, y, None))
+    launches, workspaces = native.encode(recording, (x, w, None, y))
+    assert workspaces == []
+    [(handle, grid, block, smem, arguments, fields, pointers)] = launches
+    assert (handle, grid, block, smem, fields) == (31, (132, 1, 1), (384, 1, 1), 200000, [0])
+    assert pointers == [(16, 0), (144, 1), (272, 3)]                 # the None bias has no entry
+    assert all(struct.unpack_from("<Q", arguments, at)[0] == 0 for at in (16, 144, 272, 384))  # zeroed
+    assert struct.unpack_from("<i", arguments, 392)[0] == 77 and len(arguments) == 512
+    # A driver whose descriptors are patched through cuTensorMapReplaceAddress: nothing a replay can write.
+    recording = native.Recording(kernels)
+    packed.address_field = None
+    recording.conv.keep_params_launch(packed, (x, w, y, None))
+    assert recording.launches == []
+
+
 def test_a_recording_with_a_raw_address_is_not_offered():
     from types import SimpleNamespace
 

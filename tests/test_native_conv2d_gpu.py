@@ -45,6 +45,26 @@ LAYERS = [  # (N, C, H, W), (K, R, S), stride, padding, dilation
 @pytest.mark.parametrize("case", LAYERS, ids=["3x3", "1x1"])
 @pytest.mark.parametrize("dtype,bias", [(torch.bfloat16, False), (torch.float16, True)], ids=["bf16", "fp16-bias"])
 def test_second_call_runs_in_cpp_with_the_same_bits(host, case, dtype, bias):
+    _python_then_cpp(case, dtype, bias)
+
+
+@pytest.mark.parametrize("case", LAYERS, ids=["3x3", "1x1"])
+def test_light_kernels_run_in_cpp_with_the_same_bits(host, case):
+    # JITOPS_CONV2D_SM90_KERNEL=light: fprop and dgrad are light kernels whose host side launches their Params
+    # itself; the Recording keeps those launches (native._ParamsLaunch) and C++ replays them.
+    jitops.clear_memory_cache()  # kernels loaded under the default setting must not answer
+    try:
+        with jitops.config.scope(conv2d_sm90_kernel="light"):
+            _python_then_cpp(case, torch.bfloat16, True)
+            (x, w, _), geometry = _leaves(case, torch.bfloat16, True)
+            cls = jitops.find("conv2d").shape_class(x, w, None, *geometry)
+            kernels = jitops.find("conv2d").loaded(x.get_device(), cls)
+            assert isinstance(kernels.fprop, jitops.launch.CudaFunction)  # the light kernel, not a library
+    finally:
+        jitops.clear_memory_cache()
+
+
+def _python_then_cpp(case, dtype, bias):
     leaves, geometry = _leaves(case, dtype, bias)
     with torch.no_grad():
         grad_out = torch.randn_like(jitops.conv2d(*leaves, *geometry))

@@ -25,8 +25,14 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
     # The library's function is generated for its declared C signature (launch.host_function): tensors pass
     # their data pointer with no per-argument loop, so a bare ctypes handle of its own is not needed.  A light
     # kernel (JITOPS_CONV2D_SM90_KERNEL=light: a CudaFunction, no library) takes the same arguments through its
-    # Python host side.
-    run = getattr(library, "jitops_conv2d", None) or light_conv.host(library).jitops_conv2d
+    # Python host side; a Recording's wrapper of it keeps the launch for the C++ host path to replay.
+    run = getattr(library, "jitops_conv2d", None)
+    if run is None:
+        packed = light_conv.host(library).launch(a, b, d, bias, *args)
+        keep = getattr(library, "keep_params_launch", None)
+        if keep is not None:
+            keep(packed, (a, b, d, bias))
+        return
     status = run(a, b, d, bias, *args)
     if status:
         args = (a, b, d, bias, *args)
