@@ -9,7 +9,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --prewarm sm_90a --tiles 128x128c2x1 --operators wgrad   # build those
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
     python benchmarks/bench_conv2d.py --grouped       # depthwise and grouped layers against cuDNN (the ATen route)
-    python benchmarks/bench_conv2d.py --light         # also fprop and dgrad on the light kernels (light_conv.py)
+    python benchmarks/bench_conv2d.py --light         # also each operator on the light kernels (light_conv.py)
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
@@ -193,7 +193,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
-        if light and name != "wgrad" and not (sweep or tiles or wgrad_splits):
+        if light and not (sweep or tiles or wgrad_splits):
             configs.append(("light", None))  # the same plan on the light kernels (JITOPS_CONV2D_SM90_KERNEL)
         if name == "wgrad":  # a tile over several filter taps runs only layers of its channels and filter width
             wgrad_c, wgrad_rs = ((conv_plan.round_up(c * kernel * kernel), (1, 1))
@@ -387,7 +387,7 @@ def main() -> int:
                              "config.conv2d_dgrad_phase_streams)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a sweep inside a short lease)")
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
-    parser.add_argument("--light", action="store_true", help="also time fprop and dgrad on the light kernels "
+    parser.add_argument("--light", action="store_true", help="also time each operator on the light kernels "
                         "(JITOPS_CONV2D_SM90_KERNEL=light) with each layer's plan")
     parser.add_argument("--grouped", action="store_true", help="depthwise and grouped layers (MobileNetV2, "
                         "ConvNeXt-T, ResNeXt-50) against cuDNN alone; needs no prebuilt kernels")

@@ -7,10 +7,12 @@ Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of 
 conv kernel compiles through NVRTC in 0.2-0.7 s.
 
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns), and
-dgrad at unit stride, each in one slice (no split-K), with the tile width of the class's plan (64, 128 or 256;
-the plan's clusters are dropped).  Not covered: wgrad, strided dgrad (its phases write strided views of dx),
-split-K plans.  The same `jitops_conv2d` arguments as CUTLASS's library (conv2d_run._call), so the op's launch
-code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
+dgrad at unit stride, each in one slice (no split-K); wgrad into the plan's fp32 slices, each tap's channels padded
+to whole 64-channel blocks (`slice_width`); with the tile width of the class's plan (64, 128 or 256; 128 rows; the
+plan's clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx), split-K fprop
+and dgrad plans, wgrad tiles over several taps.  The host object takes the CUTLASS library's arguments
+(conv2d_run._call), so the op's launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter,
+padding (lower, upper) per dimension.
 """
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ import struct
 from typing import Any, NamedTuple
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_UINT16, Im2colArgs, TmaArgs
+from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from .launch import CudaFunction
-from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, TILE_K, TILE_M, LightGemm, _FIELDS, grid,
-                         output_tma, Problem)
+from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, LightGemm, _FIELDS,
+                         grid, output_tma, Problem)
 
-OPERATORS = {"fprop": 1, "dgrad": 2}
-CONV_FIELDS = FIELDS + _FIELDS.size           # the eleven conv ints follow the GEMM's fields
-_CONV_FIELDS = struct.Struct("<11i")
+OPERATORS = {"fprop": 1, "dgrad": 2, "wgrad": 3}
+CONV_FIELDS = FIELDS + _FIELDS.size           # the thirteen conv ints follow the GEMM's fields
+_CONV_FIELDS = struct.Struct("<13i")
 # TMA's im2col limits for a rank-4 (NHWC) tensor: the bounding box's corners within [-128, 127], a load's filter
 # offsets within [0, 255] (16 bits shared by the two spatial dimensions).
 CORNER_LIMIT = 128
@@ -39,8 +41,10 @@ def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
         return f"operator {name}"
     if cls.dtype not in IN_TYPES:
         return f"inputs of {cls.dtype}"
-    if cls.splits > 1:
+    if cls.splits > 1 and name != "wgrad":
         return "a split-K plan"
+    if name == "wgrad" and "t" in cls.tile:
+        return "a wgrad tile over several filter taps"
     if name == "dgrad" and tuple(cls.stride) != (1, 1):
         return "a strided dgrad (phases writing strided views of dx)"
     (r, s), (pad_h, pad_w), (dil_h, dil_w) = cls.kernel, cls.padding, cls.dilation
@@ -56,16 +60,22 @@ def tile_n_for(cls: Any) -> int:
 
 
 def request(name: str, cls: Any, fp32_out: bool = False):
-    return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype], LIGHT_OUT=int(fp32_out),
-                           LIGHT_TILE_N=tile_n_for(cls), LIGHT_FUSED=int(name == "fprop" and not fp32_out),
-                           LIGHT_A_KMAJOR=1, LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0,
-                           LIGHT_CONV=OPERATORS[name])
+    wgrad = name == "wgrad"  # MN-major operands and fp32 slices
+    return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
+                           LIGHT_OUT=int(fp32_out or wgrad), LIGHT_TILE_N=tile_n_for(cls),
+                           LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),
+                           LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name])
+
+
+def slice_width(channels: int) -> int:
+    """A wgrad slice's channels a tap: whole 64-channel k-blocks (conv2d_run allocates the slices so)."""
+    return -(-channels // TILE_K) * TILE_K
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
 class ConvProblem(NamedTuple):
     """One call's problem as conv2d_run passes it (CUTLASS's argument order), with the kernel's operator."""
-    conv: int                  # 1 fprop, 2 dgrad
+    conv: int                  # 1 fprop, 2 dgrad, 3 wgrad
     n: int
     h: int
     w: int
@@ -82,6 +92,7 @@ class ConvProblem(NamedTuple):
     dil_h: int
     dil_w: int
     sm_count: int
+    splits: int = 1            # wgrad's slices of GEMM-K (N*P*Q)
 
 
 def _out_size(size: int, pad: int, pad_hi: int, taps: int, stride: int, dilation: int) -> int:
@@ -96,7 +107,7 @@ def geometry(p: ConvProblem) -> dict:
     dgrad (unit stride): rows are dx's pixels (N, H, W); dx(h) = sum over taps r of dy(h + pad - r * dil) . w(r), so
     with r' = R - 1 - r the read is at h + (pad - dil * (R - 1)) + r' * dil: the box starts there, a pixel apart,
     and takes the filter's taps in reverse (the kernel flips them)."""
-    if p.conv == 1:
+    if p.conv in (1, 3):  # wgrad walks the same grid: dy's pixels, read at each tap
         out_h = _out_size(p.h, p.pad_h, p.pad_h_hi, p.r, p.stride_h, p.dil_h)
         out_w = _out_size(p.w, p.pad_w, p.pad_w_hi, p.s, p.stride_w, p.dil_w)
         lower = (-p.pad_w, -p.pad_h)
@@ -111,12 +122,12 @@ def geometry(p: ConvProblem) -> dict:
                 lower=lower, upper=upper, strides=(1, 1))
 
 
-def activation_tma(g: dict) -> Im2colArgs:
-    """A: the NHWC tensor in im2col mode, 128 pixels (a tile's rows) of 64 channels (128 bytes, the swizzle's
-    width) a load."""
+def activation_tma(g: dict, pixels: int = TILE_M) -> Im2colArgs:
+    """The NHWC tensor in im2col mode, `pixels` pixels (fprop, dgrad: a tile's 128 rows of A; wgrad: a k-block's
+    64 of B) of 64 channels (128 bytes, the swizzle's width) a load."""
     c, w, h, _ = g["a_dims"]
     return Im2colArgs(TMA_UINT16, g["a_dims"], (c * 2, w * c * 2, h * w * c * 2), g["lower"], g["upper"], TILE_K,
-                      TILE_M, (1, *g["strides"], 1), SWIZZLE_128B)
+                      pixels, (1, *g["strides"], 1), SWIZZLE_128B)
 
 
 def filter_tma(p: ConvProblem, tile_n: int) -> TmaArgs:
@@ -133,15 +144,28 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor."""
     g = geometry(p)
     a, b, d, bias = addresses
-    m = p.n * g["out_h"] * g["out_w"]
+    pixels = p.n * g["out_h"] * g["out_w"]
     c_blocks = -(-g["a_channels"] // TILE_K)
     taps = p.r * p.s
-    gemm = Problem(m, g["out_channels"], taps * c_blocks * TILE_K, 0, 0, g["out_channels"], 0, p.sm_count)
+    splits, split_blocks = 1, taps * c_blocks
+    if p.conv == 3:  # M: the filters, N: (tap, padded channel), GEMM-K: pixels in `splits` equal runs
+        splits = p.splits
+        split_blocks = -(-(-(-pixels // TILE_K)) // splits)  # ceil(ceil(pixels / 64) / splits)
+        gemm = Problem(p.k, taps * c_blocks * TILE_K, split_blocks * TILE_K, 0, 0, 0, 0, p.sm_count)
+    else:
+        gemm = Problem(pixels, g["out_channels"], split_blocks * TILE_K, 0, 0, 0, 0, p.sm_count)
     params = bytearray(info.params_size)
-    _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-m // TILE_M)))
+    _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-gemm.m // TILE_M)))
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
-                           *g["lower"], *g["strides"], p.dil_w, p.dil_h)
+                           *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
+    if p.conv == 3:
+        encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
+        encode(buffer, info.tma_b, activation_tma(g, pixels=TILE_K), b)  # x, 64 pixels a box
+        encode(buffer, info.tma_d, TmaArgs(TMA_FLOAT32, (gemm.n, gemm.m, splits), (gemm.n * 4, gemm.m * gemm.n * 4),
+                                           (info.store_cols, STORE_ROWS, 1), SWIZZLE_128B), d)
+        tiles = -(-gemm.m // TILE_M) * -(-gemm.n // info.tile_n)
+        return params, (max(1, min(p.sm_count, tiles * splits)), 1, 1)
     encode(buffer, 0, activation_tma(g), a)
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
@@ -151,7 +175,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
 def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int]) -> None:
     """What the kernel assumes and the class's plan already guarantees (conv2d_run pads channels to multiples of 8
     and passes NHWC memory): checked once per packed problem."""
-    name = "conv2d" if p.conv == 1 else "conv2d_input_grad"
+    name = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")[p.conv - 1]
     if p.c % 8 or p.k % 8 or any(address % 16 for address in addresses[:3]):
         raise ValueError(f"jitops.{name} (light sm_90a kernel): channels {p.c} and {p.k} must be multiples of 8 and "
                          "the tensors 16-byte aligned; this class should have taken CUTLASS's kernel")
@@ -187,18 +211,18 @@ class LightConv(LightGemm):
                dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
                stream: int) -> Any:
         """One call with the CUTLASS library's arguments (tensors a, b, d, bias); returns the packed problem."""
-        if splits != 1:
-            raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light kernels "
-                             "take one")
+        if splits != 1 and self.info.conv != 3:
+            raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light fprop and "
+                             "dgrad take one")
         key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
-               dil_w, sm_count, d_sn, d_sh, d_sw)
+               dil_w, sm_count, splits, d_sn, d_sh, d_sw)
         return self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(ConvProblem(*key[:17]), key[17:], addresses)
+        check_problem(ConvProblem(*key[:18]), key[18:], addresses)
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
-        return pack_params(self.info, ConvProblem(*key[:17]), addresses, self._driver.encode_into)
+        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into)
 
 
 def host(kernel: Any) -> LightConv:
@@ -212,4 +236,4 @@ def host(kernel: Any) -> LightConv:
 
 
 __all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "filter_tma", "geometry", "host",
-           "pack_params", "request", "tile_n_for", "unsupported"]
+           "pack_params", "request", "slice_width", "tile_n_for", "unsupported"]

@@ -4,7 +4,7 @@ On the CPU: the kernels compile under NVRTC for sm_90a with wgmma, im2col loads 
 GEMM's geometry (bounding boxes, output grids) agrees with the op's own output sizes; Params and descriptors are
 packed as the kernel reads them; the setting routes fprop and unit-stride dgrad to them and leaves the rest to
 CUTLASS.  On a GPU (marked): jitops.conv2d with the setting on against torch's conv2d in fp32, forward and
-dx, over the op's test geometries and ResNet-50's layer kinds.
+dx and dw, over the op's test geometries and ResNet-50's layer kinds.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 import jitops
 from jitops import light_conv as LC
 from jitops import light_gemm as L
-from jitops.cutlass_host import SWIZZLE_128B, TMA_UINT16, Im2colArgs, TmaArgs
+from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from jitops.ops import conv2d as conv_module
 from jitops.ops.conv2d_plan import ConvClass, output_size
 from jitops.specs import Target
@@ -39,7 +39,8 @@ def conv_class(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), ti
 BUILDS = [  # (operator, class tile, fp32 out, dtype)
     ("fprop", "128x64", False, BF16), ("fprop", "128x128", False, FP16), ("fprop", "128x256", False, BF16),
     ("fprop", "128x128", True, BF16), ("dgrad", "128x64c1x2", False, BF16), ("dgrad", "128x128", False, FP16),
-    ("dgrad", "128x256", False, BF16)]
+    ("dgrad", "128x256", False, BF16), ("wgrad", "64x64", False, BF16), ("wgrad", "128x128", False, FP16),
+    ("wgrad", "128x256", False, BF16)]
 
 
 @pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
@@ -50,15 +51,20 @@ def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_o
     tile_n = LC.tile_n_for(cls)
     ab = "bf16" if dtype == BF16 else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
-    assert set(re.findall(r"p, 1, 1, (\d), (\d);", ptx)) == {("0", "0" if name == "fprop" else "1")}
+    transposes = {"fprop": ("0", "0"), "dgrad": ("0", "1"), "wgrad": ("1", "1")}[name]
+    assert set(re.findall(r"p, 1, 1, (\d), (\d);", ptx)) == {transposes}
     assert "cp.async.bulk.tensor.4d.shared::cluster.global.im2col" in ptx
-    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global" not in ptx  # every load is a conv operand's
+    # fprop, dgrad: the filter by tap (rank 3); wgrad: dy as a matrix (rank 2), slices stored by a rank-3 store
+    filter_loads = "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
+    matrix_loads = "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
+    assert (filter_loads, matrix_loads) == ((False, True) if name == "wgrad" else (True, False))
+    if name == "wgrad":
+        assert "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group" in ptx
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log, log
     info = L.LightInfo.from_cubin(cubin)
-    assert info == L.expected_info(tile_n, True, name == "fprop", 4 if fp32_out else 2, False,
-                                   LC.OPERATORS[name])
+    assert info == L.expected_info(tile_n, name != "wgrad", name == "fprop", 4 if fp32_out or name == "wgrad" else 2,
+                                   False, LC.OPERATORS[name])
 
 
 # ---- the implicit GEMM's geometry ---------------------------------------------------------------------------------
@@ -138,12 +144,32 @@ def test_params_and_descriptors_of_a_dgrad():
     assert b == TmaArgs(TMA_UINT16, (256, 72, 9), (9 * 256 * 2, 256 * 2), (64, 64, 1), SWIZZLE_128B)
 
 
+def test_params_and_descriptors_of_a_split_wgrad():
+    # ResNet-50's 3x3 over 72 channels at 14x14, batch 4: 784 pixels = 13 k-blocks in 4 splits of 4 (the last
+    # reads past N*P*Q); N = 9 taps x 128 padded channels.
+    p = problem(3, n=4, h=14, w=14, c=72, k=64, r=3, s=3)._replace(splits=4)
+    info = L.expected_info(128, False, False, 4, False, 3)
+    encode = Recorder()
+    params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0), encode)
+    _, m, n, k, _, _ = struct.unpack_from("<Qiiiii", params, 384)
+    assert (m, n, k) == (64, 9 * 128, 4 * 64)
+    assert struct.unpack_from("<13i", params, LC.CONV_FIELDS) == (2, 9, 3, 14, 196, -1, -1, 1, 1, 1, 1, 4, 4)
+    (_, a, _), (_, b, _), (_, d, _) = encode.calls
+    assert a == TmaArgs(TMA_UINT16, (64, 784), (128,), (64, 64), SWIZZLE_128B)           # dy, MN-major
+    assert b.dims == (72, 14, 14, 4) and b.pixels == 64 and b.channels == 64           # x, 64 pixels a box
+    assert d == TmaArgs(TMA_FLOAT32, (1152, 64, 4), (1152 * 4, 64 * 1152 * 4), (32, 64, 1), SWIZZLE_128B)
+    assert launch_grid == (1 * 9 * 4, 1, 1)  # one tile row, 9 tile columns, 4 splits
+    assert LC.slice_width(72) == 128 and LC.slice_width(64) == 64
+
+
 # ---- the route ----------------------------------------------------------------------------------------------------
 def test_unsupported_operators_and_plans():
     assert LC.unsupported("fprop", conv_class(stride=(2, 2))) is None
     assert LC.unsupported("fprop", conv_class(), fp32_out=True) is None
     assert LC.unsupported("dgrad", conv_class()) is None
-    assert "wgrad" in LC.unsupported("wgrad", conv_class())
+    assert LC.unsupported("wgrad", conv_class(tile="64x64", splits=8)) is None
+    assert "taps" in LC.unsupported("wgrad", conv_class(tile="64x192t3"))
+    assert "operator" in LC.unsupported("conv3d", conv_class())
     assert "strided" in LC.unsupported("dgrad", conv_class(stride=(2, 1)))
     assert "split" in LC.unsupported("fprop", conv_class(splits=2))
     assert "corners" in LC.unsupported("fprop", conv_class(kernel=(3, 3), dilation=(200, 1)))
@@ -159,9 +185,11 @@ def test_the_setting_routes_fprop_and_unit_stride_dgrad():
         assert conv_module._request("fprop", unit, SM90A) == {"fprop": LC.request("fprop", unit)}
         assert conv_module._request("fprop", strided, SM90A) == {"fprop": LC.request("fprop", strided)}
         assert conv_module._request("dgrad", unit, SM90A) == {"dgrad": LC.request("dgrad", unit)}
-        # a strided dgrad's phases and every wgrad stay on CUTLASS's kernels
+        assert conv_module._request("wgrad", unit, SM90A) == {"wgrad": LC.request("wgrad", unit)}
+        # a strided dgrad's phases and wgrad tiles over several taps stay on CUTLASS's kernels
         assert "conv2d_sm90.cu" in str(conv_module._request("dgrad", strided, SM90A)["dgrad"].source.name)
-        assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", unit, SM90A)["wgrad"].source.name)
+        spanning = conv_class(tile="64x192t3")._replace(flat=True)
+        assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", spanning, SM90A)["wgrad"].source.name)
         assert conv_module._request("fprop", unit, Target.parse("sm_80")) == {}
 
 
@@ -243,20 +271,21 @@ def test_light_conv_matches_fp32_conv(case, dtype):
     from test_conv2d import make_args
     from test_conv2d_gpu import fp32_reference, relative_error
     x, w, b, *geometry = make_args(case, dtype, "cuda", channels_last=True)
-    x.requires_grad_(True)  # (not w: wgrad is CUTLASS's either way, tested in test_conv2d_gpu.py)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
     jitops.clear_memory_cache()  # kernels loaded under the default setting must not answer
     try:
         with jitops.config.scope(conv2d_sm90_kernel="light"):
             y = jitops.conv2d(x, w, b, *geometry)
             grad = torch.randn_like(y)
-            (dx,) = torch.autograd.grad(y, (x,), grad)
+            dx, dw = torch.autograd.grad(y, (x, w), grad)
             cls = conv_module.shape_class(x, w, b, *geometry)
             loaded = _light_kernels_of(conv_module.conv2d, (x,), cls) if not cls.im2col else {}
     finally:
         jitops.clear_memory_cache()
     if not cls.im2col:  # the stem's 1x1 conv over its im2col matrix is a class of its own
         assert isinstance(loaded.get("fprop"), jitops.launch.CudaFunction), loaded
-    want_y, (want_dx, _, _) = fp32_reference(x, w, b, *geometry, grad=grad)
-    for name, got, want in (("y", y, want_y), ("dx", dx, want_dx)):
+    want_y, (want_dx, want_dw, _) = fp32_reference(x, w, b, *geometry, grad=grad)
+    for name, got, want in (("y", y, want_y), ("dx", dx, want_dx), ("dw", dw, want_dw)):
         error = relative_error(got, want)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.2e}"

@@ -27,7 +27,7 @@
 //   LIGHT_PINGPONG  0: both consumers on each tile;  1: the consumers take tiles in turn (LIGHT_TILE_N 128)
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
-//   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, as an implicit GEMM (below)
+//   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, 3: its wgrad, as implicit GEMMs
 //
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
 // for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
@@ -36,6 +36,11 @@
 // fprop's B is K-major (dims C, R*S, K), dgrad's MN-major (dims C, K, R*S) with the taps flipped, since
 // dx = conv(dy, w rotated 180 degrees and transposed) at unit stride.  D is the NHWC output as the row-major
 // (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
+//   wgrad (LIGHT_CONV 3): M is the filters (A = dy as the MN-major (K, N*P*Q) matrix), N is (tap, channel) with
+// each tap's channels padded to whole 64-channel blocks, GEMM-K the output pixels, split into `splits` equal runs
+// of k-blocks (a last run past N*P*Q reads zeros).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
+// box (MN-major: the pixels are GEMM-K).  Each split's fp32 sums go to its slice of D, [split][K][taps * padded
+// channels], through a rank-3 store; a reduction kernel sums the slices into dw.
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
 // leading dimensions that are multiples of 8 elements (D's: of 16 bytes); M, N, K below 2**31.
 #if LIGHT_T == 0
@@ -92,7 +97,8 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
-static_assert(kConv == 0 || (kAKMajor && kBKMajor == (kConv == 1)), "conv: K-major A; B K-major for fprop only");
+static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor && LIGHT_OUT == 1 : kAKMajor && kBKMajor == (kConv == 1)),
+              "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B and fp32 slices");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -119,6 +125,8 @@ struct alignas(64) Params {
     int corner_w, corner_h;  // the im2col bounding box's lower corner: -padding (dgrad: padding - dilation * (R - 1))
     int stride_w, stride_h;  // its traversal strides (dgrad: 1)
     int dil_w, dil_h;        // a tap's offset per filter column and row
+    int splits;              // wgrad: slices of GEMM-K, k = split_blocks * 64 each (fprop, dgrad: 1)
+    int split_blocks;
 #endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
@@ -268,17 +276,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     const int tiles_m = (p.m + kTileM - 1) / kTileM;
     const int tiles_n = (p.n + kTileN - 1) / kTileN;
     const int tiles = tiles_m * tiles_n;
-    const int k_blocks = (p.k + kTileK - 1) / kTileK;
+    const int k_blocks = (p.k + kTileK - 1) / kTileK;  // a work unit's
+#if LIGHT_CONV == 3
+    const int units = tiles * p.splits;  // a unit: one tile of one split (unit / tiles)
+#else
+    const int units = tiles;
+#endif
 
     if (warpgroup == kConsumers) {
         registers_decrease<kProducerRegisters>();
         if (threadIdx.x != 128 * kConsumers) return;
         int stage = 0;
         u32 phase = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        for (int tile = blockIdx.x; tile < units; tile += gridDim.x) {
             int m_block, n_block;
-            tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
-#if LIGHT_CONV
+            tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+#if LIGHT_CONV == 3
+            const int first_block = tile / tiles * k_blocks;  // the split's first k-block of output pixels
+#elif LIGHT_CONV
             // The tile's first output pixel, where its im2col box starts (the box then walks the pixel grid).
             const int m0 = m_block * kTileM;
             const int image = m0 / p.out_hw;
@@ -291,7 +306,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 mbarrier_wait(empty + 8 * stage, phase ^ 1);
                 const u32 bar = full + 8 * stage;
                 mbarrier_arrive_expect_tx(bar, kStageBytes);
-#if LIGHT_CONV
+#if LIGHT_CONV == 3
+                const int pixel0 = (first_block + kb) * kTileK;
+                load_tile<false, kTileM>(&p.a, smem_a + stage * kBytesA, bar, pixel0, m_block * kTileM);
+                const int image = pixel0 / p.out_hw;
+                const int oh = (pixel0 - image * p.out_hw) / p.out_w;
+                const int ow = pixel0 - image * p.out_hw - oh * p.out_w;
+                const int w0 = p.corner_w + ow * p.stride_w, h0 = p.corner_h + oh * p.stride_h;
+#pragma unroll
+                for (int j = 0; j < kTileN / 64; ++j) {
+                    const int col = n_block * kTileN + 64 * j;
+                    const int tap = col / (p.c_blocks * kTileK);
+                    const int c0 = col - tap * p.c_blocks * kTileK;
+                    const int t = tap < p.taps ? tap : p.taps - 1;  // columns past N: loaded, never stored
+                    const int r = t / p.filter_s, s = t - r * p.filter_s;
+                    tma_load_im2col_4d(&p.b, smem_b + stage * kBytesB + j * 8192, bar, c0, w0, h0, image,
+                                       static_cast<unsigned short>(s * p.dil_w),
+                                       static_cast<unsigned short>(r * p.dil_h));
+                }
+#elif LIGHT_CONV
                 const int r = tap / p.filter_s, s = tap - r * p.filter_s;
                 tma_load_im2col_4d(&p.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
                                    static_cast<unsigned short>(s * p.dil_w), static_cast<unsigned short>(r * p.dil_h));
@@ -336,13 +369,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     // took tile 0's data and hung the kernel.
     const int first = kPingpong ? warpgroup : 0;
     const int stride = kPingpong ? kConsumers : 1;
-    for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < tiles;
+    for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < units;
          local += stride, tile += stride * gridDim.x) {
         if constexpr (kPingpong) {
             if (local > 0) mbarrier_wait(turn + 8 * warpgroup, ((local - 1) / 2) & 1);  // the other's mainloop
         }
         int m_block, n_block;
-        tile_coordinates(tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+        tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
         const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
         int stage = static_cast<int>(position % kStages);
         u32 phase = static_cast<u32>(position / kStages) & 1;
@@ -429,7 +462,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 fence_proxy_async_shared();
                 named_barrier_sync(1 + warpgroup, 128);
                 if (store_leader) {
+#if LIGHT_CONV == 3
+                    tma_store_3d(&p.d, buffer, chunk_col0, store_row0, tile / tiles);  // the split's slice
+#else
                     tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
+#endif
                     bulk_commit_group();
                 }
             }

@@ -95,6 +95,12 @@ __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src,
                  :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
 
+// The same for a 3-D box at (c0, c1, c2) (the conv wgrad's fp32 slices: columns, rows, slice).
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, u32 src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Wait until at most kPending of this thread's bulk groups still read their shared memory (the writes to global
