@@ -6,13 +6,13 @@ Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of 
 (docs/architecture.md); conv2d's 42 kernels were 1532 s of the 1704 s an image's prewarm spent compiling.  A light
 conv kernel compiles through NVRTC in 0.2-0.7 s.
 
-Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns), and
-dgrad at unit stride, each in one slice (no split-K); wgrad into the plan's fp32 slices, each tap's channels padded
-to whole 64-channel blocks (`slice_width`); with the tile width of the class's plan (64, 128 or 256; 128 rows; the
-plan's clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx), split-K fprop
-and dgrad plans, wgrad tiles over several taps.  The host object takes the CUTLASS library's arguments
-(conv2d_run._call), so the op's launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter,
-padding (lower, upper) per dimension.
+Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns);
+dgrad at unit stride, each in one slice (no split-K); wgrad planned on 8 or more fp32 slices, each tap's channels
+padded to whole 64-channel blocks (`slice_width`); with the tile width of the class's plan (64, 128 or 256; 128
+rows; the plan's clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx),
+split-K fprop and dgrad plans, wgrad of fewer slices (LIGHT_WGRAD_MIN_SPLITS) or over several taps a tile.  The
+host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's launch code does not change:
+(n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
 """
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ _CONV_FIELDS = struct.Struct("<13i")
 # offsets within [0, 255] (16 bits shared by the two spatial dimensions).
 CORNER_LIMIT = 128
 OFFSET_LIMIT = 256
+# wgrad plans of fewer slices stay on CUTLASS's kernels.  ResNet-50's wgrad at batch 32, fp16, H100, each layer's
+# plan: at 8-66 slices the light kernel ran within 4% of CUTLASS's (L7 24.2 against 23.7 us, L5 35.3 against
+# 35.2), at 2-4 slices 10-17% slower (L13 24.4 against 20.5), at one slice 45-90% slower (L12 37.7 against 20.6:
+# CUTLASS writes dw directly where the light kernel's slice takes torch's copy; long K on few tiles).
+LIGHT_WGRAD_MIN_SPLITS = 8
 
 
 def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
@@ -45,6 +50,8 @@ def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
         return "a split-K plan"
     if name == "wgrad" and "t" in cls.tile:
         return "a wgrad tile over several filter taps"
+    if name == "wgrad" and cls.splits < LIGHT_WGRAD_MIN_SPLITS:
+        return f"a wgrad plan of {cls.splits} slices (fewer than {LIGHT_WGRAD_MIN_SPLITS})"
     if name == "dgrad" and tuple(cls.stride) != (1, 1):
         return "a strided dgrad (phases writing strided views of dx)"
     (r, s), (pad_h, pad_w), (dil_h, dil_w) = cls.kernel, cls.padding, cls.dilation
