@@ -38,7 +38,7 @@
 // (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
 //   wgrad (LIGHT_CONV 3): M is the filters (A = dy as the MN-major (K, N*P*Q) matrix), N is (tap, channel) with
 // each tap's channels padded to whole 64-channel blocks, GEMM-K the output pixels, split into `splits` equal runs
-// of k-blocks (a last run past N*P*Q reads zeros).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
+// of k-blocks (the final one reads zeros past N*P*Q).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
 // box (MN-major: the pixels are GEMM-K).  Each split's fp32 sums go to its slice of D, [split][K][taps * padded
 // channels], through a rank-3 store; a reduction kernel sums the slices into dw.
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
