@@ -10,6 +10,7 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
     python benchmarks/bench_conv2d.py --grouped       # depthwise and grouped layers against cuDNN (the ATen route)
     python benchmarks/bench_conv2d.py --light         # also each operator on the light kernels (light_conv.py)
+    python benchmarks/bench_conv2d.py --light --wgrad-splits 1,8   # and the light wgrad at these split counts
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
@@ -185,10 +186,11 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             continue
         base_ms = None
         configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
-        if wgrad_splits:  # wgrad only: every tile (or those of --tiles) at each of these split counts
+        if wgrad_splits:  # wgrad only: every tile (or those of --tiles; or the light kernel) at these split counts
             if name != "wgrad":
                 continue
-            configs = [(t, s) for t in tiles or conv_plan.OPERATOR_TILES["wgrad"] for s in wgrad_splits]
+            configs = [(t, s) for t in (["light"] if light else tiles or conv_plan.OPERATOR_TILES["wgrad"])
+                       for s in wgrad_splits]
         elif tiles:  # candidate tiles (conv_plan.TILES), the plan's split count for each
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
@@ -204,7 +206,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
                 knobs = dict(conv2d_wgrad_reduce_kernel=False, conv2d_wgrad_direct=False)  # a class of its own
             elif tile == "light":  # the same classes: the kernels loaded for the other setting must not answer
-                knobs = dict(conv2d_sm90_kernel="light")
+                knobs = dict(conv2d_sm90_kernel="light", conv2d_splits={name: splits} if splits else {})
                 jitops.clear_memory_cache()
             else:
                 knobs = dict(conv2d_tile={name: tile}, conv2d_splits={name: splits})
@@ -216,7 +218,8 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                     if base_ms is None:
                         base_ms = time_graphed([lambda s=s: base(s) for s in sets])
                     ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                    operator = {"torch-reduce": f"{name} (torch reduce)", "light": f"{name} (light)"}.get(tile, name)
+                    light_name = f"{name} (light{f', {splits} slices' if splits else ''})"
+                    operator = {"torch-reduce": f"{name} (torch reduce)", "light": light_name}.get(tile, name)
                     label_tile = {None: "", "light": f" light {chosen}"}.get(tile, f" {chosen}")
                     row = harness.Row(f"{name} gpu{label_tile}", shape, "fp16", ours_ms,
                                       base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
@@ -242,7 +245,8 @@ def weighted_totals(rows) -> dict[str, str]:
     for row in rows:
         extra = row.extra
         layer = extra.get("layer", "")
-        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith(("(torch reduce)", "(light)"))
+        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith(("(torch reduce)", "(light)",
+                                                                                   " slices)"))
         if extra.get("timing") != "graph" or not automatic or not layer.startswith("L"):
             continue
         weight = OCCURRENCES[int(layer[1:])]
@@ -444,7 +448,7 @@ def main() -> int:
                         operators=operators)
         if args.wgrad_splits:
             splits = [int(v) for v in args.wgrad_splits.split(",")]
-            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False, light=args.light,
                         wgrad_splits=splits, tiles=[t for t in args.tiles.split(",") if t], operators=operators)
     for timing in ("graph", "eager"):
         totals = {}

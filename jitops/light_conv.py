@@ -7,10 +7,10 @@ Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of 
 conv kernel compiles through NVRTC in 0.2-0.7 s.
 
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns);
-dgrad at unit stride, each in one slice (no split-K); wgrad planned on 8 or more fp32 slices, each tap's channels
-padded to whole 64-channel blocks (`slice_width`); with the tile width of the class's plan (64, 128 or 256; 128
-rows; the plan's clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx),
-split-K fprop and dgrad plans, wgrad of fewer slices (LIGHT_WGRAD_MIN_SPLITS) or over several taps a tile.  The
+dgrad at unit stride, each in one slice (no split-K); wgrad, split into fp32 slices or, in one slice of aligned
+channels, written straight into dw; with the tile width of the class's plan (64, 128 or 256; 128 rows; the plan's
+clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx), split-K fprop and dgrad
+plans, wgrad tiles over several taps (the planner leaves those out under this setting).  The
 host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's launch code does not change:
 (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
 """
@@ -33,11 +33,6 @@ _CONV_FIELDS = struct.Struct("<13i")
 # offsets within [0, 255] (16 bits shared by the two spatial dimensions).
 CORNER_LIMIT = 128
 OFFSET_LIMIT = 256
-# wgrad plans of fewer slices stay on CUTLASS's kernels.  ResNet-50's wgrad at batch 32, fp16, H100, each layer's
-# plan: at 8-66 slices the light kernel ran within 4% of CUTLASS's (L7 24.2 against 23.7 us, L5 35.3 against
-# 35.2), at 2-4 slices 10-17% slower (L13 24.4 against 20.5), at one slice 45-90% slower (L12 37.7 against 20.6:
-# CUTLASS writes dw directly where the light kernel's slice takes torch's copy; long K on few tiles).
-LIGHT_WGRAD_MIN_SPLITS = 8
 
 
 def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
@@ -50,8 +45,6 @@ def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
         return "a split-K plan"
     if name == "wgrad" and "t" in cls.tile:
         return "a wgrad tile over several filter taps"
-    if name == "wgrad" and cls.splits < LIGHT_WGRAD_MIN_SPLITS:
-        return f"a wgrad plan of {cls.splits} slices (fewer than {LIGHT_WGRAD_MIN_SPLITS})"
     if name == "dgrad" and tuple(cls.stride) != (1, 1):
         return "a strided dgrad (phases writing strided views of dx)"
     (r, s), (pad_h, pad_w), (dil_h, dil_w) = cls.kernel, cls.padding, cls.dilation
@@ -66,17 +59,14 @@ def tile_n_for(cls: Any) -> int:
     return int(cls.tile.split("x")[1].split("c")[0].split("t")[0])
 
 
-def request(name: str, cls: Any, fp32_out: bool = False):
-    wgrad = name == "wgrad"  # MN-major operands and fp32 slices
+def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False):
+    """The kernel of operator `name`; fp32_out: fp32 out (fprop's columns); direct: a wgrad that writes dw itself
+    (one slice), else into fp32 slices."""
+    wgrad = name == "wgrad"  # MN-major operands
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
-                           LIGHT_OUT=int(fp32_out or wgrad), LIGHT_TILE_N=tile_n_for(cls),
+                           LIGHT_OUT=int(fp32_out or (wgrad and not direct)), LIGHT_TILE_N=tile_n_for(cls),
                            LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),
                            LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name])
-
-
-def slice_width(channels: int) -> int:
-    """A wgrad slice's channels a tap: whole 64-channel k-blocks (conv2d_run allocates the slices so)."""
-    return -(-channels // TILE_K) * TILE_K
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
@@ -146,6 +136,16 @@ def filter_tma(p: ConvProblem, tile_n: int) -> TmaArgs:
     return TmaArgs(TMA_UINT16, (p.c, p.k, taps), (taps * p.c * 2, p.c * 2), (64, TILE_K, 1), SWIZZLE_128B)
 
 
+def wgrad_output_tma(p: ConvProblem, store_cols: int) -> TmaArgs:
+    """wgrad's D: dw (16-bit, one split) or the fp32 slices, [split][K][R*S][C] as dims (C, R*S, K, splits), a store
+    of one tap's store_cols channels by 64 filters (the padding of the kernel's columns falls past C, clipped)."""
+    size = 128 // store_cols  # a store is one 128-byte swizzle row wide
+    taps = p.r * p.s
+    return TmaArgs(TMA_FLOAT32 if size == 4 else TMA_UINT16, (p.c, taps, p.k, p.splits),
+                   (p.c * size, taps * p.c * size, p.k * taps * p.c * size), (store_cols, 1, STORE_ROWS, 1),
+                   SWIZZLE_128B)
+
+
 def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode
                 ) -> tuple[bytearray, tuple[int, int, int]]:
     """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor."""
@@ -169,8 +169,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     if p.conv == 3:
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
         encode(buffer, info.tma_b, activation_tma(g, pixels=TILE_K), b)  # x, 64 pixels a box
-        encode(buffer, info.tma_d, TmaArgs(TMA_FLOAT32, (gemm.n, gemm.m, splits), (gemm.n * 4, gemm.m * gemm.n * 4),
-                                           (info.store_cols, STORE_ROWS, 1), SWIZZLE_128B), d)
+        encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
         tiles = -(-gemm.m // TILE_M) * -(-gemm.n // info.tile_n)
         return params, (max(1, min(p.sm_count, tiles * splits)), 1, 1)
     encode(buffer, 0, activation_tma(g), a)
@@ -218,9 +217,9 @@ class LightConv(LightGemm):
                dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
                stream: int) -> Any:
         """One call with the CUTLASS library's arguments (tensors a, b, d, bias); returns the packed problem."""
-        if splits != 1 and self.info.conv != 3:
-            raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light fprop and "
-                             "dgrad take one")
+        if splits != 1 and (self.info.conv != 3 or self.info.store_cols != 32):
+            raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light fprop, "
+                             "dgrad and direct wgrad take one")
         key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
                dil_w, sm_count, splits, d_sn, d_sh, d_sw)
         return self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
@@ -243,4 +242,4 @@ def host(kernel: Any) -> LightConv:
 
 
 __all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "filter_tma", "geometry", "host",
-           "pack_params", "request", "slice_width", "tile_n_for", "unsupported"]
+           "pack_params", "request", "tile_n_for", "unsupported"]

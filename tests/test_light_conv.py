@@ -21,6 +21,7 @@ from jitops import light_gemm as L
 from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from jitops.ops import conv2d as conv_module
 from jitops.ops.conv2d_plan import ConvClass, output_size
+from jitops.ops import conv2d_plan as plan
 from jitops.specs import Target
 
 from fakes import FakeTmaDriver
@@ -36,35 +37,34 @@ def conv_class(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), ti
 
 
 # ---- compiling ----------------------------------------------------------------------------------------------------
-BUILDS = [  # (operator, class tile, fp32 out, dtype)
+BUILDS = [  # (operator, class tile, fp32 out (wgrad: its slices; else the direct wgrad, 16-bit dw), dtype)
     ("fprop", "128x64", False, BF16), ("fprop", "128x128", False, FP16), ("fprop", "128x256", False, BF16),
     ("fprop", "128x128", True, BF16), ("dgrad", "128x64c1x2", False, BF16), ("dgrad", "128x128", False, FP16),
-    ("dgrad", "128x256", False, BF16), ("wgrad", "64x64", False, BF16), ("wgrad", "128x128", False, FP16),
-    ("wgrad", "128x256", False, BF16)]
+    ("dgrad", "128x256", False, BF16), ("wgrad", "64x64", True, BF16), ("wgrad", "128x128", True, FP16),
+    ("wgrad", "128x256", True, BF16), ("wgrad", "128x64", False, FP16), ("wgrad", "128x256", False, BF16)]
 
 
 @pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
                                                                   f"{str(b[3])[6:]}" for b in BUILDS])
 def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_out, dtype):
     cls = conv_class(tile=tile, dtype=dtype)
-    cubin, ptx, log = compile_with_ptx(LC.request(name, cls, fp32_out))
+    wgrad = name == "wgrad"
+    cubin, ptx, log = compile_with_ptx(LC.request(name, cls, fp32_out and not wgrad, direct=wgrad and not fp32_out))
     tile_n = LC.tile_n_for(cls)
     ab = "bf16" if dtype == BF16 else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
     transposes = {"fprop": ("0", "0"), "dgrad": ("0", "1"), "wgrad": ("1", "1")}[name]
     assert set(re.findall(r"p, 1, 1, (\d), (\d);", ptx)) == {transposes}
     assert "cp.async.bulk.tensor.4d.shared::cluster.global.im2col" in ptx
-    # fprop, dgrad: the filter by tap (rank 3); wgrad: dy as a matrix (rank 2), slices stored by a rank-3 store
+    # fprop, dgrad: the filter by tap (rank 3); wgrad: dy as a matrix (rank 2), dw or slices by a rank-4 store
     filter_loads = "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx
     matrix_loads = "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx
-    assert (filter_loads, matrix_loads) == ((False, True) if name == "wgrad" else (True, False))
-    if name == "wgrad":
-        assert "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group" in ptx
+    assert (filter_loads, matrix_loads) == ((False, True) if wgrad else (True, False))
+    assert ("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group" in ptx) == wgrad
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log, log
     info = L.LightInfo.from_cubin(cubin)
-    assert info == L.expected_info(tile_n, name != "wgrad", name == "fprop", 4 if fp32_out or name == "wgrad" else 2,
-                                   False, LC.OPERATORS[name])
+    assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name])
 
 
 # ---- the implicit GEMM's geometry ---------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_params_and_descriptors_of_a_dgrad():
 
 def test_params_and_descriptors_of_a_split_wgrad():
     # ResNet-50's 3x3 over 72 channels at 14x14, batch 4: 784 pixels = 13 k-blocks in 4 splits of 4 (the last
-    # reads past N*P*Q); N = 9 taps x 128 padded channels.
+    # reads past N*P*Q); N = 9 taps x 128 padded channels, stored without the padding.
     p = problem(3, n=4, h=14, w=14, c=72, k=64, r=3, s=3)._replace(splits=4)
     info = L.expected_info(128, False, False, 4, False, 3)
     encode = Recorder()
@@ -157,9 +157,21 @@ def test_params_and_descriptors_of_a_split_wgrad():
     (_, a, _), (_, b, _), (_, d, _) = encode.calls
     assert a == TmaArgs(TMA_UINT16, (64, 784), (128,), (64, 64), SWIZZLE_128B)           # dy, MN-major
     assert b.dims == (72, 14, 14, 4) and b.pixels == 64 and b.channels == 64           # x, 64 pixels a box
-    assert d == TmaArgs(TMA_FLOAT32, (1152, 64, 4), (1152 * 4, 64 * 1152 * 4), (32, 64, 1), SWIZZLE_128B)
+    assert d == TmaArgs(TMA_FLOAT32, (72, 9, 64, 4), (72 * 4, 9 * 72 * 4, 64 * 9 * 72 * 4), (32, 1, 64, 1),
+                        SWIZZLE_128B)  # [split][K][tap][C]: a 32-column store within one tap, clipped at C
     assert launch_grid == (1 * 9 * 4, 1, 1)  # one tile row, 9 tile columns, 4 splits
-    assert LC.slice_width(72) == 128 and LC.slice_width(64) == 64
+
+
+def test_a_direct_wgrad_stores_into_dw():
+    # One slice written in the inputs' type into dw's KRSC memory: 64 columns (one padded tap block) a store.
+    p = problem(3, n=4, h=14, w=14, c=72, k=64, r=3, s=3)
+    info = L.expected_info(256, False, False, 2, False, 3)
+    encode = Recorder()
+    params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0), encode)
+    assert struct.unpack_from("<2i", params, LC.CONV_FIELDS + 44) == (1, 13)  # one split of all 13 k-blocks
+    assert encode.calls[2][1] == TmaArgs(TMA_UINT16, (72, 9, 64, 1), (72 * 2, 9 * 72 * 2, 64 * 9 * 72 * 2),
+                                         (64, 1, 64, 1), SWIZZLE_128B)
+    assert launch_grid == (5, 1, 1)  # 9 taps x 128 columns in 256-column tiles
 
 
 # ---- the route ----------------------------------------------------------------------------------------------------
@@ -168,7 +180,7 @@ def test_unsupported_operators_and_plans():
     assert LC.unsupported("fprop", conv_class(), fp32_out=True) is None
     assert LC.unsupported("dgrad", conv_class()) is None
     assert LC.unsupported("wgrad", conv_class(tile="64x64", splits=8)) is None
-    assert "slices" in LC.unsupported("wgrad", conv_class(tile="128x64", splits=4))  # CUTLASS's: measured faster
+    assert LC.unsupported("wgrad", conv_class(tile="128x64", splits=1)) is None
     assert "taps" in LC.unsupported("wgrad", conv_class(tile="64x192t3"))
     assert "operator" in LC.unsupported("conv3d", conv_class())
     assert "strided" in LC.unsupported("dgrad", conv_class(stride=(2, 1)))
@@ -188,12 +200,23 @@ def test_the_setting_routes_fprop_and_unit_stride_dgrad():
         assert conv_module._request("dgrad", unit, SM90A) == {"dgrad": LC.request("dgrad", unit)}
         split = conv_class(splits=16)
         assert conv_module._request("wgrad", split, SM90A) == {"wgrad": LC.request("wgrad", split)}
-        assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", unit, SM90A)["wgrad"].source.name)
+        assert conv_module._request("wgrad", unit, SM90A) == {"wgrad": LC.request("wgrad", unit)}  # one fp32 slice
+        direct = unit._replace(direct=True)  # aligned channels: dw written by the kernel
+        assert conv_module._request("wgrad", direct, SM90A) == {"wgrad_direct": LC.request("wgrad", direct,
+                                                                                           direct=True)}
         # a strided dgrad's phases and wgrad tiles over several taps stay on CUTLASS's kernels
         assert "conv2d_sm90.cu" in str(conv_module._request("dgrad", strided, SM90A)["dgrad"].source.name)
         spanning = conv_class(tile="64x192t3")._replace(flat=True)
         assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", spanning, SM90A)["wgrad"].source.name)
         assert conv_module._request("fprop", unit, Target.parse("sm_80")) == {}
+
+
+def test_the_light_setting_plans_wgrad_tiles_of_one_tap():
+    # ResNet-50's 3x3 over 64 channels at 56x56 (batch 32): CUTLASS's plan spans 3 taps a tile
+    assert plan.plan_wgrad(64, 64, (3, 3), 1568)[0] == "64x192t3"
+    with jitops.config.scope(conv2d_sm90_kernel="light"):
+        tile, splits, _ = plan.plan_wgrad(64, 64, (3, 3), 1568)
+    assert plan.TILES[tile].taps == 1 and LC.unsupported("wgrad", conv_class(tile=tile, splits=splits)) is None
 
 
 def test_bad_setting_names_the_variable(monkeypatch):
@@ -278,8 +301,8 @@ def test_light_conv_matches_fp32_conv(case, dtype):
     w.requires_grad_(True)
     jitops.clear_memory_cache()  # kernels loaded under the default setting must not answer
     try:
-        # 8 wgrad slices where the problem has that many k-blocks: the light wgrad takes plans of 8 or more
-        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": LC.LIGHT_WGRAD_MIN_SPLITS}):
+        # 8 wgrad slices where the problem has that many k-blocks (test_light_wgrad_* takes one and three)
+        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": 8}):
             y = jitops.conv2d(x, w, b, *geometry)
             grad = torch.randn_like(y)
             dx, dw = torch.autograd.grad(y, (x, w), grad)
@@ -293,3 +316,32 @@ def test_light_conv_matches_fp32_conv(case, dtype):
     for name, got, want in (("y", y, want_y), ("dx", dx, want_dx), ("dw", dw, want_dw)):
         error = relative_error(got, want)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
+def test_light_wgrad_in_one_and_in_three_slices(case, splits):
+    """One slice of aligned channels is the direct kernel, which writes dw (16-bit) itself; three, fp32 slices."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the light kernels are sm_90a only")
+    from test_conv2d import make_args
+    from test_conv2d_gpu import fp32_reference, relative_error
+    x, w, b, *geometry = make_args(case, BF16, "cuda", channels_last=True)
+    w.requires_grad_(True)
+    jitops.clear_memory_cache()
+    try:
+        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": splits}):
+            y = jitops.conv2d(x, w, b, *geometry)
+            grad = torch.randn_like(y)
+            (dw,) = torch.autograd.grad(y, (w,), grad)
+            cls = conv_module.weight_grad_shape_class(grad, x, w.shape, *geometry)
+            loaded = _light_kernels_of(conv_module.conv2d_weight_grad, (grad,), cls)
+    finally:
+        jitops.clear_memory_cache()
+    if not cls.im2col:
+        assert isinstance(loaded.get("wgrad_direct" if cls.splits == 1 else "wgrad"), jitops.launch.CudaFunction)
+        assert cls.splits == 1 or "wgrad_direct" not in loaded
+    want_y, (_, want_dw, _) = fp32_reference(x, w, b, *geometry, grad=grad)
+    error = relative_error(dw, want_dw)
+    assert error < TOLERANCE[BF16], f"dw: relative error {error:.2e}"

@@ -25,8 +25,7 @@ Three operators, each compiled on first use per shape class:
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
                                                 one NVRTC kernel sums into dw; one slice: dw stored directly)
-JITOPS_CONV2D_SM90_KERNEL=light runs fprop, unit-stride dgrad and split wgrad on the light GEMM kernel with TMA
-im2col loads instead (NVRTC, under a second to compile; jitops/light_conv.py).
+JITOPS_CONV2D_SM90_KERNEL=light: all but strided dgrad on the light GEMM kernel, NVRTC (jitops/light_conv.py).
 Filter size, stride, padding and dilation reach the kernel at run time (encoded into the TMA im2col descriptors
 on the host), so one compiled kernel serves many layers; the shape class still names them, with the dtype, the
 channel alignment and the plan (tile or cluster, split count, im2col, flat store) picked for the GEMM shape by
@@ -138,7 +137,8 @@ def _request(name: str, cls: ConvClass, target: Target, fp32_out: bool = False):
     if target.capability is None or target.capability[0] != 9:
         return {}  # the kernels need Hopper (wgmma, TMA im2col): other GPUs run ATen (cuDNN), see _aten_fallback
     if config.conv2d_sm90_kernel == "light" and light_conv.unsupported(name, cls, fp32_out) is None:
-        return {name: light_conv.request(name, cls, fp32_out)}
+        direct = name == "wgrad" and wgrad_direct(cls)
+        return {"wgrad_direct" if direct else name: light_conv.request(name, cls, fp32_out, direct)}
     tile = TILES[cls.tile]
     split = fp32_out or (name != "wgrad" and cls.splits > 1)
     defines = dict(CONV_OP=_OPERATOR_CODE[name], ELEMENT=_ELEMENT[cls.dtype], TILE_M=tile.m, TILE_N=tile.n,

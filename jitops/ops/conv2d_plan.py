@@ -229,14 +229,16 @@ def wgrad_tile_serves(tile: str, channels: int, filter_rs: tuple[int, int]) -> b
     return t.taps == 1 or (channels == t.channels and filter_rs[1] == t.taps)
 
 
-def wgrad_candidates(channels: int, filter_rs: tuple[int, int]) -> tuple[str, ...]:
+def wgrad_candidates(channels: int, filter_rs: tuple[int, int], one_tap: bool = False) -> tuple[str, ...]:
     """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
     64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
     1x1 filters, and tiles over several taps where the filter's width takes them.  Clusters (multicast of the
     shared operand) were the fastest tile on 12 of the 14 1x1 layers of ResNet-50 and slower on 5 of the 7 3x3
-    ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json)."""
+    ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json).  one_tap: tiles of one filter
+    tap only (the light kernel's)."""
     one_by_one = filter_rs == (1, 1)
     tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
+                  (not one_tap or TILES[t].taps == 1) and
                   (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
                   (one_by_one or TILES[t].cluster_m * TILES[t].cluster_n == 1))
     return tiles or tuple(t for t in OPERATOR_TILES["wgrad"] if TILES[t].taps == 1)
@@ -250,7 +252,8 @@ def plan_wgrad(k: int, channels: int, filter_rs: tuple[int, int], k_tiles: int) 
         raise ValueError(f"jitops: wgrad tile {forced_tile!r} (config.conv2d_tile) covers a filter row of "
                          f"{TILES[forced_tile].taps} taps x {TILES[forced_tile].channels} channels; this layer's "
                          f"is {filter_rs[1]} x {channels}")
-    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs)
+    light = config.conv2d_sm90_kernel == "light"  # its wgrad takes one tap a tile (jitops/light_conv.py)
+    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs, one_tap=light)
     plans = [(t, normalize_splits(k_tiles, s)) for t in tiles
              for s in ((forced_splits,) if forced_splits else range(1, 257))]
     tile, splits = min(plans, key=lambda plan: wgrad_cost_us(plan[0], plan[1], round_up(k), channels, filter_rs,

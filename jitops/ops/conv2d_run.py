@@ -331,28 +331,25 @@ def _weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> 
     c8, k8 = round_up(c), round_up(k)
     device, sms, stream = _launch_args(grad)
     splits = normalize_splits(_ceil(n * p * q, TILE_K), cls.splits)
-    # A light kernel's slices hold each tap's channels padded to whole 64-channel blocks (light_conv.slice_width).
-    light = direct is None and not hasattr(kern.wgrad, "jitops_conv2d")
-    padded = light_conv.slice_width if light else (lambda width: width)
     if cls.im2col and cls.fold:  # a wgrad of ceil(R/fold) taps over the folded matrix (_plan_fold), unfolded
         fold = cls.fold
         columns, taps = _folded_im2col(kern, x, cls, p, q)
         width = columns.shape[-1]
-        partial = torch.empty((splits, k8, taps, 1, padded(width)), dtype=torch.float32, device=grad.device)
+        partial = torch.empty((splits, k8, taps, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, columns.shape[1], q,
               width, k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
         # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
         folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
-        _reduce_into(kern, partial, folded, taps, padded(width))
+        _reduce_into(kern, partial, folded, taps, width)
         dw.permute(0, 2, 3, 1).copy_(folded.permute(0, 2, 3, 1).reshape(k, taps * fold, s, c)[:, :r])
         return dw
     if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
         columns = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q)
         width = columns.shape[-1]
-        partial = torch.empty((splits, k8, 1, 1, padded(width)), dtype=torch.float32, device=grad.device)
+        partial = torch.empty((splits, k8, 1, 1, width), dtype=torch.float32, device=grad.device)
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, p, q, width, k8, 1, 1,
               0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
-        _reduce_into(kern, partial, dw, 1, padded(width))  # the columns are (r, s, c): KRSC order
+        _reduce_into(kern, partial, dw, 1, width)  # the columns are (r, s, c): KRSC order
         return dw
     geometry = (cls.padding[0], cls.padding[0], cls.padding[1], cls.padding[1], cls.stride[0], cls.stride[1],
                 cls.dilation[0], cls.dilation[1], 0, 0, 0, splits, device, sms, stream)
@@ -360,10 +357,10 @@ def _weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> 
         _call(direct, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), dw, None, n, h, w, c8, k8, r, s,
               *geometry)
         return dw
-    partial = torch.empty((splits, k8, r, s, padded(c8)), dtype=torch.float32, device=grad.device)
+    partial = torch.empty((splits, k8, r, s, c8), dtype=torch.float32, device=grad.device)
     _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), _nhwc(x, c8), partial, None, n, h, w, c8, k8, r, s,
           *geometry)
-    _reduce_into(kern, partial, dw, r * s, padded(c8))
+    _reduce_into(kern, partial, dw, r * s, c8)
     return dw
 
 

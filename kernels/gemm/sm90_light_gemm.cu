@@ -39,8 +39,9 @@
 //   wgrad (LIGHT_CONV 3): M is the filters (A = dy as the MN-major (K, N*P*Q) matrix), N is (tap, channel) with
 // each tap's channels padded to whole 64-channel blocks, GEMM-K the output pixels, split into `splits` equal runs
 // of k-blocks (the final one reads zeros past N*P*Q).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
-// box (MN-major: the pixels are GEMM-K).  Each split's fp32 sums go to its slice of D, [split][K][taps * padded
-// channels], through a rank-3 store; a reduction kernel sums the slices into dw.
+// box (MN-major: the pixels are GEMM-K).  D is [split][K][taps][C] through a rank-4 store that drops the padding:
+// LIGHT_OUT 1, each split's fp32 sums in its slice, which a reduction kernel sums into dw; LIGHT_OUT 0, one split
+// written straight into dw's KRSC memory.
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
 // leading dimensions that are multiples of 8 elements (D's: of 16 bytes); M, N, K below 2**31.
 #if LIGHT_T == 0
@@ -97,8 +98,8 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
-static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor && LIGHT_OUT == 1 : kAKMajor && kBKMajor == (kConv == 1)),
-              "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B and fp32 slices");
+static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
+              "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -463,7 +464,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 named_barrier_sync(1 + warpgroup, 128);
                 if (store_leader) {
 #if LIGHT_CONV == 3
-                    tma_store_3d(&p.d, buffer, chunk_col0, store_row0, tile / tiles);  // the split's slice
+                    // dw's (or the split's slice's) KRSC memory: a chunk's columns lie in one tap, whose channels
+                    // are whole 64-column blocks here, and the store clips those past C.
+                    const int tap = chunk_col0 / (p.c_blocks * kTileK);
+                    tma_store_4d(&p.d, buffer, chunk_col0 - tap * p.c_blocks * kTileK, tap, store_row0, tile / tiles);
 #else
                     tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
 #endif

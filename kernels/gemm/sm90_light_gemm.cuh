@@ -95,10 +95,10 @@ __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src,
                  :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
 
-// The same for a 3-D box at (c0, c1, c2) (the conv wgrad's fp32 slices: columns, rows, slice).
-__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, u32 src, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
-                 :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+// The same for a 4-D box at (c0, c1, c2, c3) (the conv wgrad's dw or fp32 slices: channels, tap, filter, slice).
+__device__ __forceinline__ void tma_store_4d(const TmaDescriptor* desc, u32 src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+                 :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
