@@ -7,10 +7,10 @@ Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of 
 conv kernel compiles through NVRTC in 0.2-0.7 s.
 
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns);
-dgrad at unit stride, each in one slice (no split-K); wgrad, split into fp32 slices or, in one slice of aligned
+dgrad in one slice (no split-K), a strided one's phases stored by rows (LIGHT_D_ROWS); wgrad, split into fp32 slices or, in one slice of aligned
 channels, written straight into dw; with the tile width of the class's plan (64, 128 or 256; 128 rows; the plan's
-clusters are dropped).  Not covered: strided dgrad (its phases write strided views of dx), split-K fprop and dgrad
-plans, wgrad tiles over several taps (the planner leaves those out under this setting).  The
+clusters are dropped).  Not covered: split-K fprop and dgrad plans, wgrad tiles over several taps (the planner
+leaves those out under this setting).  The
 host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's launch code does not change:
 (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
 """
@@ -27,8 +27,8 @@ from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, T
                          grid, output_tma, Problem)
 
 OPERATORS = {"fprop": 1, "dgrad": 2, "wgrad": 3}
-CONV_FIELDS = FIELDS + _FIELDS.size           # the thirteen conv ints follow the GEMM's fields
-_CONV_FIELDS = struct.Struct("<13i")
+CONV_FIELDS = FIELDS + _FIELDS.size           # the sixteen conv ints follow the GEMM's fields
+_CONV_FIELDS = struct.Struct("<16i")
 # TMA's im2col limits for a rank-4 (NHWC) tensor: the bounding box's corners within [-128, 127], a load's filter
 # offsets within [0, 255] (16 bits shared by the two spatial dimensions).
 CORNER_LIMIT = 128
@@ -45,8 +45,6 @@ def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
         return "a split-K plan"
     if name == "wgrad" and "t" in cls.tile:
         return "a wgrad tile over several filter taps"
-    if name == "dgrad" and tuple(cls.stride) != (1, 1):
-        return "a strided dgrad (phases writing strided views of dx)"
     (r, s), (pad_h, pad_w), (dil_h, dil_w) = cls.kernel, cls.padding, cls.dilation
     reach_h, reach_w = dil_h * (r - 1), dil_w * (s - 1)
     if max(reach_h, reach_w) >= OFFSET_LIMIT or max(pad_h, pad_w, reach_h, reach_w) >= CORNER_LIMIT:
@@ -66,7 +64,8 @@ def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False):
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=int(fp32_out or (wgrad and not direct)), LIGHT_TILE_N=tile_n_for(cls),
                            LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),
-                           LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name])
+                           LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name],
+                           **({"LIGHT_D_ROWS": 1} if name == "dgrad" and tuple(cls.stride) != (1, 1) else {}))
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
@@ -146,9 +145,10 @@ def wgrad_output_tma(p: ConvProblem, store_cols: int) -> TmaArgs:
                    SWIZZLE_128B)
 
 
-def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode
-                ) -> tuple[bytearray, tuple[int, int, int]]:
-    """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor."""
+def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
+                d_strides: tuple[int, int, int] = (0, 0, 0)) -> tuple[bytearray, tuple[int, int, int]]:
+    """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor;
+    d_strides: a dgrad phase's dx strides (info.d_rows)."""
     g = geometry(p)
     a, b, d, bias = addresses
     pixels = p.n * g["out_h"] * g["out_w"]
@@ -164,7 +164,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-gemm.m // TILE_M)))
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
-                           *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks)
+                           *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks, *d_strides)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     if p.conv == 3:
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
@@ -178,7 +178,8 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     return params, grid(gemm, info.tile_n)
 
 
-def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int]) -> None:
+def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int],
+                  d_rows: bool = False) -> None:
     """What the kernel assumes and the class's plan already guarantees (conv2d_run pads channels to multiples of 8
     and passes NHWC memory): checked once per packed problem."""
     name = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")[p.conv - 1]
@@ -188,9 +189,13 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
     if p.conv == 2:
         if (p.stride_h, p.stride_w) != (1, 1):
             raise ValueError(f"jitops.{name} (light sm_90a kernel): stride {(p.stride_h, p.stride_w)}; the light "
-                             "dgrad takes unit stride only")
-        if any(d_strides) and d_strides != (p.h * p.w * p.c, p.w * p.c, p.c):
-            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} are not its NHWC memory")
+                             "dgrad runs a strided one as unit-stride phases (conv2d_run)")
+        if d_rows and (any(stride % 8 for stride in d_strides) or addresses[2] % 16 or not all(d_strides)):
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} must be positive multiples "
+                             "of 8 elements and dx 16-byte aligned")
+        if not d_rows and any(d_strides) and d_strides != (p.h * p.w * p.c, p.w * p.c, p.c):
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} are not its NHWC memory; "
+                             "a strided view takes the kernel built with LIGHT_D_ROWS")
 
 
 # ---- the host object ----------------------------------------------------------------------------------------------
@@ -216,7 +221,9 @@ class LightConv(LightGemm):
                pad_h: int, pad_h_hi: int, pad_w: int, pad_w_hi: int, stride_h: int, stride_w: int, dil_h: int,
                dil_w: int, d_sn: int, d_sh: int, d_sw: int, splits: int, device: int, sm_count: int,
                stream: int) -> Any:
-        """One call with the CUTLASS library's arguments (tensors a, b, d, bias); returns the packed problem."""
+        """One call with the CUTLASS library's arguments (tensors a, b, d, bias; a kernel that stores D by rows,
+        info.d_rows, takes D's address in the bias field: conv2d_run._call passes d there); returns the packed
+        problem."""
         if splits != 1 and (self.info.conv != 3 or self.info.store_cols != 32):
             raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light fprop, "
                              "dgrad and direct wgrad take one")
@@ -225,10 +232,11 @@ class LightConv(LightGemm):
         return self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(ConvProblem(*key[:18]), key[18:], addresses)
+        check_problem(ConvProblem(*key[:18]), key[18:], addresses, bool(self.info.d_rows))
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
-        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into)
+        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into,
+                           key[18:] if self.info.d_rows else (0, 0, 0))
 
 
 def host(kernel: Any) -> LightConv:

@@ -67,6 +67,14 @@ def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_o
     assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name])
 
 
+def test_a_strided_dgrad_phase_kernel_stores_rows_and_no_spills():
+    cls = conv_class(stride=(2, 2), tile="128x128")
+    cubin, ptx, log = compile_with_ptx(LC.request("dgrad", cls))
+    assert "st.global.v4" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx  # no TMA store
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert L.LightInfo.from_cubin(cubin) == L.expected_info(128, True, False, 2, False, 2, d_rows=True)
+
+
 # ---- the implicit GEMM's geometry ---------------------------------------------------------------------------------
 def problem(conv, n=2, h=9, w=11, c=64, k=128, r=3, s=3, pad=(1, 1, 1, 1), stride=(1, 1), dil=(1, 1)):
     return LC.ConvProblem(conv, n, h, w, c, k, r, s, *pad, *stride, *dil, 132)
@@ -183,7 +191,7 @@ def test_unsupported_operators_and_plans():
     assert LC.unsupported("wgrad", conv_class(tile="128x64", splits=1)) is None
     assert "taps" in LC.unsupported("wgrad", conv_class(tile="64x192t3"))
     assert "operator" in LC.unsupported("conv3d", conv_class())
-    assert "strided" in LC.unsupported("dgrad", conv_class(stride=(2, 1)))
+    assert LC.unsupported("dgrad", conv_class(stride=(2, 1))) is None  # its phases, stored by rows
     assert "split" in LC.unsupported("fprop", conv_class(splits=2))
     assert "corners" in LC.unsupported("fprop", conv_class(kernel=(3, 3), dilation=(200, 1)))
     assert "corners" in LC.unsupported("fprop", conv_class(padding=(130, 0)))
@@ -204,8 +212,10 @@ def test_the_setting_routes_fprop_and_unit_stride_dgrad():
         direct = unit._replace(direct=True)  # aligned channels: dw written by the kernel
         assert conv_module._request("wgrad", direct, SM90A) == {"wgrad_direct": LC.request("wgrad", direct,
                                                                                            direct=True)}
-        # a strided dgrad's phases and wgrad tiles over several taps stay on CUTLASS's kernels
-        assert "conv2d_sm90.cu" in str(conv_module._request("dgrad", strided, SM90A)["dgrad"].source.name)
+        # a strided dgrad's phases: the kernel that stores dx by rows
+        rows = conv_module._request("dgrad", strided, SM90A)["dgrad"]
+        assert dict(rows.defines)["LIGHT_D_ROWS"] == "1" and "LIGHT_D_ROWS" not in dict(LC.request("dgrad", unit).defines)
+        # wgrad tiles over several taps stay on CUTLASS's kernels (the light setting's plans have none)
         spanning = conv_class(tile="64x192t3")._replace(flat=True)
         assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", spanning, SM90A)["wgrad"].source.name)
         assert conv_module._request("fprop", unit, Target.parse("sm_80")) == {}
@@ -265,9 +275,16 @@ def test_a_repeated_problem_is_packed_once_and_patched():
     with pytest.raises(ValueError, match="split-K"):
         host.launch(t[0], t[1], t[2], None, *args[:18], 2, 0, 132, 7)
     dgrad = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2), FakeDriver(16))
-    with pytest.raises(ValueError, match="NHWC memory"):  # a phase's strided view of dx is CUTLASS's
-        dgrad.launch(t[0], t[1], t[2], None, 2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1,
-                            9 * 11 * 64, 2 * 11 * 64, 64, 1, 0, 132, 7)
+    phase = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2 * 9 * 11 * 64, 2 * 11 * 64, 2 * 64, 1, 0, 132)
+    with pytest.raises(ValueError, match="NHWC memory"):  # a phase's strided view of dx takes LIGHT_D_ROWS
+        dgrad.launch(t[0], t[1], t[2], None, *phase, 7)
+    rows = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2, d_rows=True), driver)
+    rows.launch(t[0], t[1], t[2], t[2], *phase, 7)  # conv2d_run._call passes dx as the bias too
+    params = driver.launches[-1]["params"]
+    assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x30000  # D's address where the rows are stored from
+    assert struct.unpack_from("<3i", params, LC.CONV_FIELDS + 52) == (2 * 9 * 11 * 64, 2 * 11 * 64, 2 * 64)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        rows.launch(t[0], t[1], t[2], t[2], *phase[:15], 2 * 9 * 11 * 64, 2 * 11 * 64, 68, 1, 0, 132, 7)
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ Three operators, each compiled on first use per shape class:
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
                                                 one NVRTC kernel sums into dw; one slice: dw stored directly)
-JITOPS_CONV2D_SM90_KERNEL=light: all but strided dgrad on the light GEMM kernel, NVRTC (jitops/light_conv.py).
+JITOPS_CONV2D_SM90_KERNEL=light: the three on the light GEMM kernel instead, NVRTC (jitops/light_conv.py).
 Filter size, stride, padding and dilation reach the kernel at run time (encoded into the TMA im2col descriptors
 on the host), so one compiled kernel serves many layers; the shape class still names them, with the dtype, the
 channel alignment and the plan (tile or cluster, split count, im2col, flat store) picked for the GEMM shape by

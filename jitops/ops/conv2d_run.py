@@ -28,7 +28,10 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
     # Python host side; a Recording's wrapper of it keeps the launch for the C++ host path to replay.
     run = getattr(library, "jitops_conv2d", None)
     if run is None:
-        packed = light_conv.host(library).launch(a, b, d, bias, *args)
+        light = light_conv.host(library)
+        if light.info.d_rows:  # a dgrad phase's kernel stores dx by rows from the bias field's address
+            bias = d
+        packed = light.launch(a, b, d, bias, *args)
         keep = getattr(library, "keep_params_launch", None)
         if keep is not None:
             keep(packed, (a, b, d, bias))

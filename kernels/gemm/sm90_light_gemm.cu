@@ -28,6 +28,7 @@
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
 //   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, 3: its wgrad, as implicit GEMMs
+//   LIGHT_D_ROWS  1: (dgrad) D stored by rows at dx's strides, a strided dgrad's phase
 //
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
 // for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
@@ -35,7 +36,10 @@
 // through a rank-3 descriptor (a tap a box, so a channel count that is not a multiple of 64 reads zeros past C):
 // fprop's B is K-major (dims C, R*S, K), dgrad's MN-major (dims C, K, R*S) with the taps flipped, since
 // dx = conv(dy, w rotated 180 degrees and transposed) at unit stride.  D is the NHWC output as the row-major
-// (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
+// (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.  A strided dgrad runs as unit-stride
+// phases, each writing every stride-th pixel of dx (jitops/ops/conv2d_run.py): LIGHT_D_ROWS 1 stores such a D by
+// rows at their own addresses (dx's strides d_sn, d_sh, d_sw from the bias field's address: a dgrad has no bias)
+// instead of by TMA, whose box cannot follow 128 consecutive pixels across the rows of a strided view.
 //   wgrad (LIGHT_CONV 3): M is the filters (A = dy as the MN-major (K, N*P*Q) matrix), N is (tap, channel) with
 // each tap's channels padded to whole 64-channel blocks, GEMM-K the output pixels, split into `splits` equal runs
 // of k-blocks (the final one reads zeros past N*P*Q).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
@@ -54,6 +58,9 @@
 
 #ifndef LIGHT_CONV
 #define LIGHT_CONV 0
+#endif
+#ifndef LIGHT_D_ROWS
+#define LIGHT_D_ROWS 0
 #endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -100,6 +107,7 @@ constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
+static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a dgrad phase's 16-bit dx");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -113,7 +121,7 @@ struct alignas(64) Params {
     TmaDescriptor a;  // A: dims (K, M), box (64, 128); MN-major: dims (M, K), box (64, 64)
     TmaDescriptor b;  // B: dims (K, N), box (64, kTileN); MN-major: dims (N, K), box (64, 64)
     TmaDescriptor d;  // D: dims (N, M), box (kStoreCols, 64), stored
-    const void* bias;  // null: no bias
+    const void* bias;  // null: no bias; LIGHT_D_ROWS: D's address
     int m, n, k;
     int activation;  // 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh)
     int group_m;     // tile rows per raster group, >= 1
@@ -128,6 +136,7 @@ struct alignas(64) Params {
     int dil_w, dil_h;        // a tap's offset per filter column and row
     int splits;              // wgrad: slices of GEMM-K, k = split_blocks * 64 each (fprop, dgrad: 1)
     int split_blocks;
+    int d_sn, d_sh, d_sw;    // LIGHT_D_ROWS: dx's strides in elements (image, row, pixel)
 #endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
@@ -136,7 +145,7 @@ static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && si
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
     kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
-    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv};
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv, LIGHT_D_ROWS};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -208,6 +217,29 @@ __device__ __forceinline__ void stage_pair(u32 buffer, int row, int col, float v
     st_shared_u32(at, packed);
 #endif
 }
+
+#if LIGHT_D_ROWS
+// A staged 64 x 64 chunk of a dgrad phase's dx out to its pixels: 16 bytes a thread, 8 threads a row (one 128-byte
+// row of the swizzled buffer, conflict-free; one coalesced 128-byte write), each row at its pixel's address.
+__device__ __forceinline__ void store_rows(const Params& p, u32 buffer, int row0, int col0, int thread) {
+    unsigned short* d = static_cast<unsigned short*>(const_cast<void*>(p.bias));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int unit = thread + 128 * i;  // 64 rows x 8 units
+        const int row = unit / 8, u = unit % 8;
+        const int m = row0 + row, col = col0 + 8 * u;
+        if (m < p.m && col < p.n) {
+            const int image = m / p.out_hw;
+            const int oh = (m - image * p.out_hw) / p.out_w;
+            const int ow = m - image * p.out_hw - oh * p.out_w;
+            const uint4 v = ld_shared_v4(buffer + row * 128 + ((u ^ (row % 8)) * 16));
+            *reinterpret_cast<uint4*>(d + static_cast<long long>(image) * p.d_sn +
+                                      static_cast<long long>(oh) * p.d_sh + static_cast<long long>(ow) * p.d_sw +
+                                      col) = v;
+        }
+    }
+}
+#endif
 
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
@@ -460,6 +492,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                     stage_pair(buffer, row + 8, col, block[4 * c + 2], block[4 * c + 3]);
 #endif
                 }
+#if LIGHT_D_ROWS
+                // The buffer is staged again two chunks on, after a barrier that every thread's reads here precede.
+                named_barrier_sync(1 + warpgroup, 128);
+                store_rows(p, buffer, store_row0, chunk_col0, threadIdx.x % 128);
+                continue;
+#endif
                 fence_proxy_async_shared();
                 named_barrier_sync(1 + warpgroup, 128);
                 if (store_leader) {

@@ -127,6 +127,12 @@ __device__ __forceinline__ void st_shared_u32(u32 address, u32 value) {
     asm volatile("st.shared.u32 [%0], %1;" :: "r"(address), "r"(value) : "memory");
 }
 
+__device__ __forceinline__ uint4 ld_shared_v4(u32 address) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
+    return v;
+}
+
 __device__ __forceinline__ void st_shared_f32x2(u32 address, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(address), "f"(x), "f"(y) : "memory");
 }
