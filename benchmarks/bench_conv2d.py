@@ -9,8 +9,8 @@ fprop, dgrad and wgrad timed separately, in the same run, on the same GPU.
     python benchmarks/bench_conv2d.py --prewarm sm_90a --tiles 128x128c2x1 --operators wgrad   # build those
     python benchmarks/bench_conv2d.py --report results.json          # markdown tables of a results file
     python benchmarks/bench_conv2d.py --grouped       # depthwise and grouped layers against cuDNN (the ATen route)
-    python benchmarks/bench_conv2d.py --light         # also each operator on the light kernels (light_conv.py)
-    python benchmarks/bench_conv2d.py --light --wgrad-splits 1,8   # and the light wgrad at these split counts
+    python benchmarks/bench_conv2d.py --cutlass       # also each operator on CUTLASS's kernels (the other family)
+    python benchmarks/bench_conv2d.py --light --wgrad-splits 1,8   # the light wgrad at these split counts
 
 Timing needs prebuilt kernels (JITOPS_CACHE_PATH; `benchmarks/gpu_session.sh prebuilt` sets it up) or
 JITOPS_CONV2D_COMPILE_HERE=1: compiling all configurations on the GPU machine takes ~15 minutes of nvcc.
@@ -45,6 +45,7 @@ from jitops.ops import conv2d_plan as conv_plan  # noqa: E402
 BATCH = 32
 # How often each of conv_plan.RESNET50's layers occurs in the network (torchvision v1.5: 53 conv layers; the
 # downsample 1x1 convs share shapes with L3 and L7/L13/L19).
+FAMILIES = ("light", "cutlass")  # JITOPS_CONV2D_SM90_KERNEL's kernel families (--light, --cutlass)
 OCCURRENCES = (1, 1, 3, 4, 2, 1, 1, 1, 3, 4, 3, 1, 1, 1, 5, 6, 5, 1, 1, 1, 2, 3, 2)
 # The issue's baseline shape (not a ResNet-50 layer): 3x3, C=K=256, 56x56.
 REFERENCE = (256, 256, 56, 3, 1, 1)
@@ -155,7 +156,7 @@ def time_graphed(calls, replays: int | None = None) -> float:
 
 
 def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, sweep=False, eager=True,
-                wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad"), light=False):
+                wgrad_splits=None, tiles=None, operators=("fprop", "dgrad", "wgrad"), family=None):
     out = conv_plan.output_size(size, kernel, stride, padding, 1)
     geometry = ((stride, stride), (padding, padding), (1, 1))
     flops = 2.0 * BATCH * out * out * k * c * kernel * kernel
@@ -186,17 +187,17 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
             continue
         base_ms = None
         configs = [(t, s) for op, t, s in variants() if op == name] if sweep else [(None, None)]
-        if wgrad_splits:  # wgrad only: every tile (or those of --tiles; or the light kernel) at these split counts
+        if wgrad_splits:  # wgrad only: every tile (or those of --tiles; or a kernel family) at these split counts
             if name != "wgrad":
                 continue
-            configs = [(t, s) for t in (["light"] if light else tiles or conv_plan.OPERATOR_TILES["wgrad"])
+            configs = [(t, s) for t in ([family] if family else tiles or conv_plan.OPERATOR_TILES["wgrad"])
                        for s in wgrad_splits]
         elif tiles:  # candidate tiles (conv_plan.TILES), the plan's split count for each
             configs = [(t, None) for t in tiles]
         elif name == "wgrad" and not sweep:
             configs.append(("torch-reduce", None))  # the plan with torch's sum and copy: an A/B of the reduction
-        if light and not (sweep or tiles or wgrad_splits):
-            configs.append(("light", None))  # the same plan on the light kernels (JITOPS_CONV2D_SM90_KERNEL)
+        if family and not (sweep or tiles or wgrad_splits):
+            configs.append((family, None))  # the same class on the other kernel family (JITOPS_CONV2D_SM90_KERNEL)
         if name == "wgrad":  # a tile over several filter taps runs only layers of its channels and filter width
             wgrad_c, wgrad_rs = ((conv_plan.round_up(c * kernel * kernel), (1, 1))
                                  if conv_plan._uses_im2col(c, kernel, kernel) else (c, (kernel, kernel)))
@@ -205,8 +206,8 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
         for tile, splits in configs:
             if tile == "torch-reduce":  # the fp32 slices summed and copied by torch, as before the kernels
                 knobs = dict(conv2d_wgrad_reduce_kernel=False, conv2d_wgrad_direct=False)  # a class of its own
-            elif tile == "light":  # the same classes: the kernels loaded for the other setting must not answer
-                knobs = dict(conv2d_sm90_kernel="light", conv2d_splits={name: splits} if splits else {})
+            elif tile in FAMILIES:  # the same classes: the kernels loaded for the other setting must not answer
+                knobs = dict(conv2d_sm90_kernel=tile, conv2d_splits={name: splits} if splits else {})
                 jitops.clear_memory_cache()
             else:
                 knobs = dict(conv2d_tile={name: tile}, conv2d_splits={name: splits})
@@ -218,9 +219,10 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                     if base_ms is None:
                         base_ms = time_graphed([lambda s=s: base(s) for s in sets])
                     ours_ms = time_graphed([lambda s=s: ours(s) for s in sets])
-                    light_name = f"{name} (light{f', {splits} slices' if splits else ''})"
-                    operator = {"torch-reduce": f"{name} (torch reduce)", "light": light_name}.get(tile, name)
-                    label_tile = {None: "", "light": f" light {chosen}"}.get(tile, f" {chosen}")
+                    family_name = f"{name} ({tile}{f', {splits} slices' if splits else ''})"
+                    operator = f"{name} (torch reduce)" if tile == "torch-reduce" else \
+                        family_name if tile in FAMILIES else name
+                    label_tile = "" if tile is None else f" {tile} {chosen}" if tile in FAMILIES else f" {chosen}"
                     row = harness.Row(f"{name} gpu{label_tile}", shape, "fp16", ours_ms,
                                       base_ms, "cuDNN", "TFLOP/s", flops / ours_ms / 1e9, flops / base_ms / 1e9,
                                       base_ms / ours_ms, dict(rel_error=error, layer=label, operator=operator,
@@ -234,7 +236,7 @@ def bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, swee
                                       rel_error=error, layer=label, operator=name, tile="auto", timing="eager")
             except Exception as exc:  # a configuration that fails is reported, the sweep goes on
                 print(f"  {name} {tile} {shape}: FAILED {type(exc).__name__}: {exc}", flush=True)
-            if tile == "light":
+            if tile in FAMILIES:
                 jitops.clear_memory_cache()
 
 
@@ -245,8 +247,8 @@ def weighted_totals(rows) -> dict[str, str]:
     for row in rows:
         extra = row.extra
         layer = extra.get("layer", "")
-        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith(("(torch reduce)", "(light)",
-                                                                                   " slices)"))
+        automatic = row.op.endswith("gpu") or extra.get("operator", "").endswith(
+            ("(torch reduce)", "(light)", "(cutlass)", " slices)"))
         if extra.get("timing") != "graph" or not automatic or not layer.startswith("L"):
             continue
         weight = OCCURRENCES[int(layer[1:])]
@@ -368,7 +370,7 @@ def variant_of(args) -> str | None:
     (harness.save_record)."""
     parts = [part for part, on in (("sweep", args.sweep), ("tiles", args.tiles), ("splits", args.wgrad_splits),
                                    ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases),
-                                   ("light", args.light)) if on]
+                                   ("light", args.light), ("cutlass", args.cutlass)) if on]
     if args.operators != "fprop,dgrad,wgrad":
         parts.append(args.operators.replace(",", "-"))
     return "-".join(parts) or None
@@ -393,6 +395,8 @@ def main() -> int:
     parser.add_argument("--report", metavar="JSON", help="print markdown tables of a results file and exit")
     parser.add_argument("--light", action="store_true", help="also time each operator on the light kernels "
                         "(JITOPS_CONV2D_SM90_KERNEL=light) with each layer's plan")
+    parser.add_argument("--cutlass", action="store_true", help="also time each operator on CUTLASS's kernels "
+                        "(JITOPS_CONV2D_SM90_KERNEL=cutlass) with each layer's plan")
     parser.add_argument("--grouped", action="store_true", help="depthwise and grouped layers (MobileNetV2, "
                         "ConvNeXt-T, ResNeXt-50) against cuDNN alone; needs no prebuilt kernels")
     args = parser.parse_args()
@@ -437,9 +441,10 @@ def main() -> int:
         wanted = set(args.layers.split(","))
         layers = [layer for layer in layers if layer[0] in wanted or layer[0].removeprefix("L") in wanted]
     operators = tuple(args.operators.split(","))
+    family = "light" if args.light else "cutlass" if args.cutlass else None
     for label, c, k, size, kernel, stride, padding in layers:
         bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=not args.no_eager,
-                    operators=operators, light=args.light)
+                    operators=operators, family=family)
         if args.tiles and not args.wgrad_splits:
             bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False,
                         tiles=args.tiles.split(","), operators=operators)
@@ -448,7 +453,7 @@ def main() -> int:
                         operators=operators)
         if args.wgrad_splits:
             splits = [int(v) for v in args.wgrad_splits.split(",")]
-            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False, light=args.light,
+            bench_layer(bench, harness, c, k, size, kernel, stride, padding, label, eager=False, family=family,
                         wgrad_splits=splits, tiles=[t for t in args.tiles.split(",") if t], operators=operators)
     for timing in ("graph", "eager"):
         totals = {}

@@ -304,16 +304,17 @@ def _check_call_shapes(shapes: Any, where: str, what: str) -> None:
 
 # ---- planning --------------------------------------------------------------------------------------------------
 def _with_native_host(jobs: dict[tuple[BuildRequest, str], Job]) -> None:
-    """A plan with the light GEMM kernel also builds jitops.linear's C++ host path (jitops/native.py), which runs
-    that kernel's problems: a deployment image then has it too, and an offline process loads it instead of
-    running every Linear through Python.  It is C++ for this machine's torch, built like the CPU kernels."""
+    """A plan with the light GEMM kernel (linear's, or conv2d's built with LIGHT_CONV) also builds the C++ host
+    path (jitops/native.py), which runs that kernel's problems: a deployment image then has it too, and an offline
+    process loads it instead of running every Linear and Conv2d through Python.  It is C++ for this machine's
+    torch, built like the CPU kernels."""
     light = next((job for job in jobs.values() if job.request.kernel == LIGHT_GEMM.name), None)
     if light is None or not jitops.config.native_host:
         return
     request = native.HOST_PATH.bind()
     target = Target("cpu")
     jobs.setdefault((request, request.arch(target)),
-                    Job(light.op, "linear", "host", request, target, request.arch(target), "the C++ host path",
+                    Job(light.op, light.kernel_op, "host", request, target, request.arch(target), "the C++ host path",
                         light.call, light.item))
 
 

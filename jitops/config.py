@@ -95,8 +95,8 @@ _parse_gemm_sm90_kernel = _kernel_choice(
     "'light' (the raw-PTX kernel that compiles in about a second, the default) or 'cutlass' (CUTLASS's "
     "GemmUniversal, about 35-50 s to compile)")
 _parse_conv2d_sm90_kernel = _kernel_choice(
-    "'cutlass' (CUTLASS 3's conv kernels through nvcc, about 40 s each to compile, the default) or 'light' (the "
-    "light GEMM kernel with im2col loads, under a second)")
+    "'light' (the light GEMM kernel with im2col loads, under a second to compile, the default) or 'cutlass' "
+    "(CUTLASS 3's conv kernels through nvcc, about 40 s each)")
 
 
 def _parse_positive_float(name: str, raw: str) -> float:
@@ -311,11 +311,11 @@ class Config:
         "compile, level with CUTLASS's kernel on bench_gemm's shapes) or cutlass (CUTLASS's GemmUniversal, 35-50 s "
         "to compile).  Read when a shape class's kernels are first built in a process.")
     conv2d_sm90_kernel: Setting[str] = Setting(
-        "JITOPS_CONV2D_SM90_KERNEL", _parse_conv2d_sm90_kernel, lambda: "cutlass",
-        "jitops.conv2d's sm_90a kernels: cutlass (default: CUTLASS 3's conv kernels, nvcc, about 40 s each to "
-        "compile) or light (kernels/gemm/sm90_light_gemm.cu as an implicit GEMM with TMA im2col loads, NVRTC, "
-        "under a second, for fprop, dgrad and wgrad; split-K fprop and dgrad plans stay CUTLASS's).  Read when a "
-        "shape class's kernels are first built in a process.")
+        "JITOPS_CONV2D_SM90_KERNEL", _parse_conv2d_sm90_kernel, lambda: "light",
+        "jitops.conv2d's sm_90a kernels: light (default: kernels/gemm/sm90_light_gemm.cu as an implicit GEMM with "
+        "TMA im2col loads, NVRTC, under a second to compile, level with CUTLASS's over ResNet-50) or cutlass "
+        "(CUTLASS 3's conv kernels, nvcc, about 40 s each).  Forced split-K fprop and dgrad plans take CUTLASS's "
+        "either way.  Read when a shape class's kernels are first built in a process.")
     native_host: Setting[bool] = Setting(
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
         "1 (default): jitops.linear's, jitops.layer_norm's and jitops.conv2d's calls on CUDA take a C++ host path "

@@ -1,18 +1,20 @@
 """The host side of jitops.conv2d's light sm_90a kernels: the light GEMM kernel (kernels/gemm/sm90_light_gemm.cu)
-built with LIGHT_CONV, an implicit GEMM whose A operand TMA loads in im2col mode.  JITOPS_CONV2D_SM90_KERNEL=light
-takes them for the operators they cover; CUTLASS's conv kernels (kernels/conv/conv2d_sm90.cu, nvcc) run the rest.
+built with LIGHT_CONV, an implicit GEMM whose activation operand TMA loads in im2col mode.  The default
+(JITOPS_CONV2D_SM90_KERNEL=light); =cutlass takes CUTLASS's conv kernels (kernels/conv/conv2d_sm90.cu, nvcc).
 
 Why: a CUTLASS 3 conv kernel takes 39-46 s of nvcc on a 2-core machine, most of it instantiating templates
 (docs/architecture.md); conv2d's 42 kernels were 1532 s of the 1704 s an image's prewarm spent compiling.  A light
-conv kernel compiles through NVRTC in 0.2-0.7 s.
+conv kernel compiles through NVRTC in 0.2-0.7 s, and over ResNet-50's layers runs level with CUTLASS's
+(docs/benchmarks.md).
 
-Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns);
-dgrad in one slice (no split-K), a strided one's phases stored by rows (LIGHT_D_ROWS); wgrad, split into fp32 slices or, in one slice of aligned
-channels, written straight into dw; with the tile width of the class's plan (64, 128 or 256; 128 rows; the plan's
-clusters are dropped).  Not covered: split-K fprop and dgrad plans, wgrad tiles over several taps (the planner
-leaves those out under this setting).  The
-host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's launch code does not change:
-(n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
+Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns); dgrad
+in one slice, a strided one's unit-stride phases stored by rows (LIGHT_D_ROWS); wgrad into fp32 slices or, in
+one slice of aligned channels, straight into dw.  Each with the tile width of the class's plan (64, 128 or 256;
+128 rows; the plan's clusters are dropped).  Not covered: split-K fprop and dgrad plans (only ever forced through
+config.conv2d_splits) and wgrad tiles over several taps (plan_wgrad leaves those out under this setting): those
+take CUTLASS's kernels.  The host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's
+launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per
+dimension.
 """
 from __future__ import annotations
 

@@ -312,7 +312,15 @@ def test_shape_class_names_the_geometry_and_alignment():
     assert not stem.aligned and stem.stride == (2, 2)
 
 
-def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten():
+@pytest.fixture
+def cutlass_kernels():
+    """CUTLASS's conv kernels and the plans they take (JITOPS_CONV2D_SM90_KERNEL=cutlass; the light kernels':
+    tests/test_light_conv.py)."""
+    with jitops.config.scope(conv2d_sm90_kernel="cutlass"):
+        yield
+
+
+def test_kernels_are_hopper_only_and_other_gpus_fall_back_to_aten(cutlass_kernels):
     cls = conv_plan.ConvClass(torch.float16, (3, 3), (1, 1), (1, 1), (1, 1), True, "128x128")
     assert conv_module.cuda_kernels(cls, Target.parse("sm_80")) == {}
     [request] = conv_module.cuda_kernels(cls, Target.parse("sm_90a")).values()
@@ -702,7 +710,7 @@ def test_few_channel_layers_go_through_im2col_while_its_tables_fit_shared_memory
     assert not conv_plan._uses_im2col(16, 15, 15)  # 3600 columns: its table alone would pass 40 KB
 
 
-def test_plans_give_every_split_work_and_follow_the_gemm_shape():
+def test_plans_give_every_split_work_and_follow_the_gemm_shape(cutlass_kernels):
     for k_tiles in (1, 2, 7, 25, 1568):
         for splits in (1, 2, 3, 8, 98, 300):
             n = conv_plan.normalize_splits(k_tiles, splits)
@@ -768,7 +776,7 @@ def test_wgrad_work_tiles_count_the_filter_mode_as_the_kernel_tiles_it():
     assert conv_plan.wgrad_flat("64x192t3", 64, (3, 3)) and not conv_plan.wgrad_flat("64x128", 64, (1, 3))
 
 
-def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists():
+def test_wgrad_plans_a_tile_that_stores_dw_flat_where_one_exists(cutlass_kernels):
     # A tile's columns are a flat range of dw's R*S*C only for a 1x1 filter, C a multiple of the tile width, or
     # a tile over a whole filter row: a 128-wide tile over 64 channels of a 3x3 filter covers the 64 channels
     # of one tap and 64 empty columns.
@@ -806,7 +814,7 @@ def test_overrides_reach_the_shape_class():
 
 # ---- one real nvcc build of a representative sm_90a configuration ----------------------------------------------
 @pytest.mark.skipif(toolkit.nvcc_path() is None, reason="no nvcc on this machine")
-def test_nvcc_builds_one_fprop_configuration_for_sm90a(fresh_cache):
+def test_nvcc_builds_one_fprop_configuration_for_sm90a(fresh_cache, cutlass_kernels):
     """fprop, fp16, ResNet-50's layer1 3x3 (a 128x64 tile): about a minute of nvcc on a 2-core box.
     JITOPS_TEST_CONV_SWEEP=1 builds every configuration the ResNet-50 prewarm list needs instead (tens of
     minutes)."""

@@ -200,8 +200,10 @@ def test_unsupported_operators_and_plans():
 
 def test_the_setting_routes_fprop_and_unit_stride_dgrad():
     unit, strided = conv_class(), conv_class(stride=(2, 2))
-    cutlass_fprop = conv_module._request("fprop", unit, SM90A)
-    assert "conv2d_sm90.cu" in str(cutlass_fprop["fprop"].source.name)  # the default: CUTLASS's
+    with jitops.config.scope(conv2d_sm90_kernel="cutlass"):
+        cutlass_fprop = conv_module._request("fprop", unit, SM90A)
+    assert "conv2d_sm90.cu" in str(cutlass_fprop["fprop"].source.name)
+    assert conv_module._request("fprop", unit, SM90A) == {"fprop": LC.request("fprop", unit)}  # the default
     with jitops.config.scope(conv2d_sm90_kernel="light"):
         assert conv_module._request("fprop", unit, SM90A) == {"fprop": LC.request("fprop", unit)}
         assert conv_module._request("fprop", strided, SM90A) == {"fprop": LC.request("fprop", strided)}
@@ -214,7 +216,8 @@ def test_the_setting_routes_fprop_and_unit_stride_dgrad():
                                                                                            direct=True)}
         # a strided dgrad's phases: the kernel that stores dx by rows
         rows = conv_module._request("dgrad", strided, SM90A)["dgrad"]
-        assert dict(rows.defines)["LIGHT_D_ROWS"] == "1" and "LIGHT_D_ROWS" not in dict(LC.request("dgrad", unit).defines)
+        assert dict(rows.defines)["LIGHT_D_ROWS"] == "1"
+        assert "LIGHT_D_ROWS" not in dict(LC.request("dgrad", unit).defines)
         # wgrad tiles over several taps stay on CUTLASS's kernels (the light setting's plans have none)
         spanning = conv_class(tile="64x192t3")._replace(flat=True)
         assert "conv2d_sm90.cu" in str(conv_module._request("wgrad", spanning, SM90A)["wgrad"].source.name)
@@ -223,7 +226,8 @@ def test_the_setting_routes_fprop_and_unit_stride_dgrad():
 
 def test_the_light_setting_plans_wgrad_tiles_of_one_tap():
     # ResNet-50's 3x3 over 64 channels at 56x56 (batch 32): CUTLASS's plan spans 3 taps a tile
-    assert plan.plan_wgrad(64, 64, (3, 3), 1568)[0] == "64x192t3"
+    with jitops.config.scope(conv2d_sm90_kernel="cutlass"):
+        assert plan.plan_wgrad(64, 64, (3, 3), 1568)[0] == "64x192t3"
     with jitops.config.scope(conv2d_sm90_kernel="light"):
         tile, splits, _ = plan.plan_wgrad(64, 64, (3, 3), 1568)
     assert plan.TILES[tile].taps == 1 and LC.unsupported("wgrad", conv_class(tile=tile, splits=splits)) is None

@@ -17,21 +17,21 @@ Layouts.  The CUDA kernels work on NHWC activations and KRSC filters (channel-co
   NHWC memory directly: it IS channels_last in memory (strides (P*Q*K, 1, Q*K, K)), not merely tagged.  The
   gradients follow the same rule: grad_x and grad_weight are channels_last [N, C, H, W] / [K, C, R, S].
 
-Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): CUTLASS 3
-implicit GEMM with TMA im2col loads and wgmma in kernels/conv/ (conv_sm90.cuh: a persistent kernel with two
-consumer warpgroups around CUTLASS's conv collectives; conv2d_sm90.cu: one configuration per translation unit).
-Three operators, each compiled on first use per shape class:
+Kernels (CUDA, fp16 and bf16, Hopper sm_90a; other GPUs run the ATen path below, i.e. cuDNN): implicit GEMMs with
+TMA im2col loads and wgmma, by default the light GEMM kernel built per operator (NVRTC, under a second; jitops/
+light_conv.py); JITOPS_CONV2D_SM90_KERNEL=cutlass: CUTLASS 3's, kernels/conv/ (nvcc, about 40 s each; conv_sm90.cuh
+around CUTLASS's conv collectives, conv2d_sm90.cu one configuration per unit).  Three operators, each compiled on
+first use per shape class:
 - fprop  y  = x * w          implicit GEMM  M = N*P*Q, N = K, GEMM-K = C*R*S   (+ bias fused in the epilogue)
 - dgrad  dx = dy * w^T       implicit GEMM  M = N*H*W, N = C, GEMM-K = K*R*S   (unit stride; see below)
 - wgrad  dw = dy^T * x       implicit GEMM  M = K, N = C*R*S, GEMM-K = N*P*Q   (split-K into fp32 slices that
                                                 one NVRTC kernel sums into dw; one slice: dw stored directly)
-JITOPS_CONV2D_SM90_KERNEL=light: the three on the light GEMM kernel instead, NVRTC (jitops/light_conv.py).
 Filter size, stride, padding and dilation reach the kernel at run time (encoded into the TMA im2col descriptors
 on the host), so one compiled kernel serves many layers; the shape class still names them, with the dtype, the
 channel alignment and the plan (tile or cluster, split count, im2col, flat store) picked for the GEMM shape by
 cost models fitted to the op's own benchmark sweeps (GEMM_TILE_US, WGRAD_TILE_US).
 
-Strided dgrad.  CUTLASS's sm90 dgrad supports unit stride only.  A stride-s dgrad is split into s_h*s_w
+Strided dgrad.  Both kernel families take unit-stride dgrad only.  A stride-s dgrad is split into s_h*s_w
 phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and
 over those rows dgrad is a unit-stride dgrad with that sub-filter (dilation dil/gcd(s, dil), its own
 padding).  Each phase writes every s-th pixel of dx through a strided output view; rows that no tap reaches
