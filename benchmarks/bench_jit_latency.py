@@ -191,8 +191,8 @@ def child(method: str, cache: str) -> dict:
 # gemm_sm90_light_fused its fused-epilogue build (bias and activation).
 # cpu_cxx is jitops.gelu's fp32 CPU kernel as jitops builds it (CppLibrary: the C++ compiler, a C ABI);
 # cpu_load_inline the same kernel code built as before, through load_inline with tensor wrappers (CppExtension).
-COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d", "gemm_sm90_light",
-                    "gemm_sm90_light_fused", "cpu_cxx", "cpu_load_inline")
+COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d", "conv2d_cutlass",
+                    "gemm_sm90_light", "gemm_sm90_light_fused", "cpu_cxx", "cpu_load_inline")
 GELU_CPU_WRAPPERS = """
 #include <torch/extension.h>
 #include "cpu/gelu.cpp"
@@ -221,7 +221,7 @@ def family_request(family: str):
     if family.startswith("cpu_"):
         return _cpu_family_request(family), Target("cpu")
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
-               "gemm_sm90_light_fused": "gemm"}.get(family, family)
+               "gemm_sm90_light_fused": "gemm", "conv2d_cutlass": "conv2d"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
     target = Target.parse("sm_80" if family == "gemm_sm80" else "sm_90a")
     if family == "grouped_gemm":  # a public name over two ops (list and ragged forms): the manifest planner
@@ -232,7 +232,9 @@ def family_request(family: str):
     op = jitops.find(item["op"])
     args = op.example_args(item["dtypes"][0], item["shapes"][0], item.get("kwargs", {}),
                            (item.get("strides") or [None])[0])
-    requests = op.requests_for(args, target)
+    kernels = "cutlass" if family == "conv2d_cutlass" else jitops.config.conv2d_sm90_kernel
+    with jitops.config.scope(conv2d_sm90_kernel=kernels):  # conv2d: the light kernel, or CUTLASS's
+        requests = op.requests_for(args, target)
     if family in ("gemm_sm90", "gemm_sm90_nvcc"):  # CUTLASS's kernel (JITOPS_GEMM_SM90_KERNEL=cutlass)
         cls = op.shape_class(*args)
         make = gemm.sm90_request if family == "gemm_sm90" else gemm.sm90_reference_request
