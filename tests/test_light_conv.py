@@ -8,6 +8,7 @@ dx and dw, over the op's test geometries and ResNet-50's layer kinds.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import struct
@@ -309,28 +310,39 @@ def _light_kernels_of(op, args, cls):
     return op.op.loaded(args[0].get_device(), cls).__dict__
 
 
+def _gpu_args(case, dtype):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the light kernels are sm_90a only")
+    from test_conv2d import make_args
+    return make_args(case, dtype, "cuda", channels_last=True)
+
+
+@contextlib.contextmanager
+def _light_kernels(wgrad_splits: int):
+    """The light kernels, wgrad forced to this many slices; the kernel memo cleared on both sides (kernels loaded
+    under another setting must not answer)."""
+    jitops.clear_memory_cache()
+    try:
+        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": wgrad_splits}):
+            yield
+    finally:
+        jitops.clear_memory_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 def test_light_conv_matches_fp32_conv(case, dtype):
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the light kernels are sm_90a only")
-    from test_conv2d import make_args
     from test_conv2d_gpu import fp32_reference, relative_error
-    x, w, b, *geometry = make_args(case, dtype, "cuda", channels_last=True)
+    x, w, b, *geometry = _gpu_args(case, dtype)
     x.requires_grad_(True)
     w.requires_grad_(True)
-    jitops.clear_memory_cache()  # kernels loaded under the default setting must not answer
-    try:
-        # 8 wgrad slices where the problem has that many k-blocks (test_light_wgrad_* takes one and three)
-        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": 8}):
-            y = jitops.conv2d(x, w, b, *geometry)
-            grad = torch.randn_like(y)
-            dx, dw = torch.autograd.grad(y, (x, w), grad)
-            cls = conv_module.shape_class(x, w, b, *geometry)
-            loaded = _light_kernels_of(conv_module.conv2d, (x,), cls) if not cls.im2col else {}
-    finally:
-        jitops.clear_memory_cache()
+    with _light_kernels(8):  # where the problem has 8 k-blocks (test_light_wgrad_* takes one and three slices)
+        y = jitops.conv2d(x, w, b, *geometry)
+        grad = torch.randn_like(y)
+        dx, dw = torch.autograd.grad(y, (x, w), grad)
+        cls = conv_module.shape_class(x, w, b, *geometry)
+        loaded = _light_kernels_of(conv_module.conv2d, (x,), cls) if not cls.im2col else {}
     if not cls.im2col:  # the stem's 1x1 conv over its im2col matrix is a class of its own
         assert isinstance(loaded.get("fprop"), jitops.launch.CudaFunction), loaded
     want_y, (want_dx, want_dw, _) = fp32_reference(x, w, b, *geometry, grad=grad)
@@ -344,22 +356,15 @@ def test_light_conv_matches_fp32_conv(case, dtype):
 @pytest.mark.parametrize("case", GPU_CASES, ids=GPU_IDS)
 def test_light_wgrad_in_one_and_in_three_slices(case, splits):
     """One slice of aligned channels is the direct kernel, which writes dw (16-bit) itself; three, fp32 slices."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the light kernels are sm_90a only")
-    from test_conv2d import make_args
     from test_conv2d_gpu import fp32_reference, relative_error
-    x, w, b, *geometry = make_args(case, BF16, "cuda", channels_last=True)
+    x, w, b, *geometry = _gpu_args(case, BF16)
     w.requires_grad_(True)
-    jitops.clear_memory_cache()
-    try:
-        with jitops.config.scope(conv2d_sm90_kernel="light", conv2d_splits={"wgrad": splits}):
-            y = jitops.conv2d(x, w, b, *geometry)
-            grad = torch.randn_like(y)
-            (dw,) = torch.autograd.grad(y, (w,), grad)
-            cls = conv_module.weight_grad_shape_class(grad, x, w.shape, *geometry)
-            loaded = _light_kernels_of(conv_module.conv2d_weight_grad, (grad,), cls)
-    finally:
-        jitops.clear_memory_cache()
+    with _light_kernels(splits):
+        y = jitops.conv2d(x, w, b, *geometry)
+        grad = torch.randn_like(y)
+        (dw,) = torch.autograd.grad(y, (w,), grad)
+        cls = conv_module.weight_grad_shape_class(grad, x, w.shape, *geometry)
+        loaded = _light_kernels_of(conv_module.conv2d_weight_grad, (grad,), cls)
     if not cls.im2col:
         assert isinstance(loaded.get("wgrad_direct" if cls.splits == 1 else "wgrad"), jitops.launch.CudaFunction)
         assert cls.splits == 1 or "wgrad_direct" not in loaded
