@@ -1,10 +1,13 @@
 """jitops' ops through torch's dispatcher on the C++ host path (kernels/host/dispatch.h) on a real GPU: a first
 call through torch.ops runs the Python implementation, which offers its problem; the same call then runs in C++
 (counted) and gives the same bits.  Covers gemm over operand layouts, bias and activations; linear; gelu and its
-backward; layer_norm's forward, inference and backward; a torch.compile'd patched block, forward and backward,
-whose second step runs every jitops call in C++; calls under a new config scope, which go back to Python; and
-calls the tables do not hold (float32, unaligned, CPU), which pass on."""
+backward; layer_norm's forward, inference and backward; conv2d's three operators; a torch.compile'd patched block,
+forward and backward, whose second step runs every jitops call in C++, and a compiled patched conv net; calls
+under a new config scope, which go back to Python; and calls the tables do not hold (float32, unaligned, CPU),
+which pass on."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -175,6 +178,62 @@ def test_a_compiled_patched_block_runs_every_jitops_call_in_cpp(host):
     # Forward: LayerNorm, Linear, GELU, Linear; backward: two GEMMs per Linear, GELU's and LayerNorm's.
     assert after["native_calls"] - before["native_calls"] >= 8
     assert after["native_misses"] == before["native_misses"]
+
+
+def _channels_last(*size, scale=1.0, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = (torch.randn(*size, generator=g) * scale).to("cuda", torch.bfloat16)
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
+def test_conv2d_operators_run_in_cpp_with_the_same_bits(host):
+    x, w, b = _channels_last(4, 64, 14, 14), _channels_last(128, 64, 3, 3, scale=0.1, seed=1), _channels_last(128)
+    geometry = ([1, 1], [1, 1], [1, 1])
+    first, second, calls = _twice(lambda: torch.ops.jitops.conv2d(x, w, b, *geometry))
+    _same(first, second)
+    assert calls == 1
+    dy = _channels_last(*first.shape, seed=2)
+    for call in (lambda: torch.ops.jitops.conv2d_input_grad(dy, w, list(x.shape), *geometry),
+                 lambda: torch.ops.jitops.conv2d_weight_grad(dy, x, list(w.shape), *geometry)):
+        first, second, calls = _twice(call)
+        _same(first, second)
+        assert calls == 1
+    # the recipes were recorded with channels_last operands: an NCHW x passes on to Python
+    before = native.counters()
+    torch.ops.jitops.conv2d(x.contiguous(), w, b, *geometry)
+    after = native.counters()
+    assert after["native_calls"] == before["native_calls"] and after["native_misses"] == before["native_misses"] + 1
+
+
+def test_a_compiled_patched_conv_net_trains_as_eager(host):
+    """torch.compile'd conv layers, strided and not: once offered, the unit-stride ones run in C++ through the
+    dispatcher, and the step's output and gradients stay those of the unpatched eager model."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(64, 128, 3, stride=2, padding=1, bias=False), torch.nn.ReLU(),
+                              torch.nn.Conv2d(128, 128, 1)).to("cuda", torch.bfloat16)
+    net = net.to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(net)
+    jitops.patch(net)
+    compiled = torch.compile(net)
+    x = _channels_last(8, 64, 28, 28, seed=3).requires_grad_(True)
+    grad = _channels_last(8, 128, 14, 14, seed=4)
+
+    def step(model):
+        for p in (x, *model.parameters()):
+            p.grad = None
+        y = model(x)
+        y.backward(grad)
+        torch.cuda.synchronize()
+        return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
+
+    step(compiled)  # compiles; the Python path offers the unit-stride layers' operators
+    before = native.counters()["native_calls"]
+    got = step(compiled)
+    assert native.counters()["native_calls"] - before >= 4  # the two unit-stride layers' fprops, dgrad, wgrads
+    for have, want in zip(got, step(reference)):
+        error = ((have.float() - want.float()).norm() / want.float().norm()).item()
+        assert error < 2e-2, error
 
 
 def test_profiled_calls_run_in_cpp(host):
