@@ -227,13 +227,17 @@ def test_a_compiled_patched_conv_net_trains_as_eager(host):
         torch.cuda.synchronize()
         return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
 
-    step(compiled)  # compiles; the Python path offers the unit-stride layers' operators
+    first = step(compiled)  # compiles; the Python path offers the unit-stride layers' operators
     before = native.counters()["native_calls"]
     got = step(compiled)
     assert native.counters()["native_calls"] - before >= 4  # the two unit-stride layers' fprops, dgrad, wgrads
+    for have, python in zip(got, first):  # the same kernels replayed: the same bits
+        assert torch.equal(have, python)
+    # against cuDNN in eager mode: bf16 sums in another order (bench_models' check of a compiled ResNet-50, with
+    # or without jitops: gradients within 3.5e-2)
     for have, want in zip(got, step(reference)):
         error = ((have.float() - want.float()).norm() / want.float().norm()).item()
-        assert error < 2e-2, error
+        assert error < 5e-2, error
 
 
 def test_profiled_calls_run_in_cpp(host):
