@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from .launch import CudaFunction
-from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, LightGemm, _FIELDS,
+from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, LightKernel, _FIELDS,
                          grid, output_tma, Problem)
 
 OPERATORS = {"fprop": 1, "dgrad": 2, "wgrad": 3}
@@ -201,8 +201,8 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
 
 
 # ---- the host object ----------------------------------------------------------------------------------------------
-class LightConv(LightGemm):
-    """A light conv kernel with its host side: `launch(...)` takes CUTLASS's library arguments.  LightGemm's
+class LightConv(LightKernel):
+    """A light conv kernel with its host side: `launch(...)` takes CUTLASS's library arguments; the light kernels'
     packing and patching, with a conv problem's checks and Params."""
 
     def __init__(self, function: CudaFunction, info: Any = None, driver: Any = None) -> None:

@@ -191,9 +191,9 @@ def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresse
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
 class _LightDriver:
-    """The driver calls LightGemm makes: descriptors through _TmaDriver, launches through jitops.launch's driver
-    (ctypes, or CuPy's binding once the process is hot).  One a process (`get`): it probes the descriptor format
-    once."""
+    """The driver calls the light kernels' hosts make: descriptors through _TmaDriver, launches through
+    jitops.launch's driver (ctypes, or CuPy's binding once the process is hot).  One a process (`get`): it probes
+    the descriptor format once."""
 
     _instance: "_LightDriver | None" = None
     _guard = threading.Lock()
@@ -257,9 +257,10 @@ class _LightDriver:
             self._driver.launch(function.handle, *grid, block, 1, 1, smem, stream, params_address, 0)
 
 
-class LightGemm:
-    """The light kernel (an NVRTC cubin) with its host side: `run(...)` is one GEMM.  Like Sm90Gemm, a problem's
-    Params are packed once and reused; a call patches the operands' addresses."""
+class LightKernel:
+    """A light kernel (an NVRTC cubin) with its host side.  Like Sm90Gemm, a problem's Params are packed once and
+    reused; a call patches the operands' addresses.  What a problem is, how it is checked and packed: the
+    subclasses (LightGemm here, light_conv.LightConv)."""
 
     def __init__(self, function: CudaFunction, info: LightInfo | None = None, driver: Any = None) -> None:
         self.function = function
@@ -268,10 +269,6 @@ class LightGemm:
         self._lock = threading.Lock()
         self._problems: dict[tuple, _Packed] = {}
         self._attribute_set = False
-
-    def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
-            activation: int, sm_count: int, stream: int) -> "_Packed":
-        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count), (a, b, d, bias), stream)
 
     def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int) -> "_Packed":
         """Launch problem `key` with these (A, B, D, bias) addresses: its Params packed the first time (after
@@ -292,14 +289,28 @@ class LightGemm:
         return packed
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(*key[:6], addresses)
+        raise NotImplementedError
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
-        return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
+        raise NotImplementedError
 
     def descriptor_address_field(self) -> int | None:
         """Where the kernel's descriptors keep their global address (None: patched through the driver)."""
         return self._driver.address_field
+
+
+class LightGemm(LightKernel):
+    """The light GEMM kernel's host side: `run(...)` is one GEMM."""
+
+    def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
+            activation: int, sm_count: int, stream: int) -> "_Packed":
+        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count), (a, b, d, bias), stream)
+
+    def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
+        check_problem(*key[:6], addresses)
+
+    def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
+        return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
 
 
 class _Packed:
@@ -308,7 +319,7 @@ class _Packed:
 
     bias_field = FIELDS
 
-    def __init__(self, owner: LightGemm, problem: tuple, params: bytearray, grid: tuple[int, int, int],
+    def __init__(self, owner: LightKernel, problem: tuple, params: bytearray, grid: tuple[int, int, int],
                  addresses: tuple[int, int, int, int]) -> None:
         self.owner = owner
         self.problem = problem
@@ -364,5 +375,5 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         activation, sm_count, stream)
 
 
-__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "expected_info", "operand_tma", "output_tma", "pack_params",
-           "pingpong_for", "request", "tile_n_for", "unsupported"]
+__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
+           "pack_params", "pingpong_for", "request", "tile_n_for", "unsupported"]

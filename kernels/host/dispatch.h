@@ -303,10 +303,20 @@ bool conv_operand(const c10::IValue& value, at::ScalarType dtype, int device) {
   return t.is_cuda() && t.get_device() == device && t.scalar_type() == dtype && channels_last_dense(t) && plain(t);
 }
 
-bool conv_geometry(Arguments args, size_t first, ConvGeometry* g) {
+// The two tensors every conv2d operator reads first (16-bit, one device, the current one) and its geometry, the
+// int[2] stride, padding and dilation after the third argument.
+bool conv_operands(Arguments args, ConvGeometry* g) {
+  if (!args[0].isTensor()) return false;
+  const at::Tensor& first = args[0].toTensor();
+  const auto dtype = first.scalar_type();
+  const int device = first.is_cuda() ? first.get_device() : -1;
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || !conv_operand(args[0], dtype, device) ||
+      !conv_operand(args[1], dtype, device) || !on_current_device(first)) {
+    return false;
+  }
   for (size_t i = 0; i < 3; ++i) {
-    if (!args[first + i].isIntList()) return false;
-    const auto values = args[first + i].toIntVector();
+    if (!args[3 + i].isIntList()) return false;
+    const auto values = args[3 + i].toIntVector();
     if (values.size() != 2) return false;
     auto& pair = i == 0 ? g->stride : i == 1 ? g->padding : g->dilation;
     pair = {values[0], values[1]};
@@ -316,15 +326,11 @@ bool conv_geometry(Arguments args, size_t first, ConvGeometry* g) {
 
 // conv2d(x, weight, bias, stride, padding, dilation) -> y
 bool serve_conv2d(Arguments args, at::Tensor* out) {
-  if (!args[0].isTensor()) return false;
+  ConvGeometry g;
+  if (!conv_operands(args, &g)) return false;
   const at::Tensor& x = args[0].toTensor();
   const auto dtype = x.scalar_type();
-  const int device = x.is_cuda() ? x.get_device() : -1;
-  ConvGeometry g;
-  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || !conv_operand(args[0], dtype, device) ||
-      !conv_operand(args[1], dtype, device) || !conv_geometry(args, 3, &g) || !on_current_device(x)) {
-    return false;
-  }
+  const int device = x.get_device();
   const auto bias = optional_tensor(args[2]);
   const at::Tensor& weight = args[1].toTensor();
   if (bias.has_value() && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
@@ -347,15 +353,11 @@ bool serve_conv2d(Arguments args, at::Tensor* out) {
 // the second tensor and the size are the filter and x's size (dgrad) or x and the filter's size (wgrad).
 template <ConvOperator kOp>
 bool serve_conv_grad(Arguments args, at::Tensor* out) {
-  if (!args[0].isTensor() || !args[2].isIntList()) return false;
+  ConvGeometry g;
+  if (!args[2].isIntList() || !conv_operands(args, &g)) return false;
   const at::Tensor& grad = args[0].toTensor();
   const auto dtype = grad.scalar_type();
-  const int device = grad.is_cuda() ? grad.get_device() : -1;
-  ConvGeometry g;
-  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || !conv_operand(args[0], dtype, device) ||
-      !conv_operand(args[1], dtype, device) || !conv_geometry(args, 3, &g) || !on_current_device(grad)) {
-    return false;
-  }
+  const int device = grad.get_device();
   const std::vector<int64_t> size = args[2].toIntVector();
   if (size.size() != 4) return false;
   const at::Tensor& other = args[1].toTensor();
