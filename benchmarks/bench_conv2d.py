@@ -276,18 +276,27 @@ def host_overhead_us(calls: int = 2000) -> dict[str, float]:
 
 
 def cold_compile_seconds() -> dict[str, float]:
-    """nvcc seconds per configuration, from the entries' meta.json (compile_seconds) of the caches in use."""
+    """Compile seconds per conv configuration, CUTLASS's (nvcc) and the light kernel's (NVRTC, LIGHT_CONV), from
+    the entries' meta.json (compile_seconds) of the caches in use (where a cache came from a pack, its builder's)."""
     import json
 
     seconds = {}
     roots = [Path(p) for p in os.environ.get("JITOPS_CACHE_PATH", "").split(os.pathsep) if p]
     roots.append(Path(jitops.config.cache_dir))
+    operators = {"1": "fprop", "2": "dgrad", "3": "wgrad"}
     for root in roots:
-        for meta in root.glob("v1/sm_90a/*/conv2d_*/meta.json"):
+        for meta in (*root.glob("v1/sm_90a/*/conv2d_*/meta.json"),
+                     *root.glob("v1/sm_90a/*/gemm_sm90_light*/meta.json")):
             data = json.loads(meta.read_text())
-            params = dict(data.get("request", {}).get("params", []) or [])
-            name = (f"{data['request']['kernel']} {data['request']['dtype']} "
-                    f"{params.get('TILE_M')}x{params.get('TILE_N')}")
+            request = data.get("request", {})
+            params = dict(request.get("params") or request.get("defines") or [])
+            if request.get("kernel", "").startswith("conv2d_"):
+                name = f"{request['kernel']} {request['dtype']} {params.get('TILE_M')}x{params.get('TILE_N')}"
+            elif params.get("LIGHT_CONV", "0") != "0":
+                name = (f"light {operators[params['LIGHT_CONV']]} {request['dtype']} 128x{params['LIGHT_TILE_N']}"
+                        f"{' rows' if params.get('LIGHT_D_ROWS') == '1' else ''}")
+            else:
+                continue
             if "compile_seconds" in data:
                 seconds[name] = round(float(data["compile_seconds"]), 1)
     return seconds
