@@ -153,6 +153,17 @@ class _Block(torch.nn.Module):
         return x + self.down(self.act(self.up(self.norm(x))))
 
 
+def _training_step(model, x, grad, parameters):
+    """One forward and backward of `model` from the leaf x with this output gradient: the output, then x's and
+    `parameters`' gradients, cloned."""
+    for p in (x, *parameters):
+        p.grad = None
+    y = model(x)
+    y.backward(grad)
+    torch.cuda.synchronize()
+    return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in parameters)]
+
+
 def test_a_compiled_patched_block_runs_every_jitops_call_in_cpp(host):
     torch.manual_seed(0)
     block = _Block(256).to("cuda", torch.bfloat16)
@@ -161,17 +172,10 @@ def test_a_compiled_patched_block_runs_every_jitops_call_in_cpp(host):
     x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
 
-    def step():
-        for p in (x, *block.parameters()):
-            p.grad = None
-        y = compiled(x)
-        y.backward(grad)
-        torch.cuda.synchronize()
-        return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in block.parameters())]
-
-    first = step()  # compiles the graph; the Python path offers every problem
+    parameters = list(block.parameters())
+    first = _training_step(compiled, x, grad, parameters)  # compiles the graph; the Python path offers every problem
     before = native.counters()
-    second = step()
+    second = _training_step(compiled, x, grad, parameters)
     after = native.counters()
     for a, b in zip(first, second):
         assert torch.equal(a, b)
@@ -219,23 +223,16 @@ def test_a_compiled_patched_conv_net_trains_as_eager(host):
     x = _channels_last(8, 64, 28, 28, seed=3).requires_grad_(True)
     grad = _channels_last(8, 128, 14, 14, seed=4)
 
-    def step(model):
-        for p in (x, *model.parameters()):
-            p.grad = None
-        y = model(x)
-        y.backward(grad)
-        torch.cuda.synchronize()
-        return [y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
-
-    first = step(compiled)  # compiles; the Python path offers the unit-stride layers' operators
+    parameters = list(net.parameters())
+    first = _training_step(compiled, x, grad, parameters)  # compiles; the Python path offers the unit-stride layers
     before = native.counters()["native_calls"]
-    got = step(compiled)
+    got = _training_step(compiled, x, grad, parameters)
     assert native.counters()["native_calls"] - before >= 4  # the two unit-stride layers' fprops, dgrad, wgrads
     for have, python in zip(got, first):  # the same kernels replayed: the same bits
         assert torch.equal(have, python)
     # against cuDNN in eager mode: bf16 sums in another order (bench_models' check of a compiled ResNet-50, with
     # or without jitops: gradients within 3.5e-2)
-    for have, want in zip(got, step(reference)):
+    for have, want in zip(got, _training_step(reference, x, grad, list(reference.parameters()))):
         error = ((have.float() - want.float()).norm() / want.float().norm()).item()
         assert error < 5e-2, error
 
