@@ -320,9 +320,9 @@ class Config:
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
         "1 (default): jitops.linear's, jitops.layer_norm's and jitops.conv2d's calls on CUDA take a C++ host path "
         "(kernels/host/host_path.cpp: the launches and the autograd node in C++), and so do gemm's, linear's, "
-        "gelu's, layer_norm's and conv2d's calls through torch's dispatcher (torch.compile's graphs, the profiler); built "
-        "once per machine in the background on the first CUDA call and used once ready; until then, and for "
-        "anything it does not cover, the Python path runs.  0: Python only.")
+        "gelu's, layer_norm's and conv2d's calls through torch's dispatcher (torch.compile's graphs, the "
+        "profiler); built once per machine in the background on the first CUDA call and used once ready; until "
+        "then, and for anything it does not cover, the Python path runs.  0: Python only.")
     keep_failed_builds: Setting[bool] = Setting(
         "JITOPS_KEEP_FAILED_BUILDS", _parse_bool, lambda: False,
         "1: keep the temporary build directory of a failed compile and print its path.")

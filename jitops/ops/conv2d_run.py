@@ -24,8 +24,8 @@ _STATUS = {1: "the kernel cannot implement this problem (CUTLASS can_implement)"
 def _call(library, op_name: str, a, b, d, bias, *args) -> None:
     # The library's function is generated for its declared C signature (launch.host_function): tensors pass
     # their data pointer with no per-argument loop, so a bare ctypes handle of its own is not needed.  A light
-    # kernel (JITOPS_CONV2D_SM90_KERNEL=light: a CudaFunction, no library) takes the same arguments through its
-    # Python host side; a Recording's wrapper of it keeps the launch for the C++ host path to replay.
+    # kernel (the default; a CudaFunction, no library) takes the same arguments through its Python host side; a
+    # Recording's wrapper of it keeps the launch for the C++ host path to replay.
     run = getattr(library, "jitops_conv2d", None)
     if run is None:
         light = light_conv.host(library)
