@@ -324,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_CONV == 3
         // A k-block moves the pixel (image, oh, ow) of wgrad's B boxes on by 64 pixels: a mixed-radix addition of
         // these steps, so that this one thread divides per tile, not per k-block (with four run-time divisions a
-        // k-block it was the kernel's bottleneck on short tiles: 35.5 against CUTLASS's 20.0 us on ResNet-50's
+        // k-block it was the kernel's bottleneck on short tiles: 35.6 against CUTLASS's 20.0 us on ResNet-50's
         // 256-channel 3x3 at 14x14, 128 x 64 tiles).
         const int out_h = p.out_hw / p.out_w;
         const int step_image = kTileK / p.out_hw, step_oh = kTileK % p.out_hw / p.out_w, step_ow = kTileK % p.out_w;
