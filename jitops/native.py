@@ -349,15 +349,18 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None
     host-library call (function address, (0, 0, 0), (0, 0, 0), 0, every argument as an int64, [], [(offset,
     slot)]); and the workspaces [(slot, bytes)].  A tensor argument is the call's slot it `is` (or whose address
     it has: a view), else a workspace the run allocated (a slot after the call's; its contents are the kernels'
-    own).  None if the run was watched and did more than allocate, view and launch, or passed an address the
-    recording cannot follow: a raw pointer other than a host call's last argument equal to `stream` (the
-    stream it ran on), or, when watched, a tensor it did not allocate; or if the driver launched more than the
-    recording kept."""
+    own).  Every tensor at a workspace's address is that workspace, whichever view passes it: the stem conv's
+    im2col matrix is written through one view and read through another, and two slots for it had the fprop read
+    uninitialised memory in every replay.  None if the run was watched and did more than allocate, view and
+    launch, or passed an address the recording cannot follow: a raw pointer other than a host call's last
+    argument equal to `stream` (the stream it ran on), or, when watched, a tensor it did not allocate; or if the
+    driver launched more than the recording kept."""
     if not recording.pure or not recording.complete():
         return None
     slot_of = {id(t): i for i, t in enumerate(slots) if t is not None}
     slot_at = {t.data_ptr(): i for i, t in enumerate(slots) if t is not None and t.numel()}
     workspaces: list[tuple[int, int]] = []
+    workspace_at: dict[int, int] = {}  # a workspace's address -> its index in `workspaces`
     launches = []
     for function, grid, block, args, shared_mem in recording.launches:
         kinds = function.signature if grid is not None else function.arg_kinds
@@ -376,13 +379,19 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None
                     continue
                 return None
             slot = slot_of.get(id(arg))
+            address = arg.data_ptr()
             if slot is None:
-                slot = slot_at.get(arg.data_ptr())
+                slot = slot_at.get(address)
             if slot is None:
-                if recording.allocated is not None and arg.data_ptr() not in recording.allocated:
+                if recording.allocated is not None and address not in recording.allocated:
                     return None
-                slot = slot_of[id(arg)] = len(slots) + len(workspaces)
-                workspaces.append((slot, arg.numel() * arg.element_size()))
+                size = arg.untyped_storage().nbytes()  # the whole allocation, whatever part this view covers
+                found = workspace_at.get(address)
+                if found is None:
+                    found = workspace_at[address] = len(workspaces)
+                    workspaces.append((len(slots) + found, size))
+                slot, known = workspaces[found]
+                workspaces[found] = (slot, max(known, size))
             pointed.append((index, slot))
         if grid is None:  # a host-library call: its arguments as int64s, in order, and their kinds
             launches.append((function.address, (0, 0, 0), (0, 0, 0), 0, struct.pack(f"<{len(values)}q", *values),

@@ -144,6 +144,27 @@ def test_a_recording_encodes_slots_workspaces_and_literals():
     assert launches[1][1:3] == ((5, 1, 1), (32, 4, 1)) and launches[1][6] == [(0, 3), (8, 2)]
 
 
+def test_every_view_of_a_workspace_is_that_workspace():
+    # The stem conv's run writes its im2col matrix through the tensor it allocated and its fprop reads it through
+    # a permuted view: one workspace, or the replayed fprop reads memory nothing wrote.
+    from types import SimpleNamespace
+
+    kernels = SimpleNamespace(write=_function(("ptr", "ptr"), 21), read=_function(("ptr", "ptr"), 22))
+    x, y = torch.zeros(2, 4, 6), torch.zeros(2, 4, 6)
+
+    def run(kern, x, y):
+        matrix = torch.empty(2, 6, 4)
+        kern.write.launch(1, 32, x, matrix)
+        kern.read.launch(1, 32, matrix.permute(0, 2, 1), y)
+        return y
+
+    recording = native.Recording(kernels)
+    recording.watched(run, x, y)
+    launches, workspaces = native.encode(recording, (x, y))
+    assert workspaces == [(2, 2 * 6 * 4 * 4)]
+    assert launches[0][6] == [(0, 0), (8, 2)] and launches[1][6] == [(0, 2), (8, 1)]
+
+
 def test_a_light_kernels_params_launch_is_kept_with_its_address_fields():
     # A light kernel's host side launches its packed Params itself (jitops/light_conv.py); the Recording keeps
     # the launch as one kernel parameter whose descriptor address fields and bias field the replay fills.

@@ -46,7 +46,7 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
 # ---- offers to the C++ host path (jitops/native.py, kernels/host/conv2d.h) -------------------------------------
 # An operator's run is recorded the first time its problem runs (once the extension is loaded) and offered if it
 # only allocated, viewed and launched (one CUTLASS library call, and a split wgrad's reduction kernel): a copy or
-# a reduction through torch (padded channels, a strided dgrad's phases, split fprops, the im2col stem) keeps the
+# a reduction through torch (padded channels, a strided dgrad's phases, split fprops, the stem's wgrad) keeps the
 # problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
 _FPROP, _DGRAD, _WGRAD = 0, 1, 2
 _LIBRARIES = {_FPROP: ("fprop",), _DGRAD: ("dgrad",), _WGRAD: ("wgrad", "wgrad_direct")}
@@ -63,11 +63,6 @@ def _offered(op: int, kern, run, args: tuple, x_size, w_size, bias: bool, slots_
             _host.start()
         return run(kern, *args)
     cls = kern.shape_class
-    if max(cls.stride) > 1:
-        # A strided layer's fprop and wgrad recipes, replayed from torch.compile's graphs, trained ResNet-50 on
-        # wrong values (kernels/host/dispatch.h); eager training never replays them (its dgrad is never offered),
-        # inference would.  Not offered until a GPU run finds what their recordings miss.
-        return run(kern, *args)
     geometry = (tuple(cls.stride), tuple(cls.padding), tuple(cls.dilation))
     key = (op, sample.get_device(), sample.dtype, tuple(int(v) for v in x_size), tuple(int(v) for v in w_size),
            geometry, bias)

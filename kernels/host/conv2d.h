@@ -5,7 +5,7 @@
 // an operator's run (fprop, dgrad or wgrad) when it only allocated, viewed and launched (native.Recording's watch):
 // one CUTLASS library call, and for a split wgrad its reduction kernel.  Keyed by device, dtype, operator, the
 // sizes of x and the filter, stride, padding, dilation and whether a bias is added.  Operators whose Python path
-// copies or reduces through torch (padded channels, a strided dgrad's phases, split fprops, the im2col stem) are
+// copies or reduces through torch (padded channels, a strided dgrad's phases, split fprops, the stem's wgrad) are
 // never offered: a call that needs one returns None and takes the Python path.
 #pragma once
 

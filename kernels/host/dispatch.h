@@ -13,12 +13,13 @@
 // functions' calls under a stale generation do.
 //
 // conv2d's three operators were left out for a while: served here, a torch.compile'd ResNet-50 had trained on wrong
-// values (loss ln(1000), a gradient 7.7e4 off, where the same model with only conv2d's kernels left out matched
-// eager to 6e-5).  Those calls replayed the strided layers' fprop and wgrad recipes, which the eager path never
-// replays in training (it needs all three operators offered, and a strided layer's dgrad never is); conv2d_run.py
-// now offers no strided layer's run, and each operator below checks the layouts its recipe was recorded with.
-// Left in Python, compiled patched ResNet-50 ran x0.66 of torch.compile's step (28.5 ms of host a step); served
-// here, x0.80 (H100; the 20 misses a step are the stem's and the strided layers' calls).
+// values (loss ln(1000), a gradient 7.7e4 off).  The cause was the stem's fprop recipe: its run wrote the im2col
+// matrix through the tensor it allocated and read it through a permuted view, which the recording took for two
+// workspaces, so every replay read memory nothing wrote (jitops/native.py's encode now maps workspaces by
+// address).  Eager training never replayed it (its wgrad is not offered).  Left in Python, compiled patched
+// ResNet-50 ran x0.66 of torch.compile's step; served without the strided layers and the stem, x0.80; with them,
+// x0.99 (H100; the 7 misses a step are the strided dgrads' and the stem's wgrad).  Each operator below checks the
+// layouts its recipe was recorded with.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
