@@ -133,6 +133,18 @@ def _device_kind(t: torch.Tensor) -> str | None:
 # ---- forwards of the swapped classes --------------------------------------------------------------------------
 # Each runs on every call of its module, so the common case (no autocast, a supported dtype) is a few attribute
 # reads before the op; every other case is decided (and logged once) on the slow path.
+#
+# Under torch.compile a Linear whose widths are not multiples of 8 (GPT-2's 50257-wide head) is traced as torch's
+# op: inductor pads it inside the graph, fused with its neighbours, where jitops.linear copies padded operands and
+# slices its output around its kernels.  In eager mode jitops' padded kernels win by far: cuBLAS on the unaligned
+# rows is slow (GPU time of GPT-2's step on the H100: docs/benchmarks.md, "models").
+_compiling = torch.compiler.is_compiling
+
+
+def _unaligned(weight: torch.Tensor) -> bool:
+    return bool(weight.shape[0] % 8 or weight.shape[1] % 8)
+
+
 def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  torch_forward: Callable[..., torch.Tensor], *torch_args: Any) -> torch.Tensor:
     activation = module.__dict__.get("_jitops_activation")
@@ -144,7 +156,7 @@ def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias:
     dtype = x.dtype
     if weight.dtype is dtype and (bias is None or bias.dtype is dtype):
         if x.is_cuda or x.is_meta:
-            if dtype in _LINEAR_DTYPES["cuda"]:
+            if dtype in _LINEAR_DTYPES["cuda"] and not (_compiling() and _unaligned(weight)):
                 return _linear(x, weight, bias, activation=activation)
         elif x.is_cpu and dtype in _LINEAR_DTYPES["cpu"]:
             return _linear(x, weight, bias, activation=activation)

@@ -274,6 +274,27 @@ def test_meta_model_records_its_kernel_calls():
     assert manifest["archs"] == ["sm_90a"] and manifest["ops"] == calls.items
 
 
+def test_under_torch_compile_an_unaligned_linear_is_traced_as_torchs_op(monkeypatch):
+    """Compiled, a Linear whose widths are not multiples of 8 is left to inductor (which pads it inside the graph);
+    eager, it takes jitops' padded kernels.  Meta tensors stand for the GPU; tracing is simulated."""
+    from jitops import patching
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 50)).to(torch.bfloat16)
+    jitops.patch(model, prefetch=False)
+    x = torch.empty(4, 16, device="meta", dtype=torch.bfloat16)
+
+    def linear_calls():
+        with jitops.record_calls() as calls:
+            y = model(x)
+        assert y.shape == (4, 50) and y.is_meta
+        return [item["shapes"][0][1] for item in calls.items if item["op"] == "linear"]
+
+    assert linear_calls() == [[24, 16], [50, 24]]
+    monkeypatch.setattr(patching, "_compiling", lambda: True)
+    assert linear_calls() == [[24, 16]]
+
+
 def test_shape_classes_of_fake_cuda_parameters_read_no_data_pointer():
     """torch.compile's fake parameters pass isinstance(t, nn.Parameter); reading their data pointer raised
     'Cannot access data pointer of Tensor' in reduce-overhead compiles of a patched model on the GPU."""
