@@ -245,26 +245,44 @@ def test_every_host_library_declares_the_c_signatures_its_source_exports():
 
 
 def test_nvrtc_cubins_are_whole_elf_images():
-    """CuPy's getCUBIN drops the cubin's last byte (a zero): the driver still loads it, cuobjdump and nvdisasm
-    reject it.  The backend restores it: the image ends where its ELF headers say."""
+    """CuPy's getCUBIN, used before nvrtc_api, dropped the cubin's last byte (a zero): the driver still loaded it,
+    cuobjdump and nvdisasm rejected it.  The image ends where its ELF headers say."""
     import struct
 
     from jitops.backends import toolkit
-    from jitops.backends.nvrtc import complete_elf
 
     if toolkit.nvrtc_identity() is None:
         pytest.skip("NVRTC is not installed")
-    binding = toolkit.nvrtc()
-    program = binding.createProgram("extern \"C\" __global__ void k(int* p) { p[0] = 1; }", "k.cu", [], [])
-    binding.compileProgram(program, ["-arch=sm_90"])
-    raw = binding.getCUBIN(program)
-    binding.destroyProgram(program)
-    image = complete_elf(raw)
+    with toolkit.nvrtc().program("extern \"C\" __global__ void k(int* p) { p[0] = 1; }", "k.cu") as program:
+        assert program.compile(["-arch=sm_90"])
+        image = program.cubin()
     phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
     phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
-    assert len(image) == max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-    assert image[:len(raw)] == raw and complete_elf(image) == image  # idempotent
-    assert complete_elf(b"not an ELF image") == b"not an ELF image"
+    assert image[:4] == b"\x7fELF" and len(image) == max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+
+
+def test_nvrtc_loads_the_library_its_identity_names_and_reports_errors():
+    """nvrtc_api loads the file whose version is the cache key's identity; a program with errors returns False
+    and its log names the error; a failing call (an unknown option) raises NVRTCError with NVRTC's text."""
+    import sys
+
+    from jitops.backends import nvrtc_api, toolkit
+
+    if toolkit.nvrtc_identity() is None:
+        pytest.skip("NVRTC is not installed")
+    before = set(sys.modules)
+    nvrtc = toolkit.nvrtc()
+    assert not any(name.split(".")[0] in ("cupy", "cupy_backends") for name in set(sys.modules) - before)
+    identity = toolkit.nvrtc_identity()
+    major, minor = nvrtc.version()
+    assert identity.startswith(f"{major}.{minor}"), (identity, major, minor)
+    assert 90 in nvrtc.supported_archs()
+    with nvrtc.program("__global__ void k() { undeclared(); }", "bad.cu") as program:
+        assert not program.compile(["-arch=sm_90"])
+        assert "undeclared" in program.log()
+    with nvrtc.program("__global__ void k() {}", "k.cu") as program:
+        with pytest.raises(nvrtc_api.NVRTCError, match="nvrtcCompileProgram"):
+            program.compile(["--no-such-option"])
 
 
 def test_cutlass_compiles_off_the_main_thread_run_in_a_child_and_keep_their_errors(tmp_path):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import jitops
 from jitops import light_gemm as L
 from jitops.backends import toolkit
-from jitops.backends.nvrtc import NvrtcBackend, complete_elf
+from jitops.backends.nvrtc import NvrtcBackend
 from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, TmaArgs, elf_symbol
 from jitops.ops import gemm as G
 from jitops.ops import gemm_plan as P
@@ -44,20 +44,12 @@ def gemm_class(m: int, k: int, n: int, dtype=BF16, out_dtype=None, bias=False, a
 # ---- compiling ----------------------------------------------------------------------------------------------------
 def compile_with_ptx(request) -> tuple[bytes, str, str]:
     """(cubin, PTX, log) of one NVRTC compile with the backend's options and ptxas -v (registers, spills)."""
-    binding = toolkit.nvrtc()
     options = NvrtcBackend().options(request, "sm_90a") + ["--ptxas-options=-v"]
-    program = binding.createProgram(request.source.read(), request.source.name, [], [])
-    try:
-        binding.addNameExpression(program, request.entry)
-        try:
-            binding.compileProgram(program, options)
-        except binding.NVRTCError:
-            pytest.fail(binding.getProgramLog(program))
-        ptx = binding.getPTX(program)
-        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-        return complete_elf(binding.getCUBIN(program)), ptx, binding.getProgramLog(program)
-    finally:
-        binding.destroyProgram(program)
+    with toolkit.nvrtc().program(request.source.read(), request.source.name) as program:
+        program.add_name_expression(request.entry)
+        if not program.compile(options):
+            pytest.fail(program.log())
+        return program.cubin(), program.ptx(), program.log()
 
 
 BUILDS = [  # (inputs, output, tile N, fused, A K-major, B K-major, pingpong)

@@ -1,4 +1,4 @@
-"""CUDA source -> cubin through NVRTC (CuPy's binding), with explicit include paths.
+"""CUDA source -> cubin through NVRTC (its C API through ctypes: nvrtc_api.py), with explicit include paths.
 
 Needs no GPU: the arch comes from the request, never from a device query (CuPy's RawModule queries the
 device, and its bundled CCCL include paths clash with CUDA 13's when compiling CUTLASS: DESIGN.md).
@@ -6,7 +6,6 @@ device, and its bundled CCCL include paths clash with CUDA 13's when compiling C
 from __future__ import annotations
 
 import pickle
-import struct
 import sys
 import threading
 from pathlib import Path
@@ -19,20 +18,6 @@ from . import toolkit
 from .base import Backend, BuildOutput
 
 CUBIN = "kernel.cubin"
-
-
-def complete_elf(image: bytes) -> bytes:
-    """CuPy's getCUBIN returns the cubin one byte short: it takes nvrtcGetCUBINSize for a string's length with its
-    terminating NUL (NVRTC 13.0 and 13.5, CuPy 14), and the byte it drops is the last of the program header table,
-    a zero.  The driver loads such an image (it reads that byte from the terminator Python keeps after a bytes
-    object) but cuobjdump and nvdisasm reject it as invalid ELF.  Restore the zero when the ELF64 headers say the
-    image is one byte longer."""
-    if image[:4] != b"\x7fELF" or len(image) < 64:
-        return image
-    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
-    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-    return image + b"\0" if end == len(image) + 1 else image
 
 
 class NvrtcBackend(Backend):
@@ -101,25 +86,19 @@ class NvrtcBackend(Backend):
         return payload
 
     def compile_here(self, request: BuildRequest, arch: str, build_dir: Path, tag: str) -> BuildOutput:
-        binding = toolkit.nvrtc()
+        nvrtc = toolkit.nvrtc()
         source = request.source.read()
         options = self.options(request, arch)
-        program = binding.createProgram(source, request.source.name, [], [])
-        try:
-            binding.addNameExpression(program, request.entry)
-            try:
-                binding.compileProgram(program, options)
-            except binding.NVRTCError:
+        with nvrtc.program(source, request.source.name) as program:
+            program.add_name_expression(request.entry)
+            if not program.compile(options):
                 raise CompileError(kernel=request.label(), backend=self.name, arch=arch, options=options,
-                                   log=binding.getProgramLog(program), source=source,
-                                   source_name=request.source.name) from None
-            log = binding.getProgramLog(program)
-            lowered = binding.getLoweredName(program, request.entry)
-            cubin = complete_elf(binding.getCUBIN(program))
-        finally:
-            binding.destroyProgram(program)
+                                   log=program.log(), source=source, source_name=request.source.name)
+            log = program.log()
+            lowered = program.lowered_name(request.entry)
+            cubin = program.cubin()
         (build_dir / CUBIN).write_bytes(cubin)
-        major, minor = binding.getVersion()
+        major, minor = nvrtc.version()
         return BuildOutput([CUBIN], {"lowered_name": lowered, "nvrtc_version": f"{major}.{minor}",
                                      "options": options}, log=log)
 

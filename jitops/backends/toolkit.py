@@ -7,8 +7,7 @@ loaded or run only to compile, and then its self-reported version is checked aga
 Precedence, the same for NVRTC's headers and nvcc:
   1. JITOPS_CUDA_HOME, if set;
   2. NVIDIA's pip wheels (nvidia-cuda-nvrtc/-runtime/-cccl/-crt, nvidia-cuda-nvcc), when the whole set is
-     installed: CuPy loads NVRTC from the wheel first (cuda-pathfinder searches site-packages first), so the
-     headers must come from the same release;
+     installed: NVRTC then loads from the wheel (nvrtc_api), so the headers must come from the same release;
   3. a system toolkit: CUDA_HOME, CUDA_PATH, the directory above `nvcc` on PATH, /usr/local/cuda.
 """
 from __future__ import annotations
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from ..config import config
 from ..errors import ToolchainError
+from . import nvrtc_api
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,33 +141,37 @@ def cuda_headers() -> HeaderSet:
 
 
 @functools.lru_cache(maxsize=None)
-def _nvrtc_identity(override: Path | None) -> str | None:
+def _nvrtc_location(override: Path | None) -> tuple[Path, str] | None:
+    """(libnvrtc's file, its identity for the cache key), found without loading it."""
     if override is None:
         version = _dist_version("nvidia-cuda-nvrtc")
         if version:
-            return f"{version} (wheel)"
+            for prefix in _nvidia_wheel_dirs():
+                libraries = sorted((prefix / "lib").glob("libnvrtc.so.*"))
+                if libraries:
+                    return libraries[0], f"{version} (wheel)"
     for home in _system_homes():
         for libdir in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
             lib = home / libdir / "libnvrtc.so"
             if lib.exists():
                 # The real file is libnvrtc.so.13.0.88: its name carries the full version.
-                return f"{lib.resolve().name.removeprefix('libnvrtc.so.')} (toolkit)"
+                return lib, f"{lib.resolve().name.removeprefix('libnvrtc.so.')} (toolkit)"
     return None
 
 
 def nvrtc_identity() -> str | None:
     """NVRTC's version without loading it; None if no NVRTC is installed."""
-    return _nvrtc_identity(config.cuda_home)
+    found = _nvrtc_location(config.cuda_home)
+    return found[1] if found else None
 
 
-def nvrtc():
-    """CuPy's NVRTC binding (cupy_backends avoids importing all of CuPy: 13 ms instead of 170 ms)."""
-    try:
-        from cupy_backends.cuda.libs import nvrtc as binding
-    except ImportError as exc:
-        raise ToolchainError(
-            f"jitops: CuPy is needed to compile CUDA kernels with NVRTC ({exc}).  pip install cupy-cuda13x") from None
-    return binding
+def nvrtc() -> "nvrtc_api.Nvrtc":
+    """NVRTC, loaded through ctypes from the file nvrtc_identity() describes (jitops/backends/nvrtc_api.py)."""
+    found = _nvrtc_location(config.cuda_home)
+    if found is None:
+        raise ToolchainError("jitops: NVRTC is not installed: pip install nvidia-cuda-nvrtc, or point "
+                             "JITOPS_CUDA_HOME or CUDA_HOME at a CUDA toolkit")
+    return nvrtc_api.load(found[0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,10 +226,10 @@ def arch_number(arch: str) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _nvrtc_archs(override: Path | None) -> tuple[int, ...] | None:
-    if _nvrtc_identity(override) is None:
+    if _nvrtc_location(override) is None:
         return None
     try:
-        return tuple(sorted(int(a) for a in nvrtc().getSupportedArchs()))
+        return nvrtc().supported_archs()
     except Exception:  # noqa: BLE001 - an NVRTC that cannot say: nothing is rejected up front
         return None
 
