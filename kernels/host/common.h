@@ -134,6 +134,12 @@ bool plain(const at::Tensor& t) {
          !t._fw_grad(0).defined();
 }
 
+// A bias the kernels read: n elements of the call's dtype in one dense, 16-byte aligned vector on its device.
+bool bias_vector(const at::Tensor& bias, int64_t n, at::ScalarType dtype, int device) {
+  return bias.is_cuda() && bias.get_device() == device && bias.scalar_type() == dtype && bias.dim() == 1 &&
+         bias.size(0) == n && bias.stride(0) == 1 && aligned(bias.data_ptr()) && plain(bias);
+}
+
 // The output gradient as the kernels read it: contiguous, 16-byte aligned (a fresh copy otherwise).
 at::Tensor dense(const at::Tensor& grad, at::ScalarType dtype) {
   at::Tensor g = grad.contiguous();

@@ -61,6 +61,13 @@ int64_t output_size(int64_t size, int64_t kernel, int64_t stride, int64_t paddin
   return (size + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
+// y's sizes (N, K, P, Q) for x (N, C, H, W) and the filter (K, C, R, S).
+std::vector<int64_t> conv_output_size(const at::Tensor& x, const at::Tensor& weight, const ConvGeometry& g) {
+  return {x.size(0), weight.size(0),
+          output_size(x.size(2), weight.size(2), g.stride[0], g.padding[0], g.dilation[0]),
+          output_size(x.size(3), weight.size(3), g.stride[1], g.padding[1], g.dilation[1])};
+}
+
 struct ConvFunction : public torch::autograd::Function<ConvFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, const Recipe* fprop, const Recipe* dgrad,
@@ -141,16 +148,10 @@ py::object conv2d(const at::Tensor& x, const at::Tensor& weight, const c10::opti
       weight.get_device() != device || weight.size(1) != x.size(1)) {
     return miss();
   }
-  if (bias.has_value() && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
-                           bias->dim() != 1 || bias->size(0) != weight.size(0) || bias->stride(0) != 1 ||
-                           !aligned(bias->data_ptr()) || !plain(*bias))) {
-    return miss();
-  }
+  if (bias.has_value() && !bias_vector(*bias, weight.size(0), dtype, device)) return miss();
   if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return miss();
   const ConvGeometry g{stride, padding, dilation};
-  std::vector<int64_t> output = {x.size(0), weight.size(0),
-                                 output_size(x.size(2), weight.size(2), stride[0], padding[0], dilation[0]),
-                                 output_size(x.size(3), weight.size(3), stride[1], padding[1], dilation[1])};
+  std::vector<int64_t> output = conv_output_size(x, weight, g);
   if (x.numel() == 0 || weight.numel() == 0 || output[2] <= 0 || output[3] <= 0) return miss();
   const Recipe* fprop =
       conv_recipes.find(conv_key(kFprop, device, dtype, x.sizes(), weight.sizes(), g, bias.has_value()));

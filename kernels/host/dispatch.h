@@ -112,11 +112,7 @@ bool serve_gemm(Arguments args, at::Tensor* out) {
   if (b.size(0) != k || m == 0 || n == 0 || k == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
   if (b.get_device() != device || !plain(a) || !plain(b) || !aligned(a.data_ptr()) || !aligned(b.data_ptr()))
     return false;
-  if (bias.has_value() && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
-                           bias->dim() != 1 || bias->size(0) != n || bias->stride(0) != 1 ||
-                           !aligned(bias->data_ptr()) || !plain(*bias))) {
-    return false;
-  }
+  if (bias.has_value() && !bias_vector(*bias, n, dtype, device)) return false;
   bool a_row_major, b_row_major;
   int64_t lda, ldb;
   if (!layout_of(a.stride(0), a.stride(1), m, k, &a_row_major, &lda) ||
@@ -334,18 +330,11 @@ bool serve_conv2d(Arguments args, at::Tensor* out) {
   const int device = x.get_device();
   const auto bias = optional_tensor(args[2]);
   const at::Tensor& weight = args[1].toTensor();
-  if (bias.has_value() && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
-                           bias->dim() != 1 || bias->size(0) != weight.size(0) || bias->stride(0) != 1 ||
-                           !aligned(bias->data_ptr()) || !plain(*bias))) {
-    return false;
-  }
+  if (bias.has_value() && !bias_vector(*bias, weight.size(0), dtype, device)) return false;
   const Recipe* fprop = conv_recipes.find(conv_key(kFprop, device, dtype, x.sizes(), weight.sizes(), g,
                                                    bias.has_value()));
   if (!fprop || weight.size(1) != x.size(1)) return false;
-  *out = channels_last_empty({x.size(0), weight.size(0),
-                              output_size(x.size(2), weight.size(2), g.stride[0], g.padding[0], g.dilation[0]),
-                              output_size(x.size(3), weight.size(3), g.stride[1], g.padding[1], g.dilation[1])},
-                             x);
+  *out = channels_last_empty(conv_output_size(x, weight, g), x);
   replay(*fprop, device, {x.data_ptr(), weight.data_ptr(), address_of(bias), out->data_ptr()}, x.options());
   return true;
 }

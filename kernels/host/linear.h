@@ -297,13 +297,9 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   const int device = x.get_device();
   if (weight.get_device() != device || !plain(x) || !plain(weight)) return false;
   const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
-                   bias->dim() != 1 || bias->stride(0) != 1 || !aligned(bias->data_ptr()) || !plain(*bias))) {
-    return false;
-  }
   const int64_t n = weight.size(0), k = weight.size(1);
-  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0 || !x.is_contiguous() || (has_bias && bias->size(0) != n))
-    return false;
+  if (has_bias && !bias_vector(*bias, n, dtype, device)) return false;
+  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0 || !x.is_contiguous()) return false;
   const int64_t m = x.numel() / k;
   if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
   const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
