@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 from pathlib import Path
 
 NVRTC_SUCCESS = 0
@@ -133,15 +132,8 @@ class Program:
         return lowered.value.decode()
 
 
-_guard = threading.Lock()
-
-
 @functools.lru_cache(maxsize=None)
-def _load(path: Path) -> Nvrtc:
-    return Nvrtc(path)
-
-
 def load(path: Path) -> Nvrtc:
-    """The library at `path`, loaded once per process."""
-    with _guard:  # one dlopen even when the background pool's workers ask together
-        return _load(path)
+    """The library at `path`, loaded once per process (workers racing on the first call at worst load it twice:
+    dlopen counts references, the prototypes are the same)."""
+    return Nvrtc(path)
