@@ -1,4 +1,5 @@
-"""jitops.grouped_gemm against torch._grouped_mm (and a Python loop of matmuls) in the same run, bf16:
+"""jitops.grouped_gemm against torch._grouped_mm (and a Python loop of matmuls, and CUTLASS's grouped kernel that the
+light kernels replaced) in the same run, bf16:
 
   - mixture of experts: 64 experts of 32 to 256 rows (uniform, fixed seed), K = 2048, N = 1024, device offsets;
     goal: 1.2 x torch._grouped_mm (which measured 245 TFLOP/s on the lent H100);
@@ -198,6 +199,24 @@ def run(sweep: bool) -> None:
     except RuntimeError as exc:  # an older torch without _grouped_mm's backward
         print(f"  moe fwd+bwd: torch._grouped_mm backward unavailable ({exc})")
 
+    # The light kernels (the default) against CUTLASS's ptr-array grouped kernel (nvcc) on the same inputs: the light
+    # kernels replaced it to compile in under a second, and must not be slower (issue 18: by 2% at most).
+    def cutlass(fn):
+        def call():
+            with jitops.config.scope(grouped_gemm_config=gg_plan.DEFAULT):
+                return fn()
+        return call
+
+    cutlass_name = f"jitops, CUTLASS's grouped kernel ({gg_plan.DEFAULT})"
+    moe_forward = lambda: jitops.grouped_gemm(x, w, offsets=offsets)  # noqa: E731
+    list_forward = lambda: jitops.grouped_gemm(As, Bs)  # noqa: E731
+    bench.compare(op="grouped_gemm moe fwd", shape=shape, dtype="bf16", ours=moe_forward,
+                  baseline=cutlass(moe_forward), baseline_name=cutlass_name, flops=flops)
+    bench.compare(op="grouped_gemm list fwd", shape=shape_uniform, dtype="bf16", ours=list_forward,
+                  baseline=cutlass(list_forward), baseline_name=cutlass_name, flops=flops_uniform)
+    bench.compare(op="grouped_gemm moe fwd+bwd", shape=shape, dtype="bf16", ours=ours_train,
+                  baseline=cutlass(ours_train), baseline_name=cutlass_name, flops=3 * flops)
+
     # The rows above time ours first, then the baseline; the GPU's clock can drift between the two.  Again with
     # the baseline first:
     from harness import copy_bandwidth, time_cuda
@@ -232,8 +251,8 @@ def run_sweep(x, w, offsets, As, Bs, flops, flops_uniform) -> dict:
         ms = time_cuda(baseline, min_ms=100.0)
         results[f"{name} torch._grouped_mm"] = round(f / (ms * 1e-3) / 1e12, 1)
         print(f"  sweep {name:8s} {'torch._grouped_mm':32s} {results[f'{name} torch._grouped_mm']:6.1f} TFLOP/s")
-        for config in gg_plan.CONFIGS:
-            for schedule in schedules:
+        for config in gg_plan.LIGHT_CONFIGS + gg_plan.CONFIGS:
+            for schedule in schedules[:1] if gg_plan.is_light(config) else schedules:  # light: one tile order
                 with jitops.config.scope(grouped_gemm_config=config, grouped_gemm_schedule=schedule):
                     try:
                         with jitops.config.scope(offline=True):

@@ -94,6 +94,9 @@ def _kernel_choice(choices: str):
 _parse_gemm_sm90_kernel = _kernel_choice(
     "'light' (the raw-PTX kernel that compiles in about a second, the default) or 'cutlass' (CUTLASS's "
     "GemmUniversal, about 35-50 s to compile)")
+_parse_grouped_gemm_sm90_kernel = _kernel_choice(
+    "'light' (the light GEMM kernel's grouped forms, under a second to compile, the default) or 'cutlass' "
+    "(CUTLASS 3's ptr-array grouped GEMM through nvcc, about 40 s a kernel)")
 _parse_conv2d_sm90_kernel = _kernel_choice(
     "'light' (the light GEMM kernel with im2col loads, under a second to compile, the default) or 'cutlass' "
     "(CUTLASS 3's conv kernels through nvcc, about 40 s each)")
@@ -316,6 +319,12 @@ class Config:
         "TMA im2col loads, NVRTC, under a second to compile, level with CUTLASS's over ResNet-50) or cutlass "
         "(CUTLASS 3's conv kernels, nvcc, about 40 s each).  Forced split-K fprop and dgrad plans take CUTLASS's "
         "either way.  Read when a shape class's kernels are first built in a process.")
+    grouped_gemm_sm90_kernel: Setting[str] = Setting(
+        "JITOPS_GROUPED_GEMM_SM90_KERNEL", _parse_grouped_gemm_sm90_kernel, lambda: "light",
+        "jitops.grouped_gemm's sm_90a kernels: light (default: kernels/gemm/sm90_light_gemm.cu with LIGHT_GROUPED, "
+        "NVRTC, under a second to compile) or cutlass (CUTLASS 3's ptr-array grouped GEMM, "
+        "kernels/grouped_gemm/grouped_gemm.cu, nvcc, about 40 s a kernel).  A forced grouped_gemm_config picks "
+        "its own family.  Read when a shape class is computed.")
     native_host: Setting[bool] = Setting(
         "JITOPS_NATIVE_HOST", _parse_bool, lambda: True,
         "1 (default): jitops.linear's, jitops.layer_norm's and jitops.conv2d's calls on CUDA take a C++ host path "
@@ -396,8 +405,8 @@ class Config:
         "carry it.")
     grouped_gemm_config: Knob[str | None] = Knob(
         _optional_name, None,
-        "grouped_gemm: force a kernel configuration of jitops/ops/grouped_gemm_plan.py's CONFIGS (None: its "
-        "DEFAULT).  The shape classes carry it.")
+        "grouped_gemm: force a kernel configuration: one of jitops/ops/grouped_gemm_plan.py's CONFIGS (CUTLASS's "
+        "kernel) or LIGHT_CONFIGS (the light kernel); None: the planned one.  The shape classes carry it.")
     grouped_gemm_schedule: Knob[tuple[int, int] | None] = Knob(
         _optional_schedule, None,
         "grouped_gemm: force the tile scheduler's (raster, swizzle); None: the planned one.")

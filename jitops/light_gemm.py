@@ -54,7 +54,7 @@ STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgro
 EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
-               "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows")
+               "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows", "grouped")
 
 
 class LightInfo(NamedTuple):
@@ -73,6 +73,7 @@ class LightInfo(NamedTuple):
     pingpong: int
     conv: int  # 0 the GEMM, 1 conv2d's fprop, 2 its dgrad, 3 its wgrad (jitops/light_conv.py)
     d_rows: int  # 1: D stored by rows at run-time strides (a strided dgrad's phase)
+    grouped: int  # 0 one GEMM; 1, 2, 3 grouped_gemm's ragged M, ragged K and list forms (jitops/light_grouped.py)
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
@@ -81,7 +82,7 @@ class LightInfo(NamedTuple):
 
 
 def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2,
-                  pingpong: bool = False, conv: int = 0, d_rows: bool = False) -> LightInfo:
+                  pingpong: bool = False, conv: int = 0, d_rows: bool = False, grouped: int = 0) -> LightInfo:
     """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
     stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
     period, plus two mbarriers a stage and the pingpong consumers' two."""
@@ -89,7 +90,7 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
     return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
                      CONV_PARAMS_SIZE if conv else PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
-                     int(b_kmajor), int(pingpong), conv, int(d_rows))
+                     int(b_kmajor), int(pingpong), conv, int(d_rows), grouped)
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------

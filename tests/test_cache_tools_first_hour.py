@@ -69,16 +69,16 @@ def test_grouped_gemm_items_take_the_list_form_offsets_or_sizes():
     with_sizes = dict(ragged, shapes=[[[9216, 2048], [64, 2048, 1024], None]], kwargs={"sizes": [144] * 64})
     by_offsets, by_sizes = plan(ragged, archs=("sm_90a",)), plan(with_sizes, archs=("sm_90a",))
     assert {j.request for j in by_offsets.jobs} == {j.request for j in by_sizes.jobs}
-    layouts = {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"]) for j in by_offsets.jobs}
-    assert layouts == {("1", "1"), ("1", "0"), ("0", "1")}  # y = x @ w, dx = dy @ w^T, dw = x^T @ dy
+    def forms(item):  # (LIGHT_GROUPED, A K-major, B K-major) of each light kernel the item builds
+        return {tuple(int(dict(j.request.defines)[name]) for name in ("LIGHT_GROUPED", "LIGHT_A_KMAJOR",
+                                                                     "LIGHT_B_KMAJOR"))
+                for j in plan(item, archs=("sm_90a",)).jobs if j.request.kernel == "gemm_sm90_light"}
+
+    # y = x @ w and dx = dy @ w^T (ragged M), dw = x^T @ dy (ragged K)
+    assert forms(ragged) == {(1, 1, 0), (1, 1, 1), (2, 0, 0)}
     listed = {"op": "grouped_gemm", "dtypes": ["bf16"], "shapes": [[[[32, 64], [96, 64]], [[64, 48], [64, 48]]]]}
-
-    def list_layouts(item):
-        return {(dict(j.request.defines)["JG_A_ROW"], dict(j.request.defines)["JG_B_ROW"])
-                for j in plan(item, archs=("sm_90a",)).jobs}
-
-    assert list_layouts(listed) == layouts  # the list form: its forward and both gradients' GEMMs
-    assert list_layouts(dict(listed, grad=False)) == {("1", "1")}  # the no-grad path: the forward alone
+    assert forms(listed) == {(3, 1, 0), (3, 1, 1), (3, 0, 0)}  # the list form: its forward and both gradients
+    assert forms(dict(listed, grad=False)) == {(3, 1, 0)}  # the no-grad path: the forward alone
 
 
 def test_calls_that_need_no_kernel_on_a_target_say_so(tmp_path, capsys):

@@ -297,7 +297,14 @@ def meta(shape, stride=None, dtype=torch.bfloat16):
         torch.empty(shape, dtype=dtype, device="meta")
 
 
-def test_moe_forward_and_gradients_use_three_layouts_of_the_same_kernel():
+@pytest.fixture
+def cutlass_kernels(monkeypatch):
+    """The CUTLASS grouped kernel's route (JITOPS_GROUPED_GEMM_SM90_KERNEL=cutlass; the light kernel is the
+    default: tests/test_light_grouped.py)."""
+    monkeypatch.setenv("JITOPS_GROUPED_GEMM_SM90_KERNEL", "cutlass")
+
+
+def test_moe_forward_and_gradients_use_three_layouts_of_the_same_kernel(cutlass_kernels):
     x, w, offsets = meta((9216, 2048)), meta((64, 2048, 1024)), meta((64,), dtype=torch.int32)
     dy = meta((9216, 1024))
     forward = gg.ragged_shape_class(x, w, offsets).kernel
@@ -309,7 +316,7 @@ def test_moe_forward_and_gradients_use_three_layouts_of_the_same_kernel():
     assert dw.copy_a is None and dw.copy_b is None  # no transposed copies in the backward
 
 
-def test_list_layouts_from_strides():
+def test_list_layouts_from_strides(cutlass_kernels):
     As, Bs = [meta((2048, 4096))] * 8, [meta((4096, 4096))] * 8
     forward = gg.list_shape_class(As, Bs)
     assert forward.kernel == gg_plan.GemmKernelClass(torch.bfloat16, True, True, gg_plan.DEFAULT)
@@ -332,7 +339,7 @@ def test_unreadable_layouts_are_copied_and_misaligned_sizes_fall_back_to_aten():
     assert gg.ragged_shape_class(expanded, w.mT.contiguous().mT.mT, offsets).copy_a == gg_plan.ROW
 
 
-def test_no_kernel_for_empty_problems_or_non_hopper_targets():
+def test_no_kernel_for_empty_problems_or_non_hopper_targets(cutlass_kernels):
     empty = gg.ragged_shape_class(meta((0, 64)), meta((4, 64, 32)), meta((4,), dtype=torch.int32))
     assert empty.kernel.config == gg_plan.NOTHING and gg._kernels(empty, SM90) == {}
     cls = gg.ragged_shape_class(meta((100, 64)), meta((4, 64, 32)), meta((4,), dtype=torch.int32))
@@ -343,7 +350,7 @@ def test_no_kernel_for_empty_problems_or_non_hopper_targets():
                                      "JG_ELEMENT": "cutlass::bfloat16_t"}
 
 
-def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels():
+def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels(cutlass_kernels):
     classes = set()
     public = jitops.find_public("grouped_gemm")
     for item in gg.PREWARM:
@@ -356,7 +363,7 @@ def test_prewarm_manifest_names_the_forward_and_both_gradient_kernels():
     assert layouts == {(True, True, gg_plan.DEFAULT), (True, False, gg_plan.DEFAULT), (False, True, gg_plan.DEFAULT)}
 
 
-def test_backward_kernels_are_requested_in_the_background(monkeypatch):
+def test_backward_kernels_are_requested_in_the_background(monkeypatch, cutlass_kernels):
     op_module = importlib.import_module("jitops.op")  # (jitops.op is also the declaring function)
 
     requested = []
@@ -428,7 +435,7 @@ class FakeLibrary:
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
+def fake_cuda(monkeypatch, cutlass_kernels):
     monkeypatch.setattr(gg_run, "_workspace", lambda lib, groups, device: (torch.empty(0), 4096))
     monkeypatch.setattr(gg_run, "sm_count", lambda device: 132)
     monkeypatch.setattr(gg_run, "current_stream", lambda device: 7)

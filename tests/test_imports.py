@@ -38,6 +38,9 @@ KERNEL_HOST_SIDES = {
     "jitops.light_conv": (("conv2d",), "the light sm_90a conv kernels' specs and host side "
                                      "(JITOPS_CONV2D_SM90_KERNEL=light), tested on their own by "
                                      "tests/test_light_conv.py"),
+    "jitops.light_grouped": (("grouped_gemm",), "the light sm_90a kernel's grouped forms: specs and host side "
+                                             "(JITOPS_GROUPED_GEMM_SM90_KERNEL=light), tested on their own by "
+                                             "tests/test_light_grouped.py"),
     "jitops.native": (("linear", "gemm", "gelu", "layer_norm", "conv2d"),
                       "the C++ host path (kernels/host/host_path.cpp): linear, layer_norm and conv2d call it first, "
                       "gemm's, gelu's, layer_norm's and conv2d's launches offer it their kernels; jitops/__init__ "

@@ -1,4 +1,4 @@
-"""jitops.grouped_gemm: many matrix products in one CUTLASS grouped-GEMM launch, with gradients.
+"""jitops.grouped_gemm: many matrix products in one grouped-GEMM launch, with gradients.
 
     outs = jitops.grouped_gemm([A_0, A_1, ...], [B_0, B_1, ...])     # list form: outs[i] = A_i @ B_i
     y = jitops.grouped_gemm(x, w, offsets=offsets)                   # ragged form (mixture of experts)
@@ -14,15 +14,18 @@ order flow:
     a (G, M, K) @ b (K, T)    -> (M, T)       ragged N (returned as a transposed view)
 Empty groups work: they give zero rows (ragged M/N) or a zero matrix (ragged K).
 
-CUDA, Hopper (sm_90a), bf16 and fp16: a CUTLASS 3 ptr-array grouped GEMM (kernels/grouped_gemm/grouped_gemm.cu)
-built by nvcc, fp32 accumulation; other GPUs run the ATen loop below.  The layout of each operand (row- or
-column-major) comes from its strides and picks the compiled kernel, so the backward reuses the same kernels
-on transposed views (dA = dC·Bᵀ, dB = Aᵀ·dC) with no transposed copies.
+CUDA, Hopper (sm_90a), bf16 and fp16, fp32 accumulation: the light GEMM kernel's grouped forms
+(jitops/light_grouped.py: NVRTC, under a second to compile, one kernel per form and layout), or with
+JITOPS_GROUPED_GEMM_SM90_KERNEL=cutlass a CUTLASS 3 ptr-array grouped GEMM (kernels/grouped_gemm/grouped_gemm.cu,
+nvcc, about 40 s a kernel); the light kernels ran level with it or faster on bench_grouped_gemm's cases
+(docs/benchmarks.md).  Other GPUs run the ATen loop below.  The layout of each operand (row- or column-major) comes
+from its strides and picks the compiled kernel, so the backward runs on transposed views (dA = dC·Bᵀ,
+dB = Aᵀ·dC) with no transposed copies.
 
-The ragged form builds each group's sizes and pointers on the GPU from the device offsets: no device-to-host
-copy.  Offsets on the GPU are therefore not read on the host: a bad offsets tensor gives wrong numbers (never
-an out-of-bounds access); pass check_offsets=True to validate them at the cost of one sync.  Offsets on the
-CPU, and `sizes` given as a list, are always validated.
+The ragged form finds each group's rows on the GPU from the device offsets: no device-to-host copy.  Offsets
+on the GPU are therefore not read on the host: a bad offsets tensor gives wrong numbers (never an out-of-bounds
+access); pass check_offsets=True to validate them at the cost of one sync.  Offsets on the CPU, and `sizes`
+given as a list, are always validated.
 
 Operands whose leading dimensions or contiguous extents are not multiples of 8 elements (16 bytes, which TMA
 needs) or whose layout the kernel cannot read are copied to a layout it can; when no copy helps (K or N not a
@@ -40,12 +43,12 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import shapes
+from .. import light_grouped, shapes
 from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaLibrary, Source, Target
 from .grouped_gemm_plan import (ALIGN_BYTES, ATEN, COL, NOTHING, ROW, GemmKernelClass, ListClass, RaggedClass, _as_is,
-                                _config, _decide)
+                                _config, _decide, is_light)
 from .grouped_gemm_run import (OFFSET_DTYPES, _check_offsets_dtype, _group_bounds, _ragged_out, run_list_cpu,
                                run_list_cuda, run_ragged_cpu, run_ragged_cuda)
 
@@ -69,11 +72,15 @@ GROUPED_GEMM = CudaLibrary(
 
 
 def _kernels(cls: Any, target: Target) -> dict:
-    """The grouped GEMM for a class on Hopper (sm_90a); none on the CPU, on other GPUs (the ATen loop runs
-    there) or when there is nothing to launch."""
+    """The grouped GEMM for a class on Hopper (sm_90a): the light kernel of its form, or CUTLASS's (one kernel
+    for every form); none on the CPU, on other GPUs (the ATen loop runs there) or when there is nothing to
+    launch."""
     kernel = cls.kernel
     if kernel.config in (ATEN, NOTHING) or target.device_type == "cpu" or target.capability[0] != 9:
         return {}
+    if is_light(kernel.config):
+        form = "list" if isinstance(cls, ListClass) else "K" if cls.mode == "K" else "M"
+        return {"light": light_grouped.request(kernel, form)}
     return {"gemm": GROUPED_GEMM.bind(shapes.dtype_name(kernel.dtype), JG_ELEMENT=ELEMENTS[kernel.dtype],
                                       JG_A_ROW=int(kernel.a_row), JG_B_ROW=int(kernel.b_row),
                                       JG_CONFIG=kernel.config)}
@@ -131,7 +138,7 @@ def _remember(key: tuple, cls: Any) -> Any:
 def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
     if type(a) is _Tensor and type(b) is _Tensor and type(offsets) is _Tensor:  # not fake: sizes are ints
         key = (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.shape, b.stride(), offsets.shape,
-               (a.data_ptr() | b.data_ptr()) & 15, config.grouped_gemm_config)
+               (a.data_ptr() | b.data_ptr()) & 15, config.grouped_gemm_config, config.grouped_gemm_sm90_kernel)
         cls = _CLASSES.get(key)
         return cls if cls is not None else _remember(key, _ragged_shape_class(a, b, offsets))
     return _ragged_shape_class(a, b, offsets)
@@ -162,7 +169,7 @@ def _ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor)
         layout_b, copy_b = _decide([_as_is(b, total, n, elements)], {ROW: n % elements == 0}, ROW)
     if layout_a is None or layout_b is None or n % elements:
         return RaggedClass(mode, GemmKernelClass(a.dtype, True, True, ATEN), None, None)
-    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config())
+    kernel = GemmKernelClass(a.dtype, layout_a == ROW, layout_b == ROW, _config(n))
     return RaggedClass(mode, kernel, layout_a if copy_a[0] else None, layout_b if copy_b[0] else None)
 
 
@@ -221,7 +228,7 @@ grouped_gemm_ragged = op(
 def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
     if len(As) == len(Bs) and all(type(t) is _Tensor for t in As) and all(type(t) is _Tensor for t in Bs):
         address = 0
-        facts: list[Any] = [config.grouped_gemm_config]
+        facts: list[Any] = [config.grouped_gemm_config, config.grouped_gemm_sm90_kernel]
         for a, b in zip(As, Bs):
             address |= a.data_ptr() | b.data_ptr()
             facts += (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.is_cpu, b.shape, b.stride())
@@ -262,6 +269,7 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
     copyable_a = {ROW: True, COL: True}
     copyable_b = {ROW: True, COL: True}
     live = 0
+    widest = 0
     n_ok = True
     for a, b in zip(As, Bs):
         (m, k), n = a.shape, b.shape[1]
@@ -270,6 +278,7 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
             readable_b.append(None)
             continue
         live += 1
+        widest = max(widest, n)
         n_ok &= n % elements == 0  # D_i is row-major
         readable_a.append(_as_is(a, m, k, elements))
         readable_b.append(_as_is(b, k, n, elements))
@@ -283,7 +292,7 @@ def _list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) ->
     layout_b, copy_b = _decide(readable_b, copyable_b)
     if layout_a is None or layout_b is None or not n_ok:
         return ListClass(GemmKernelClass(dtype, True, True, ATEN), (), ())
-    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config())
+    kernel = GemmKernelClass(dtype, layout_a == ROW, layout_b == ROW, _config(widest))
     return ListClass(kernel, copy_a, copy_b)
 
 

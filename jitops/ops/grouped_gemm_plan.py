@@ -1,6 +1,7 @@
-"""How jitops.grouped_gemm picks its kernel: the tile configurations and tile orders measured on the H100,
-the shape classes' kernel facts (dtype, operand layouts, configuration), and the layout rules that decide, per
-operand, whether the kernel reads it as it is, reads a copy, or cannot (then the ATen loop runs).
+"""How jitops.grouped_gemm picks its kernel: the light kernel's tiles (the default), CUTLASS's tile configurations
+and tile orders measured on the H100, the shape classes' kernel facts (dtype, operand layouts, configuration), and
+the layout rules that decide, per operand, whether the kernel reads it as it is, reads a copy, or cannot (then the
+ATen loop runs).
 
 Pure: the shape classes in jitops/ops/grouped_gemm.py call these.  Benchmarks force a configuration or a tile
 order with config.scope(grouped_gemm_config=..., grouped_gemm_schedule=...) (jitops/config.py).
@@ -25,6 +26,9 @@ ALIGN_BYTES = 16  # TMA: addresses and leading dimensions 16-byte aligned
 DEFAULT = "coop_128x256x64_c2x1"
 CONFIGS = (DEFAULT, "coop_128x128x64_c1x1", "pong_64x128x64_c1x1", "coop_128x128x64_c1x2", "pong_128x128x64_c1x1",
            "coop_256x128x64_c1x1", "coop_256x128x64_c1x2", "coop_128x256x64_c1x1", "pong_64x256x64_c1x1")
+# The light kernel's configurations (jitops/light_grouped.py, JITOPS_GROUPED_GEMM_SM90_KERNEL=light, the default):
+# 128 x 256 tiles, the shape of CUTLASS's fastest configuration above, or 128 x 128 where N fits one such tile.
+LIGHT_CONFIGS = ("light_128x256", "light_128x128")
 ATEN = "aten"                    # no kernel: ATen loop (CPU, GPUs other than Hopper, shapes TMA cannot read)
 NOTHING = "nothing"              # no kernel: the result is empty or zeros
 
@@ -49,14 +53,22 @@ class GemmKernelClass(NamedTuple):
     config: str     # a tile configuration, or ATEN
 
 
-def _config() -> str:
+def _config(n: int) -> str:
+    """The kernel configuration for an output N columns wide (the list form: its widest)."""
     forced = config.grouped_gemm_config
     if forced is None:
+        if config.grouped_gemm_sm90_kernel == "light":
+            return LIGHT_CONFIGS[1] if n <= 128 else LIGHT_CONFIGS[0]
         return DEFAULT
-    if forced not in CONFIGS:
+    if forced not in CONFIGS + LIGHT_CONFIGS:
         raise ValueError(f"jitops.grouped_gemm: config.grouped_gemm_config is {forced!r}, which is no configuration "
-                         f"of kernels/grouped_gemm/grouped_gemm.cu; use one of {', '.join(CONFIGS)}")
+                         f"of the light kernel ({', '.join(LIGHT_CONFIGS)}) or of kernels/grouped_gemm/grouped_gemm.cu "
+                         f"({', '.join(CONFIGS)})")
     return forced
+
+
+def is_light(config_name: str) -> bool:
+    return config_name in LIGHT_CONFIGS
 
 
 _TILINGS: dict[str, tuple[int, int, int, int]] = {}

@@ -1,6 +1,7 @@
-"""jitops.grouped_gemm's launch code: operand copies, the calls into the CUTLASS grouped GEMM library (its
-workspace, error strings, tile order) and the ATen loop over groups for the CPU and for shapes the kernel
-cannot read.  Declarations and shape classes are in jitops/ops/grouped_gemm.py, the plan in grouped_gemm_plan.py.
+"""jitops.grouped_gemm's launch code: operand copies, the light kernels' launches (jitops/light_grouped.py), the
+calls into the CUTLASS grouped GEMM library (its workspace, error strings, tile order) and the ATen loop over
+groups for the CPU and for shapes the kernels cannot read.  Declarations and shape classes are in
+jitops/ops/grouped_gemm.py, the plan in grouped_gemm_plan.py.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import light_grouped
 from ..config import config
 from ..launch import current_stream, sm_count
 from .grouped_gemm_plan import (ALIGN_BYTES, COL, LIST_SWIZZLE, NOTHING, ROW, SCHEDULE, ListClass, RaggedClass,
@@ -102,9 +104,10 @@ def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) 
     if offsets.dtype is not torch.int32:
         _check_offsets_dtype(offsets)
     lib = getattr(k, "gemm", None)
+    light = getattr(k, "light", None)
     if cls.kernel.config == NOTHING:
         return _ragged_out(a, b, offsets, cls.mode).zero_()
-    if lib is None:
+    if lib is None and light is None:
         return _ragged_aten(a, b, offsets, cls.mode)
     out = _ragged_out(a, b, offsets, cls.mode)
     if cls.mode == "N":  # out (M, T) is the transposed view of d (T, M) = bᵀ @ aᵀ
@@ -138,6 +141,18 @@ def run_ragged_cuda(k, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) 
         offsets = offsets.to(torch.int32)
     offsets = offsets.contiguous()
     device_index = a.get_device()
+    if light is not None:
+        if mode == "M" and groups > 1 and b_step == 0:  # a broadcast weight: TMA takes no zero stride
+            b = _copy_to(b, layout_b)
+            b_step = b.stride(0)
+        if mode == "M" and b.shape[0] == 1:  # a lone group's step is never taken; TMA wants a plausible one
+            b_step = b_ld * (b.shape[1] if layout_b == ROW else b.shape[2])  # ld times the outer extent
+        problem = light_grouped.RaggedProblem(
+            mode, groups, total if mode == "M" else m, n, kk if mode == "M" else total, a_ld, b_ld,
+            b_step if mode == "M" else 0, d_ld, sm_count(device_index))
+        light_grouped.host(light).ragged(problem, a.data_ptr(), b.data_ptr(), d.data_ptr(), offsets.data_ptr(),
+                                         current_stream(device_index))
+        return out
     workspace, size = _workspace(lib, groups, device_index)
     raster, swizzle = config.grouped_gemm_schedule or SCHEDULE
     status = lib.jg_run_ragged(MODES[mode], groups, offsets, total, m, n, kk, a, a_step, a_ld, b, b_step, b_ld,
@@ -156,14 +171,15 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
     cls: ListClass = k.shape_class
     kernel = cls.kernel
     lib = getattr(k, "gemm", None)
-    if lib is None:  # ATen loop, or nothing to launch (every product is empty or has K = 0)
+    light = getattr(k, "light", None)
+    if lib is None and light is None:  # ATen loop, or nothing to launch (every product is empty or has K = 0)
         return [torch.mm(a, b) for a, b in zip(As, Bs)]
     layout_a = ROW if kernel.a_row else COL
     layout_b = ROW if kernel.b_row else COL
     elements = ALIGN_BYTES // As[0].element_size()
     device = As[0].device
     outs, rows, keep = [], [], []
-    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config)
+    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config) if light is None else (0, 0, 0, 0)
     pad_free = True  # every launched group's tile counts are multiples of LIST_SWIZZLE x cluster
     for i, (a, b) in enumerate(zip(As, Bs)):
         (m, kk), n = a.shape, b.shape[1]
@@ -182,10 +198,16 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
             keep.append(b)
         rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
                  _leading(b, layout_b, elements), out.data_ptr(), n)
+        if light is not None:
+            continue
         pad_free &= (-(-m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
                      -(-n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0)
     groups = len(rows) // 9
-    if groups:
+    if groups and light is not None:
+        launched = [light_grouped.ListGroup(*rows[i:i + 8]) for i in range(0, len(rows), 9)]
+        device_index = As[0].get_device()
+        light_grouped.host(light).list(launched, device, sm_count(device_index), current_stream(device_index))
+    elif groups:
         host = torch.tensor(rows, dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()  # an asynchronous copy: no wait for the stream

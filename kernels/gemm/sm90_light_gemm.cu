@@ -29,6 +29,7 @@
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
 //   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, 3: its wgrad, as implicit GEMMs
 //   LIGHT_D_ROWS  1: (dgrad) D stored by rows at dx's strides, a strided dgrad's phase
+//   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
 //
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
 // for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
@@ -46,6 +47,19 @@
 // box (MN-major: the pixels are GEMM-K).  D is [split][K][taps][C] through a rank-4 store that drops the padding:
 // LIGHT_OUT 1, each split's fp32 sums in its slice, which a reduction kernel sums into dw; LIGHT_OUT 0, one split
 // written straight into dw's KRSC memory.
+// Grouped GEMMs (LIGHT_GROUPED; jitops/light_grouped.py).  A work unit is one output tile of one group; the
+// CTAs walk the units in order, each finding its group by walking on from the last one (units only increase), so
+// the group sizes can live on the device: a ragged call reads no offsets on the host.
+//   1, ragged M (a mixture of experts' y = x . w[g]): A (T, K) K-major through one 2-D descriptor, rows
+//      offsets[g-1]:offsets[g] for group g; B (G, K, N) through a 3-D descriptor (group outermost); D (T, N) stored
+//      by rows, only those of the tile's group (a TMA box would write the next group's rows).
+//   2, ragged K (the weight gradient dw[g] = x[rows of g]^T . dy[rows of g]): A (M, T) and B (T, N), both MN-major,
+//      k-blocks from the group's first row; the last k-block's rows past the group's end are zeroed in shared
+//      memory before the wgmmas read them.  D (G, M, N) through a 3-D store.
+//   3, list (D_g = A_g . B_g, any sizes): a table in global memory of per-group descriptors and sizes, made on the
+//      host.
+// Cooperative consumers only (the pingpong turns assume every tile has the same k-blocks).  Offsets outside
+// [previous end, T] are clamped: a bad offsets tensor gives wrong numbers, never an access out of bounds.
 // Needs (the host checks): N (and K, or M for an MN-major A) multiples of 8, 16-byte aligned A, B and D with
 // leading dimensions that are multiples of 8 elements (D's: of 16 bytes); M, N, K below 2**31.
 #if LIGHT_T == 0
@@ -61,6 +75,9 @@
 #endif
 #ifndef LIGHT_D_ROWS
 #define LIGHT_D_ROWS 0
+#endif
+#ifndef LIGHT_GROUPED
+#define LIGHT_GROUPED 0
 #endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -78,6 +95,8 @@ constexpr int kConsumers = 2;
 constexpr bool kPingpong = LIGHT_PINGPONG;
 constexpr int kConv = LIGHT_CONV;
 constexpr bool kActivation = kConv == 0;  // a conv's fused epilogue adds its bias only
+constexpr int kGrouped = LIGHT_GROUPED;
+constexpr bool kRowStores = LIGHT_D_ROWS || kGrouped == 1;  // D stored by rows, not by TMA
 constexpr int kWarpgroupRows = kPingpong ? kTileM : kTileM / kConsumers;  // a consumer's rows of its tiles
 constexpr int kMmaBlocks = kWarpgroupRows / 64;                           // m64 wgmmas a k16 step
 constexpr int kAccumulators = kMmaBlocks * kTileN / 2;                    // fp32 registers a thread
@@ -108,6 +127,10 @@ static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64,
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
 static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a dgrad phase's 16-bit dx");
+static_assert(!kGrouped || (kConv == 0 && !kPingpong && !LIGHT_FUSED && LIGHT_OUT == 0),
+              "grouped: a plain cooperative GEMM with a 16-bit D");
+static_assert(kGrouped != 1 || kAKMajor, "ragged M: A's rows are the ragged dimension, so K-major");
+static_assert(kGrouped != 2 || (!kAKMajor && !kBKMajor), "ragged K: K is the strided dimension of A and B");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -137,6 +160,12 @@ struct alignas(64) Params {
     int splits;              // wgrad: slices of GEMM-K, k = split_blocks * 64 each (fprop, dgrad: 1)
     int split_blocks;
     int d_sn, d_sh, d_sw;    // LIGHT_D_ROWS: dx's strides in elements (image, row, pixel)
+#elif LIGHT_GROUPED
+    // m, n, k are then: ragged M: T, N, K; ragged K: M, N, T; list: unused.
+    const void* groups_data;  // ragged: the groups' int32 cumulative ends (device); list: the GroupEntry table
+    void* d_rows;             // ragged M: D's address (stored by rows)
+    int groups;
+    int ldd;                  // ragged M: D's leading dimension, elements
 #endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
@@ -145,7 +174,7 @@ static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && si
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
     kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
-    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv, LIGHT_D_ROWS};
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv, LIGHT_D_ROWS, kGrouped};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -241,6 +270,96 @@ __device__ __forceinline__ void store_rows(const Params& p, u32 buffer, int row0
 }
 #endif
 
+#if LIGHT_GROUPED
+// The list form's table: one entry a group, made on the host (jitops/light_grouped.py packs it at these offsets).
+struct alignas(64) GroupEntry {
+    TmaDescriptor a;  // as Params' a, b and d, for this group's matrices
+    TmaDescriptor b;
+    TmaDescriptor d;
+    int m, n, k;
+};
+static_assert(sizeof(GroupEntry) == 448, "GroupEntry layout");
+
+// Where a CTA's walk over the work units is: the group of the last unit, the group's first unit and unit count,
+// and its range of the ragged dimension.
+struct GroupCursor {
+    int group = -1;
+    int first = 0;
+    int count = 0;
+    int begin = 0, end = 0;  // ragged: rows (M) or k (K) of the group; list: unused
+    int m = 0, n = 0, k = 0;  // the group's problem
+};
+
+// One unit: an output tile of one group.
+struct Unit {
+    int m_block, n_block;
+    int a_row0;    // A's first row (ragged M: within T)
+    int k0;        // the first k (ragged K: the group's first row of A's columns and B's rows)
+    int k_blocks;
+    int k_last;    // rows of the last k-block inside the group (ragged K; 64 elsewhere)
+    int d_row0;    // D's first row of the tile, and D's row and column bounds for its stores
+    int d_rows, d_cols;
+};
+
+// The unit `unit` of the walk, the cursor moved on to its group; false once past the last group.
+__device__ __forceinline__ bool next_unit(const Params& p, GroupCursor& c, int unit, Unit& u) {
+    while (unit >= c.first + c.count) {
+        if (c.group + 1 >= p.groups) return false;
+        c.first += c.count;
+        ++c.group;
+#if LIGHT_GROUPED == 3
+        const GroupEntry* e = static_cast<const GroupEntry*>(p.groups_data) + c.group;
+        c.m = e->m;
+        c.n = e->n;
+        c.k = e->k;
+#else
+        const int limit = kGrouped == 1 ? p.m : p.k;  // T
+        const int end = static_cast<const int*>(p.groups_data)[c.group];
+        c.begin = c.end;
+        c.end = end < c.begin ? c.begin : end > limit ? limit : end;
+        c.m = kGrouped == 1 ? c.end - c.begin : p.m;
+        c.n = p.n;
+        c.k = kGrouped == 1 ? p.k : c.end - c.begin;
+#endif
+        // A ragged K group with no rows still has its tiles: its dw is zeros.
+        c.count = kGrouped == 2 || c.k > 0 ? (c.m + kTileM - 1) / kTileM * ((c.n + kTileN - 1) / kTileN) : 0;
+    }
+    const int tiles_m = (c.m + kTileM - 1) / kTileM;
+    tile_coordinates(unit - c.first, tiles_m, (c.n + kTileN - 1) / kTileN, p.group_m, u.m_block, u.n_block);
+    u.k_blocks = (c.k + kTileK - 1) / kTileK;
+    u.k_last = c.k - (u.k_blocks - 1) * kTileK;
+    u.k0 = kGrouped == 2 ? c.begin : 0;
+    u.a_row0 = (kGrouped == 1 ? c.begin : 0) + u.m_block * kTileM;
+    u.d_row0 = u.a_row0;
+    u.d_rows = kGrouped == 1 ? c.end : c.m;
+    u.d_cols = c.n;
+    return true;
+}
+
+// Rows [valid, 64) of a 64 x 64 MN-major box (64 rows of K, 128 bytes each) to zeros, by one warpgroup: a ragged K
+// group's last k-block ends inside the box, and the rows past it belong to the next group.
+__device__ __forceinline__ void zero_rows(u32 box, int valid, int thread) {
+    for (int unit = valid * 8 + thread; unit < 64 * 8; unit += 128) st_shared_zero_v4(box + unit * 16);
+}
+
+// A staged 64 x 64 chunk of a ragged M tile out to D by rows, only rows below `rows_end` (the group's end) and
+// columns below N: 16 bytes a thread, 8 threads a row.
+__device__ __forceinline__ void store_group_rows(const Params& p, u32 buffer, int row0, int rows_end, int col0,
+                                                 int thread) {
+    unsigned short* d = static_cast<unsigned short*>(p.d_rows);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int unit = thread + 128 * i;
+        const int row = unit / 8, u = unit % 8;
+        const int m = row0 + row, col = col0 + 8 * u;
+        if (m < rows_end && col < p.n) {
+            const uint4 v = ld_shared_v4(buffer + row * 128 + ((u ^ (row % 8)) * 16));
+            *reinterpret_cast<uint4*>(d + static_cast<long long>(m) * p.ldd + col) = v;
+        }
+    }
+}
+#endif
+
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
     if constexpr (kN == 256) {
@@ -299,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         mbarrier_init(turn + 8, 1);
         fence_barrier_init();
     }
-    if (threadIdx.x == 128 * kConsumers) {
+    if (kGrouped != 3 && threadIdx.x == 128 * kConsumers) {  // the list form's are in its table
         tma_prefetch_descriptor(&p.a);
         tma_prefetch_descriptor(&p.b);
         tma_prefetch_descriptor(&p.d);
@@ -312,6 +431,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     const int k_blocks = (p.k + kTileK - 1) / kTileK;  // a work unit's
 #if LIGHT_CONV == 3
     const int units = tiles * p.splits;  // a unit: one tile of one split (unit / tiles)
+#elif LIGHT_GROUPED
+    const int units = 0x7FFFFFFF;  // until next_unit finds no group left
 #else
     const int units = tiles;
 #endif
@@ -329,9 +450,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         const int out_h = p.out_hw / p.out_w;
         const int step_image = kTileK / p.out_hw, step_oh = kTileK % p.out_hw / p.out_w, step_ow = kTileK % p.out_w;
 #endif
+#if LIGHT_GROUPED
+        GroupCursor cursor;
+        int acquired = -1;  // the list form: the group whose descriptors this thread has acquired
+#endif
         for (int tile = blockIdx.x; tile < units; tile += gridDim.x) {
             int m_block, n_block;
+#if LIGHT_GROUPED
+            Unit u;
+            if (!next_unit(p, cursor, tile, u)) break;
+            m_block = u.m_block;
+            n_block = u.n_block;
+            const int tile_k_blocks = u.k_blocks;
+#if LIGHT_GROUPED == 3
+            const GroupEntry* entry = static_cast<const GroupEntry*>(p.groups_data) + cursor.group;
+            if (acquired != cursor.group) {
+                tensormap_acquire(&entry->a);
+                tensormap_acquire(&entry->b);
+                acquired = cursor.group;
+            }
+#endif
+#else
             tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+            const int tile_k_blocks = k_blocks;
+#endif
 #if LIGHT_CONV == 3
             const int first_block = tile / tiles * k_blocks;  // the split's first k-block of output pixels
             int image = first_block * kTileK / p.out_hw;
@@ -359,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
             const int w0 = p.corner_w + ow * p.stride_w, h0 = p.corner_h + oh * p.stride_h;
             int tap = 0, c_block = 0, r = 0, s = 0;  // the k-block's filter tap (r, s) and channel block
 #endif
-            for (int kb = 0; kb < k_blocks; ++kb) {
+            for (int kb = 0; kb < tile_k_blocks; ++kb) {
                 mbarrier_wait(empty + 8 * stage, phase ^ 1);
                 const u32 bar = full + 8 * stage;
                 mbarrier_arrive_expect_tx(bar, kStageBytes);
@@ -405,6 +547,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                         ++r;
                     }
                 }
+#elif LIGHT_GROUPED == 1
+                tma_load_2d(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, u.a_row0);
+                if constexpr (kBKMajor) {  // B (G, K, N) as dims (K, N, G)
+                    tma_load_3d(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN, cursor.group);
+                } else {  // dims (N, K, G)
+#pragma unroll
+                    for (int j = 0; j < kTileN / 64; ++j) {
+                        tma_load_3d(&p.b, smem_b + stage * kBytesB + j * 8192, bar, n_block * kTileN + 64 * j,
+                                    kb * kTileK, cursor.group);
+                    }
+                }
+#elif LIGHT_GROUPED == 2
+                load_tile<false, kTileM>(&p.a, smem_a + stage * kBytesA, bar, u.k0 + kb * kTileK, m_block * kTileM);
+                load_tile<false, kTileN>(&p.b, smem_b + stage * kBytesB, bar, u.k0 + kb * kTileK, n_block * kTileN);
+#elif LIGHT_GROUPED == 3
+                load_tile<kAKMajor, kTileM>(&entry->a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                load_tile<kBKMajor, kTileN>(&entry->b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
 #else
                 load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
                 load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
@@ -432,14 +591,39 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     // took tile 0's data and hung the kernel.
     const int first = kPingpong ? warpgroup : 0;
     const int stride = kPingpong ? kConsumers : 1;
+#if LIGHT_GROUPED
+    GroupCursor cursor;
+    int acquired = -1;
+    unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's count varies
+#endif
     for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < units;
          local += stride, tile += stride * gridDim.x) {
         if constexpr (kPingpong) {
             if (local > 0) mbarrier_wait(turn + 8 * warpgroup, ((local - 1) / 2) & 1);  // the other's mainloop
         }
         int m_block, n_block;
+#if LIGHT_GROUPED
+        Unit u;
+        if (!next_unit(p, cursor, tile, u)) break;
+        m_block = u.m_block;
+        n_block = u.n_block;
+        const int tile_k_blocks = u.k_blocks;
+        const unsigned long long position = ring;
+        ring += tile_k_blocks;
+        const int d_row0 = u.d_row0, d_rows = u.d_rows, d_cols = u.d_cols;
+#if LIGHT_GROUPED == 3
+        const GroupEntry* entry = static_cast<const GroupEntry*>(p.groups_data) + cursor.group;
+        if (store_leader && acquired != cursor.group) {
+            tensormap_acquire(&entry->d);
+            acquired = cursor.group;
+        }
+#endif
+#else
         tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
+        const int tile_k_blocks = k_blocks;
         const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
+        const int d_row0 = m_block * kTileM, d_rows = p.m, d_cols = p.n;
+#endif
         int stage = static_cast<int>(position % kStages);
         u32 phase = static_cast<u32>(position / kStages) & 1;
         float acc[kAccumulators];
@@ -447,8 +631,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
 
         int previous = -1;
-        for (int kb = 0; kb < k_blocks; ++kb) {
+        for (int kb = 0; kb < tile_k_blocks; ++kb) {
             mbarrier_wait(full + 8 * stage, phase);
+#if LIGHT_GROUPED == 2
+            if (kb == tile_k_blocks - 1 && u.k_last < kTileK) {  // the rows past the group's end to zeros
+                const int thread = threadIdx.x % 128;
+                zero_rows(smem_a + stage * kBytesA + warpgroup * 8192, u.k_last, thread);
+#pragma unroll
+                for (int j = warpgroup; j < kTileN / 64; j += kConsumers) {
+                    zero_rows(smem_b + stage * kBytesB + j * 8192, u.k_last, thread);
+                }
+                fence_proxy_async_shared();
+                named_barrier_sync(1 + kConsumers, 128 * kConsumers);  // both consumers read all of B
+            }
+#endif
             const u64 desc_b = tile_descriptor<kBKMajor>(smem_b + stage * kBytesB);
             fence_accumulators(acc);
             wgmma_fence();
@@ -486,13 +682,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         const u32 buffers = epilogue + warpgroup * kStoreBuffers * kStoreBytes;
 #pragma unroll
         for (int h = 0; h < kMmaBlocks; ++h) {
-            const int store_row0 = m_block * kTileM + (kPingpong ? h : warpgroup) * 64;
-            if (store_row0 >= p.m) break;  // the block's rows are all past M (uniform in the warpgroup)
+            const int store_row0 = d_row0 + (kPingpong ? h : warpgroup) * 64;
+            if (store_row0 >= d_rows) break;  // the block's rows are all past M (uniform in the warpgroup)
             const float* block = &acc[h * kTileN / 2];
 #pragma unroll
             for (int j = 0; j < kStoreChunks; ++j) {
                 const int chunk_col0 = n_block * kTileN + j * kStoreCols;
-                if (chunk_col0 >= p.n) break;  // uniform too
+                if (chunk_col0 >= d_cols) break;  // uniform too
                 const u32 buffer = buffers + (stores++ % kStoreBuffers) * kStoreBytes;
 #if LIGHT_FUSED
                 // The chunk's bias, loaded together before the barrier: one load, then an asm store with a
@@ -527,6 +723,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 named_barrier_sync(1 + warpgroup, 128);
                 store_rows(p, buffer, store_row0, chunk_col0, threadIdx.x % 128);
                 continue;
+#elif LIGHT_GROUPED == 1
+                named_barrier_sync(1 + warpgroup, 128);
+                store_group_rows(p, buffer, store_row0, d_rows, chunk_col0, threadIdx.x % 128);
+                continue;
 #endif
                 fence_proxy_async_shared();
                 named_barrier_sync(1 + warpgroup, 128);
@@ -536,6 +736,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                     // are whole 64-column blocks here, and the store clips those past C.
                     const int tap = chunk_col0 / (p.c_blocks * kTileK);
                     tma_store_4d(&p.d, buffer, chunk_col0 - tap * p.c_blocks * kTileK, tap, store_row0, tile / tiles);
+#elif LIGHT_GROUPED == 2
+                    tma_store_3d(&p.d, buffer, chunk_col0, store_row0, cursor.group);
+#elif LIGHT_GROUPED == 3
+                    tma_store_2d(&entry->d, buffer, chunk_col0, store_row0);
 #else
                     tma_store_2d(&p.d, buffer, chunk_col0, store_row0);
 #endif

@@ -95,6 +95,12 @@ __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src,
                  :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
 
+// The same for a 3-D box at (c0, c1, c2) (a grouped GEMM's D: columns, rows, group).
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* desc, u32 src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
 // The same for a 4-D box at (c0, c1, c2, c3) (the conv wgrad's dw or fp32 slices: channels, tap, filter, slice).
 __device__ __forceinline__ void tma_store_4d(const TmaDescriptor* desc, u32 src, int c0, int c1, int c2, int c3) {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
@@ -113,6 +119,13 @@ __device__ __forceinline__ void bulk_wait_group_read() {
 // Wait until this thread's bulk groups are complete.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
+// Orders this thread's later TMA operations through a descriptor in global memory (a grouped GEMM's per-group
+// table, copied there before the launch) after the generic-proxy writes that made it.
+__device__ __forceinline__ void tensormap_acquire(const TmaDescriptor* desc) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(reinterpret_cast<u64>(desc))
+                 : "memory");
+}
+
 // Makes this thread's generic-proxy writes to shared memory visible to the async proxy (a TMA store after them).
 __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -125,6 +138,10 @@ __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
 
 __device__ __forceinline__ void st_shared_u32(u32 address, u32 value) {
     asm volatile("st.shared.u32 [%0], %1;" :: "r"(address), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_zero_v4(u32 address) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(address), "r"(0u) : "memory");
 }
 
 __device__ __forceinline__ uint4 ld_shared_v4(u32 address) {
