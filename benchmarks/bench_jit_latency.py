@@ -188,10 +188,12 @@ def child(method: str, cache: str) -> dict:
 # gemm_sm90 is the NVRTC build jitops.gemm runs; gemm_sm90_nvcc the same kernel with CUTLASS's host code, built
 # by nvcc (the reference of the bit-for-bit test, and what jitops.gemm compiled before).  gemm_sm90_light is the
 # raw-PTX kernel JITOPS_GEMM_SM90_KERNEL=light builds for the same class with b K-major (x @ w.t()), and
-# gemm_sm90_light_fused its fused-epilogue build (bias and activation).
+# gemm_sm90_light_fused its fused-epilogue build (bias and activation).  grouped_gemm is the light kernel
+# jitops.grouped_gemm builds (its ragged M form), grouped_gemm_cutlass CUTLASS's ptr-array kernel, nvcc.
 # cpu_cxx is jitops.gelu's fp32 CPU kernel as jitops builds it (CppLibrary: the C++ compiler, a C ABI);
 # cpu_load_inline the same kernel code built as before, through load_inline with tensor wrappers (CppExtension).
-COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "conv2d", "conv2d_cutlass",
+COMPILE_FAMILIES = ("gemm_sm90", "gemm_sm90_nvcc", "gemm_sm80", "grouped_gemm", "grouped_gemm_cutlass", "conv2d",
+                    "conv2d_cutlass",
                     "gemm_sm90_light", "gemm_sm90_light_fused", "cpu_cxx", "cpu_load_inline")
 GELU_CPU_WRAPPERS = """
 #include <torch/extension.h>
@@ -221,13 +223,16 @@ def family_request(family: str):
     if family.startswith("cpu_"):
         return _cpu_family_request(family), Target("cpu")
     op_name = {"gemm_sm90": "gemm", "gemm_sm90_nvcc": "gemm", "gemm_sm80": "gemm", "gemm_sm90_light": "gemm",
-               "gemm_sm90_light_fused": "gemm", "conv2d_cutlass": "conv2d"}.get(family, family)
+               "gemm_sm90_light_fused": "gemm", "conv2d_cutlass": "conv2d",
+               "grouped_gemm_cutlass": "grouped_gemm"}.get(family, family)
     item = next(i for i in PREWARM if i["op"].removeprefix("jitops::") == op_name)
     target = Target.parse("sm_80" if family == "gemm_sm80" else "sm_90a")
-    if family == "grouped_gemm":  # a public name over two ops (list and ragged forms): the manifest planner
+    if op_name == "grouped_gemm":  # a public name over two ops (list and ragged forms): the manifest planner
         from cache_tools import manifest as cache_manifest
 
-        plan = cache_manifest.plan(cache_manifest.parse_item(item, (), "PREWARM"), (target.arch(True),))
+        kernels = "cutlass" if family == "grouped_gemm_cutlass" else jitops.config.grouped_gemm_sm90_kernel
+        with jitops.config.scope(grouped_gemm_sm90_kernel=kernels):  # the light kernel, or CUTLASS's
+            plan = cache_manifest.plan(cache_manifest.parse_item(item, (), "PREWARM"), (target.arch(True),))
         return plan.jobs[0].request, plan.jobs[0].target
     op = jitops.find(item["op"])
     args = op.example_args(item["dtypes"][0], item["shapes"][0], item.get("kwargs", {}),
