@@ -438,6 +438,7 @@ class _BackgroundCompiles:
         self._futures: dict[tuple, concurrent.futures.Future] = {}
         self._guard = threading.Lock()
         self._bar: Any = None
+        self._announced = 0  # compiles the log and the progress bar have announced
         self._done = 0
 
     def submit(self, request: BuildRequest, target: Target, device_index: int | None,
@@ -453,16 +454,26 @@ class _BackgroundCompiles:
             stats.background_compiles += 1
             future = self._pool.submit(self._build, request, target, device_index, context, prepare)
             self._futures[key] = future
-            self._announce(request, target, context)
         return future
 
     def _build(self, request: BuildRequest, target: Target, device_index: int | None,
                context: MissContext | None, prepare: Callable[[], None] | None) -> Any:
         """In a worker.  The warning and the progress update happen before the future completes, so whoever
         waits on it (jitops.wait()) sees them."""
+        announced = False
         try:
             if prepare is not None:
                 prepare()
+            # Only a compile is announced (log line, progress bar): the C++ host path is submitted on every
+            # process's first CUDA call, and "compiling host_path in the background" each time, though it loads
+            # from disk, misled users.
+            found = self._runtime.get_kernel(request, target, device_index, context, build=False)
+            if found is not None:
+                return found
+            with self._guard:
+                self._announced += 1
+                announced = True
+                self._announce(request, target, context)
             return self._runtime.get_kernel(request, target, device_index, context)
         except BaseException as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -471,17 +482,18 @@ class _BackgroundCompiles:
                         f"jitops.{context.op}" if context else "the op", first_line)
             raise
         finally:
-            with self._guard:
-                self._done += 1
-                if self._bar:
-                    self._bar.update(1)
+            if announced:
+                with self._guard:
+                    self._done += 1
+                    if self._bar:
+                        self._bar.update(1)
 
     def pending(self) -> int:
         with self._guard:
             return sum(not f.done() for f in self._futures.values())
 
     def _announce(self, request: BuildRequest, target: Target, context: MissContext | None) -> None:
-        total = len(self._futures)
+        total = self._announced
         if self._bar is None and "ipykernel" in sys.modules:
             try:
                 from tqdm.auto import tqdm

@@ -85,6 +85,22 @@ def test_a_cached_kernel_loads_at_once_in_background_mode(echo, fresh_cache):
     assert ran == ["kernel", "kernel"] and echo.compiles == 1
 
 
+def test_only_compiles_are_announced(echo, fresh_cache, caplog):
+    """A background submit of a kernel on disk (the C++ host path's, on every process's first CUDA call) loads it
+    without a "compiling ... in the background" line; a missing one is announced."""
+    from jitops.runtime import runtime
+    from jitops.specs import Target
+
+    on_disk, missing = fakes.request(text="announce: on disk"), fakes.request(text="announce: missing")
+    assert runtime.prewarm(on_disk, Target("cpu")) == "compiled"
+    jitops.clear_memory_cache()
+    with caplog.at_level(logging.INFO, logger="jitops"):
+        assert runtime.submit(on_disk, Target("cpu"), None).result(timeout=30) is not None
+        assert runtime.submit(missing, Target("cpu"), None).result(timeout=30) is not None
+    announced = [r.getMessage() for r in caplog.records if "in the background" in r.getMessage()]
+    assert len(announced) == 1 and "echo_kernel" in announced[0] and echo.compiles == 2
+
+
 def test_offline_mode_never_compiles_even_in_background_mode(echo, fresh_cache):
     ran: list[str] = []
     offline = _declare("offline", SOURCE + " (offline)", ran)
