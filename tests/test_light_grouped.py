@@ -114,19 +114,21 @@ def test_narrow_outputs_take_128_wide_tiles():
     assert listed.kernel.config == "light_128x256"  # the widest product decides
 
 
-def test_moe_training_and_the_list_form_take_six_light_kernels():
-    """The mixture-of-experts forward (ragged M), dx (ragged M, B K-major) and dw (ragged K), and the list form's
-    three layouts: the prewarm manifest names all six."""
+def test_the_prewarm_manifest_names_every_training_kernel_at_both_tile_widths():
+    """Ragged M with B N-major (forward) and K-major (dx), ragged K (dw), and the list form's forward, dA and dB,
+    each at both tile widths, in bf16 and fp16: 24 light kernels."""
     requests = set()
     public = jitops.find_public("grouped_gemm")
     for item in gg.PREWARM:
-        for call, shapes in enumerate(item["shapes"]):
-            entry, shapes, kwargs = public.form(shapes, item["kwargs"])
-            args = entry.example_args(item["dtypes"][0], shapes, kwargs, None)
-            for op, a in public.calls(entry, args):
-                requests |= {form_of(r) for r in gg._kernels(op.shape_class(*a), SM90).values()}
-    assert requests == {(1, 1, 0, 256), (1, 1, 1, 256), (2, 0, 0, 256), (3, 1, 0, 256), (3, 1, 1, 256),
-                        (3, 0, 0, 256)}
+        for dtype in item["dtypes"]:
+            for shapes in item["shapes"]:
+                entry, shapes, kwargs = public.form(shapes, item["kwargs"])
+                args = entry.example_args(dtype, shapes, kwargs, None)
+                for op, a in public.calls(entry, args):
+                    requests |= {(dtype,) + form_of(r) for r in gg._kernels(op.shape_class(*a), SM90).values()}
+    layouts = {(1, 1, 0), (1, 1, 1), (2, 0, 0), (3, 1, 0), (3, 1, 1), (3, 0, 0)}
+    assert requests == {(dtype, *layout, tile) for dtype in ("bf16", "fp16") for layout in layouts
+                        for tile in (128, 256)}
 
 
 def test_backward_kernels_are_prefetched(monkeypatch):

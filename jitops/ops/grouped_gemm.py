@@ -441,12 +441,18 @@ def _bind(a, b, offsets=None, *, sizes=None, check_offsets=False):
 
 public("grouped_gemm", grouped_gemm, entries=(grouped_gemm_list, grouped_gemm_ragged), form=_form, bind=_bind)
 
-# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items): the mixture-of-experts forward,
-# which also builds both gradients (dx = dy @ w^T: NT, dw = x^T @ dy: TN), the same three kernels (one tile
-# configuration, three layouts) that the list form's forward and gradients use.
+# Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items).  Each form's forward and both
+# gradients use three light kernels: ragged M with B N-major (y = x @ w) and K-major (dx = dy @ w^T), ragged K
+# (dw = x^T @ dy); the list form's forward, dA and dB likewise.  Widths of 128 take 128 x 128 tiles, wider ones
+# 128 x 256 (grouped_gemm_plan.LIGHT_CONFIGS): a 128-wide N, then a 128-wide K (dx's N), cover both tiles for
+# every layout of a training step, in bf16 and fp16 (24 kernels).
 PREWARM = [
-    {"op": "grouped_gemm", "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]]]},                             # y = x @ w: NN
-    {"op": "grouped_gemm", "dtypes": ["bf16"], "kwargs": {},
-     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8]]},                          # list forward: NN
+    {"op": "grouped_gemm", "dtypes": ["bf16", "fp16"], "kwargs": {},
+     "shapes": [[[9216, 2048], [64, 2048, 1024], [64]],                               # y = x @ w
+                [[9216, 2048], [64, 2048, 128], [64]],
+                [[9216, 128], [64, 128, 1024], [64]]]},
+    {"op": "grouped_gemm", "dtypes": ["bf16", "fp16"], "kwargs": {},
+     "shapes": [[[[2048, 4096]] * 8, [[4096, 4096]] * 8],                            # list forward
+                [[[2048, 4096]] * 8, [[4096, 128]] * 8],
+                [[[2048, 128]] * 8, [[128, 4096]] * 8]]},
 ]
