@@ -241,13 +241,12 @@ class LightGrouped:
                 found = self._tables[sizes] = (pack_table(self.info, groups, self._driver.encode_into), addresses)
             table, old = found
             if addresses != old:
+                if any(g.d % 16 for g in groups):  # checked before any patch: the table stays whole
+                    raise ValueError("jitops.grouped_gemm (light sm_90a kernel): the outputs must be 16-byte aligned")
                 view = (ctypes.c_char * len(table)).from_buffer(table)
                 base = ctypes.addressof(view)
                 for i, (new, previous) in enumerate(zip(addresses, old)):
                     if new != previous:
-                        if i % 3 == 2 and new % 16:
-                            raise ValueError("jitops.grouped_gemm (light sm_90a kernel): the outputs must be "
-                                             "16-byte aligned")
                         self._patch(base, table, (i // 3) * ENTRY_BYTES + (ENTRY_A, ENTRY_B, ENTRY_D)[i % 3], new)
                 del view
                 found[1][:] = addresses

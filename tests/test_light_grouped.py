@@ -236,6 +236,37 @@ def test_repeated_ragged_problems_patch_only_addresses(address_field):
     assert driver.launches[-1][:4] == (((4 + 3) * 1, 1, 1), 384, info_smem(host), 7)
 
 
+class ListFakeDriver(FakeDriver):
+    def launch(self, function, grid, block, smem, stream, params_address):
+        """Reads the table the Params point to while it is alive (the device copy is the call's)."""
+        super().launch(function, grid, block, smem, stream, params_address)
+        table, _, groups, _ = struct.unpack_from("<QQii", self.launches[-1][4], LG.GROUPED_FIELDS)
+        self.launches[-1] += (ctypes.string_at(table, groups * LG.ENTRY_BYTES),)
+
+
+def test_repeated_list_problems_patch_only_addresses(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here: the copy stays on the CPU
+    driver = ListFakeDriver(0, Recorder())  # the recorder writes the address where the patch does
+    host = LG.LightGrouped(FakeFunction(), L.expected_info(256, True, False, grouped=3), driver)
+    groups = [LG.ListGroup(2048, 4096, 4096, 0xA000, 4096, 0xB000, 4096, 0xD000),
+              LG.ListGroup(37, 64, 256, 0xA100, 256, 0xB100, 64, 0xD100)]
+    for _ in range(2):
+        host.list(groups, torch.device("cpu"), 132, 7)
+    assert len(driver.encode_into.calls) == 6
+    host.list([groups[0], groups[1]._replace(a=0xA200, d=0xD200)], torch.device("cpu"), 132, 7)
+    assert len(driver.encode_into.calls) == 6  # patched, not encoded again
+    grid, block, _, stream, params, table = driver.launches[-1]
+    assert grid == (132, 1, 1) and block == 384 and stream == 7
+    entry = LG.ENTRY_BYTES
+    assert [struct.unpack_from("<Q", table, entry + offset)[0] for offset in (LG.ENTRY_A, LG.ENTRY_B, LG.ENTRY_D)] \
+        == [0xA200, 0xB100, 0xD200]
+    assert struct.unpack_from("<iii", table, entry + LG.ENTRY_SIZES) == (37, 64, 256)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        host.list([groups[0]._replace(a=0xA300), groups[1]._replace(d=0xD308)], torch.device("cpu"), 132, 7)
+    host.list(groups, torch.device("cpu"), 132, 7)  # the refused call left the table as it was
+    assert struct.unpack_from("<Q", driver.launches[-1][5], LG.ENTRY_A)[0] == 0xA000
+
+
 def info_smem(host):
     return host.info.smem
 
