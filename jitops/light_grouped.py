@@ -182,6 +182,7 @@ class LightGrouped:
         self._lock = threading.Lock()
         self._ragged: dict[RaggedProblem, tuple[_Launch, list[int]]] = {}
         self._tables: dict[tuple, tuple[bytearray, list[int]]] = {}
+        self._captured_tables: list[torch.Tensor] = []  # the pinned tables CUDA graphs copy from on replay
         self._attribute_set = False
 
     def _prepare(self) -> None:
@@ -252,6 +253,10 @@ class LightGrouped:
                 found[1][:] = addresses
             host = torch.frombuffer(table, dtype=torch.uint8).pin_memory()  # a copy: the table may change next call
         table_device = host.to(device, non_blocking=True)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A graph's replays copy from this pinned buffer again: it must outlive the graph, not be handed to
+            # the next call by the pinned-memory cache.
+            self._captured_tables.append(host)
         params = bytearray(self.info.params_size)
         _FIELDS.pack_into(params, FIELDS, 0, 0, 0, 0, 0, GROUP_ROWS)
         _GROUPED.pack_into(params, GROUPED_FIELDS, table_device.data_ptr(), 0, len(groups), 0)

@@ -426,3 +426,29 @@ def test_ragged_form_is_captured_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(captured, jitops.grouped_gemm(x, w, offsets=offsets))
     assert error(captured, eager * 2) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="needs a Hopper GPU (sm_90a)")
+def test_list_form_is_captured_in_a_cuda_graph():
+    """The list form copies its table from pinned memory on every replay: that buffer is kept for the graph."""
+    As = [torch.randn(m, 128, device="cuda", dtype=BF16) for m in (300, 64)]
+    Bs = [torch.randn(128, 256, device="cuda", dtype=BF16) for _ in As]
+    eager = jitops.grouped_gemm(As, Bs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        jitops.grouped_gemm(As, Bs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = jitops.grouped_gemm(As, Bs)
+    for _ in range(3):  # other list calls take pinned buffers in between
+        jitops.grouped_gemm([a[:64] for a in As], Bs)
+    for a in As:
+        a.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, eager):
+        assert error(got, want * 2) < 1e-2
+
