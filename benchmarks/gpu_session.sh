@@ -93,13 +93,20 @@ while [ $i -lt ${#steps[@]} ]; do
       # still prints its summary: one serial run of every GPU test did not fit a 600 s call on the H100.  Logs:
       # $OUT/tests/FILE.log.  The kernels the tests had to compile are recorded in $OUT/gpu-tests-misses.jsonl:
       # `cache_tools prewarm --record` builds them into the next pack (40-70 s per nvcc kernel here otherwise).
+      # The two longest files also spread their tests over pytest-xdist workers ($GPU_TEST_WORKERS, "FILE=N ...";
+      # the machine's image has xdist): in one process each, test_gemm_gpu.py (its NVRTC-against-nvcc tests build
+      # CUTLASS kernels with nvcc) and test_conv2d_gpu.py ran past 300 s, seven other files running beside them.
       mkdir -p "$OUT/tests"
       files=${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}
+      workers=${GPU_TEST_WORKERS:-"test_gemm_gpu=4 test_conv2d_gpu=3"}
+      python3 -c "import xdist" 2>/dev/null || workers=""
       printf '%s\n' $files | JITOPS_TEST_RECORD="$OUT/gpu-tests-misses.jsonl" xargs -P "${GPU_TEST_JOBS:-8}" -I{} \
-        sh -c 'log="$0/tests/$(basename {} .py).log"; timeout -s INT -k 30 "$1" python3 -m pytest -q -m gpu \
+        sh -c 'name=$(basename {} .py); log="$0/tests/$name.log"; n=""; \
+               for w in $2; do [ "${w%%=*}" = "$name" ] && n="-n ${w#*=}"; done; \
+               timeout -s INT -k 30 "$1" python3 -m pytest -q -m gpu $n \
                -p no:cacheprovider -p no:benchmark -rfE --tb=short {} > "$log" 2>&1; \
                echo "{}: exit $? $(grep -E "passed|failed|error|skipped|no tests ran" "$log" | tail -1)"' \
-        "$OUT" "${GPU_TEST_TIMEOUT:-400}" \
+        "$OUT" "${GPU_TEST_TIMEOUT:-400}" "$workers" \
         | tee "$OUT/gpu-tests.log"
       grep -h -E '^(FAILED|ERROR)' "$OUT"/tests/*.log | tee -a "$OUT/gpu-tests.log"
       grep -q -v ": exit 0 " "$OUT/gpu-tests.log" && status=1 ;;
