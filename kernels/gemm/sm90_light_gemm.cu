@@ -1,6 +1,6 @@
 // jitops.gemm on sm_90a without CUTLASS: a warp-specialized TMA + wgmma GEMM written against PTX directly, so
-// the compiler front end has almost nothing to instantiate (JITOPS_GEMM_SM90_KERNEL=light; the default is
-// CUTLASS's kernel, sm90_gemm_kernel.cu).
+// the compiler front end has almost nothing to instantiate (the default; JITOPS_GEMM_SM90_KERNEL=cutlass takes
+// CUTLASS's kernel, sm90_gemm_kernel.cu).  conv2d's and grouped_gemm's sm_90a kernels are this one too.
 //
 //   D (M, N, row-major, ldd) = act(A (M, K) . B (K, N) + bias (N)), fp32 accumulation.  Each operand is
 //   K-major (A row-major; B column-major, i.e. F.linear's weight (N, K) as w.t()) or MN-major (A column-major,
