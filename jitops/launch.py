@@ -174,6 +174,23 @@ def sm_count(device_index: int) -> int:
     return count
 
 
+# Pinned buffers that captured CUDA graphs copy from on every replay (host_to_device).
+_CAPTURED_HOST_COPIES: list[torch.Tensor] = []
+
+
+def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device`, copied from pinned memory: no wait for the stream.  Under CUDA-graph
+    capture the pinned copy is kept for the process: the graph's replays copy from it again, and torch's
+    pinned-memory cache would otherwise hand it to a later call, whose data a replay would then read."""
+    if device.type != "cuda":
+        return host.to(device)
+    pinned = host.pin_memory()
+    copied = pinned.to(device, non_blocking=True)
+    if torch.cuda.is_current_stream_capturing():
+        _CAPTURED_HOST_COPIES.append(pinned)
+    return copied
+
+
 _GRID_CAPS: dict[tuple[int, int], int] = {}
 # Grids of at most this many blocks are under every cap the ops use (8 or 16 blocks an SM) on a GPU with at least
 # 16 SMs, so small calls, where every query shows, launch them without asking the device for its SM count.  (On

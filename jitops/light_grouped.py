@@ -28,7 +28,7 @@ import torch
 
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
-from .launch import CudaFunction, DriverError
+from .launch import CudaFunction, DriverError, host_to_device
 from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, TMA_A, LightInfo,
                          _FIELDS, _LightDriver, operand_tma, output_tma)
 
@@ -181,8 +181,7 @@ class LightGrouped:
         self._driver = driver or _LightDriver.get(function.device_index)
         self._lock = threading.Lock()
         self._ragged: dict[RaggedProblem, tuple[_Launch, list[int]]] = {}
-        self._tables: dict[tuple, tuple[bytearray, list[int]]] = {}
-        self._captured_tables: list[torch.Tensor] = []  # the pinned tables CUDA graphs copy from on replay
+        self._tables: dict[tuple, tuple[bytearray, list[int], _Launch]] = {}
         self._attribute_set = False
 
     def _prepare(self) -> None:
@@ -227,11 +226,12 @@ class LightGrouped:
     def list(self, groups: Sequence[ListGroup], device: torch.device, sm_count: int, stream: int) -> None:
         """One launch over `groups`.  The table goes to the device through pinned memory on the launch's stream
         (torch's current stream), so it needs no wait; the device copy lives until the kernel has read it (the
-        caching allocator reuses it only behind it on that stream)."""
+        caching allocator reuses it only behind it on that stream).  A size pattern's table and Params are packed
+        once; a call patches the addresses that moved and the table's device address."""
         sizes = tuple((g.m, g.n, g.k, g.lda, g.ldb) for g in groups)
         addresses = [x for g in groups for x in (g.a, g.b, g.d)]
         with self._lock:
-            found = self._tables.get(sizes)
+            found = self._tables.get((sizes, sm_count))
             if found is None:
                 for g in groups:
                     check_ragged(RaggedProblem("list", 1, g.m, g.n, g.k, g.lda, g.ldb, 8, g.n, sm_count),
@@ -239,8 +239,12 @@ class LightGrouped:
                 self._prepare()
                 if len(self._tables) >= 256:
                     self._tables.clear()
-                found = self._tables[sizes] = (pack_table(self.info, groups, self._driver.encode_into), addresses)
-            table, old = found
+                params = bytearray(self.info.params_size)
+                _FIELDS.pack_into(params, FIELDS, 0, 0, 0, 0, 0, GROUP_ROWS)
+                found = self._tables[(sizes, sm_count)] = (
+                    pack_table(self.info, groups, self._driver.encode_into), addresses,
+                    _Launch(params, list_grid(groups, self.info.tile_n, sm_count)))
+            table, old, launch = found
             if addresses != old:
                 if any(g.d % 16 for g in groups):  # checked before any patch: the table stays whole
                     raise ValueError("jitops.grouped_gemm (light sm_90a kernel): the outputs must be 16-byte aligned")
@@ -251,18 +255,11 @@ class LightGrouped:
                         self._patch(base, table, (i // 3) * ENTRY_BYTES + (ENTRY_A, ENTRY_B, ENTRY_D)[i % 3], new)
                 del view
                 found[1][:] = addresses
-            host = torch.frombuffer(table, dtype=torch.uint8).pin_memory()  # a copy: the table may change next call
-        table_device = host.to(device, non_blocking=True)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # A graph's replays copy from this pinned buffer again: it must outlive the graph, not be handed to
-            # the next call by the pinned-memory cache.
-            self._captured_tables.append(host)
-        params = bytearray(self.info.params_size)
-        _FIELDS.pack_into(params, FIELDS, 0, 0, 0, 0, 0, GROUP_ROWS)
-        _GROUPED.pack_into(params, GROUPED_FIELDS, table_device.data_ptr(), 0, len(groups), 0)
-        launch = _Launch(params, list_grid(groups, self.info.tile_n, sm_count))
-        self._driver.launch(self.function, launch.grid, self.info.threads, self.info.smem, stream,
-                            launch.kernel_params_address)
+            # pin_memory inside host_to_device copies the table: it may change next call
+            table_device = host_to_device(torch.frombuffer(table, dtype=torch.uint8), device)
+            _GROUPED.pack_into(launch.params, GROUPED_FIELDS, table_device.data_ptr(), 0, len(groups), 0)
+            self._driver.launch(self.function, launch.grid, self.info.threads, self.info.smem, stream,
+                                launch.kernel_params_address)
 
 
 def host(kernel: Any) -> LightGrouped:

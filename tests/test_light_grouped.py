@@ -244,8 +244,7 @@ class ListFakeDriver(FakeDriver):
         self.launches[-1] += (ctypes.string_at(table, groups * LG.ENTRY_BYTES),)
 
 
-def test_repeated_list_problems_patch_only_addresses(monkeypatch):
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here: the copy stays on the CPU
+def test_repeated_list_problems_patch_only_addresses():
     driver = ListFakeDriver(0, Recorder())  # the recorder writes the address where the patch does
     host = LG.LightGrouped(FakeFunction(), L.expected_info(256, True, False, grouped=3), driver)
     groups = [LG.ListGroup(2048, 4096, 4096, 0xA000, 4096, 0xB000, 4096, 0xD000),

@@ -45,6 +45,7 @@ import torch
 
 from .. import light_grouped, shapes
 from ..config import config
+from ..launch import host_to_device
 from ..op import Impl, op, public
 from ..specs import CudaLibrary, Source, Target
 from .grouped_gemm_plan import (ALIGN_BYTES, ATEN, COL, NOTHING, ROW, GemmKernelClass, ListClass, RaggedClass, _as_is,
@@ -385,7 +386,7 @@ def _offsets_for(a: torch.Tensor, b: torch.Tensor, offsets: Any, sizes: Any, che
         _group_bounds(value.cpu(), total, name)
     if value.device != a.device:
         if on_host and a.is_cuda and not compiling:
-            value = value.pin_memory()  # a truly asynchronous copy: no wait for the stream
+            return host_to_device(value, a.device)  # no wait for the stream
         value = value.to(a.device, non_blocking=True)
     return value
 

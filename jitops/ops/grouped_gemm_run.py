@@ -12,7 +12,7 @@ import torch
 
 from .. import light_grouped
 from ..config import config
-from ..launch import current_stream, sm_count
+from ..launch import current_stream, host_to_device, sm_count
 from .grouped_gemm_plan import (ALIGN_BYTES, COL, LIST_SWIZZLE, NOTHING, ROW, SCHEDULE, ListClass, RaggedClass,
                                 _leading, _tiling)
 
@@ -208,10 +208,8 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
         device_index = As[0].get_device()
         light_grouped.host(light).list(launched, device, sm_count(device_index), current_stream(device_index))
     elif groups:
-        host = torch.tensor(rows, dtype=torch.int64)
-        if device.type == "cuda":
-            host = host.pin_memory()  # an asynchronous copy: no wait for the stream
-        rows_device = host.to(device, non_blocking=True)
+        host = torch.tensor(rows, dtype=torch.int64)  # the library reads it on the host too
+        rows_device = host_to_device(host, device)
         device_index = As[0].get_device()
         workspace, size = _workspace(lib, groups, device_index)
         raster, swizzle = config.grouped_gemm_schedule or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
