@@ -314,6 +314,18 @@ class LightGemm(LightKernel):
         return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
 
 
+def patch_descriptor(driver: Any, params: Any, params_address: int, offset: int, field: int | None,
+                     address: int) -> None:
+    """Point the descriptor at `offset` of `params` (a writable buffer at `params_address`) to `address`: a plain
+    write of its address field where the probe found one (`field`), else cuTensorMapReplaceAddress."""
+    if field is not None:
+        struct.pack_into("<Q", params, offset + field, address)
+        return
+    status = driver.replace(params_address + offset, address)
+    if status:
+        raise DriverError("cuTensorMapReplaceAddress", status)
+
+
 class _Packed:
     """One problem's Params, patched with each call's addresses.  jitops/native.py's C++ host path takes a copy
     (`offered`: the config generation it was offered under, -1 before)."""
@@ -347,14 +359,8 @@ class _Packed:
             raise ValueError("jitops.gemm (light sm_90a kernel): the output must be 16-byte aligned for its TMA "
                              "store; pass a fresh output or one from torch.empty")
         for offset, address, old in zip(self.descriptors, (a, b, d), self.addresses):
-            if address == old:
-                continue
-            if self.address_field is not None:
-                struct.pack_into("<Q", self.params, offset + self.address_field, address)
-            else:
-                status = self.owner._driver.replace(self._address + offset, address)
-                if status:
-                    raise DriverError("cuTensorMapReplaceAddress", status)
+            if address != old:
+                patch_descriptor(self.owner._driver, self.params, self._address, offset, self.address_field, address)
         struct.pack_into("<Q", self.params, FIELDS, bias)
         self.addresses = (a, b, d, bias)
 
@@ -377,4 +383,4 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
 
 
 __all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
-           "pack_params", "pingpong_for", "request", "tile_n_for", "unsupported"]
+           "pack_params", "patch_descriptor", "pingpong_for", "request", "tile_n_for", "unsupported"]

@@ -28,9 +28,9 @@ import torch
 
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
-from .launch import CudaFunction, DriverError, host_to_device
+from .launch import CudaFunction, host_to_device
 from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, TMA_A, LightInfo,
-                         _FIELDS, _LightDriver, operand_tma, output_tma)
+                         _FIELDS, _LightDriver, operand_tma, output_tma, patch_descriptor)
 
 MODES = {"M": 1, "K": 2, "list": 3}
 CONFIGS = ("light_128x256", "light_128x128")
@@ -190,15 +190,6 @@ class LightGrouped:
             self._driver.set_shared_memory(self.function, self.info.smem)
             self._attribute_set = True
 
-    def _patch(self, buffer_address: int, buffer: Any, offset: int, address: int) -> None:
-        field = self._driver.address_field
-        if field is not None:
-            struct.pack_into("<Q", buffer, offset + field, address)
-            return
-        status = self._driver.replace(buffer_address + offset, address)
-        if status:
-            raise DriverError("cuTensorMapReplaceAddress", status)
-
     def ragged(self, p: RaggedProblem, a: int, b: int, d: int, offsets: int, stream: int) -> None:
         addresses = [a, b, d, offsets]
         with self._lock:
@@ -216,7 +207,8 @@ class LightGrouped:
                     raise ValueError("jitops.grouped_gemm (light sm_90a kernel): the output must be 16-byte aligned")
                 for offset, new, previous in zip((TMA_A, self.info.tma_b, self.info.tma_d), addresses, old):
                     if new != previous:
-                        self._patch(launch.address, launch.params, offset, new)
+                        patch_descriptor(self._driver, launch.params, launch.address, offset,
+                                         self._driver.address_field, new)
                 _GROUPED.pack_into(launch.params, GROUPED_FIELDS, offsets, d if p.mode == "M" else 0, p.groups,
                                    p.ldd)
                 found[1][:] = addresses
@@ -252,7 +244,9 @@ class LightGrouped:
                 base = ctypes.addressof(view)
                 for i, (new, previous) in enumerate(zip(addresses, old)):
                     if new != previous:
-                        self._patch(base, table, (i // 3) * ENTRY_BYTES + (ENTRY_A, ENTRY_B, ENTRY_D)[i % 3], new)
+                        patch_descriptor(self._driver, table, base,
+                                         (i // 3) * ENTRY_BYTES + (ENTRY_A, ENTRY_B, ENTRY_D)[i % 3],
+                                         self._driver.address_field, new)
                 del view
                 found[1][:] = addresses
             # pin_memory inside host_to_device copies the table: it may change next call
