@@ -326,7 +326,20 @@ def patch_descriptor(driver: Any, params: Any, params_address: int, offset: int,
         raise DriverError("cuTensorMapReplaceAddress", status)
 
 
-class _Packed:
+class PackedParams:
+    """A light kernel's one Params argument, packed: its buffer (a call patches it in place), its address, the
+    launch's argument array pointing at it, and the grid."""
+
+    def __init__(self, params: bytearray, grid: tuple[int, int, int]) -> None:
+        self.params = (ctypes.c_char * len(params)).from_buffer(params)
+        self._keep = params
+        self.address = ctypes.addressof(self.params)
+        self.kernel_params = (ctypes.c_void_p * 1)(self.address)
+        self.kernel_params_address = ctypes.addressof(self.kernel_params)
+        self.grid = grid
+
+
+class _Packed(PackedParams):
     """One problem's Params, patched with each call's addresses.  jitops/native.py's C++ host path takes a copy
     (`offered`: the config generation it was offered under, -1 before)."""
 
@@ -334,15 +347,10 @@ class _Packed:
 
     def __init__(self, owner: LightKernel, problem: tuple, params: bytearray, grid: tuple[int, int, int],
                  addresses: tuple[int, int, int, int]) -> None:
+        super().__init__(params, grid)
         self.owner = owner
         self.problem = problem
         self.offered = -1
-        self.params = (ctypes.c_char * len(params)).from_buffer(params)
-        self._keep = params
-        self._address = ctypes.addressof(self.params)
-        self.kernel_params = (ctypes.c_void_p * 1)(self._address)
-        self._kernel_params_address = ctypes.addressof(self.kernel_params)
-        self.grid = grid
         self.addresses = addresses
         self.address_field = owner.descriptor_address_field()
         self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
@@ -352,7 +360,7 @@ class _Packed:
             self._patch(a, b, d, bias)
         owner = self.owner
         owner._driver.launch(owner.function, self.grid, owner.info.threads, owner.info.smem, stream,
-                             self._kernel_params_address)
+                             self.kernel_params_address)
 
     def _patch(self, a: int, b: int, d: int, bias: int) -> None:
         if d % 16:  # a problem is checked with its first addresses; D's is new every call
@@ -360,7 +368,7 @@ class _Packed:
                              "store; pass a fresh output or one from torch.empty")
         for offset, address, old in zip(self.descriptors, (a, b, d), self.addresses):
             if address != old:
-                patch_descriptor(self.owner._driver, self.params, self._address, offset, self.address_field, address)
+                patch_descriptor(self.owner._driver, self.params, self.address, offset, self.address_field, address)
         struct.pack_into("<Q", self.params, FIELDS, bias)
         self.addresses = (a, b, d, bias)
 
@@ -382,5 +390,5 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         activation, sm_count, stream)
 
 
-__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
-           "pack_params", "patch_descriptor", "pingpong_for", "request", "tile_n_for", "unsupported"]
+__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "PackedParams", "expected_info", "operand_tma",
+           "output_tma", "pack_params", "patch_descriptor", "pingpong_for", "request", "tile_n_for", "unsupported"]

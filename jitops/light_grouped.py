@@ -30,7 +30,8 @@ from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
 from .launch import CudaFunction, host_to_device
 from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, TMA_A, LightInfo,
-                         _FIELDS, _LightDriver, operand_tma, output_tma, patch_descriptor)
+                         _FIELDS, _LightDriver, PackedParams, operand_tma, output_tma,
+                         patch_descriptor)
 
 MODES = {"M": 1, "K": 2, "list": 3}
 CONFIGS = ("light_128x256", "light_128x128")
@@ -160,18 +161,6 @@ def list_grid(groups: Sequence[ListGroup], tile_n: int, sm_count: int) -> tuple[
 
 
 # ---- the host object ------------------------------------------------------------------------------------------
-class _Launch:
-    """A packed Params and the launch's argument array."""
-
-    def __init__(self, params: bytearray, grid: tuple[int, int, int]) -> None:
-        self.params = (ctypes.c_char * len(params)).from_buffer(params)
-        self._keep = params
-        self.address = ctypes.addressof(self.params)
-        self.kernel_params = (ctypes.c_void_p * 1)(self.address)
-        self.kernel_params_address = ctypes.addressof(self.kernel_params)
-        self.grid = grid
-
-
 class LightGrouped:
     """A light grouped kernel with its host side: `ragged(...)` and `list(...)` are one launch each."""
 
@@ -180,8 +169,8 @@ class LightGrouped:
         self.info = info or LightInfo.from_cubin(function._cubin)
         self._driver = driver or _LightDriver.get(function.device_index)
         self._lock = threading.Lock()
-        self._ragged: dict[RaggedProblem, tuple[_Launch, list[int]]] = {}
-        self._tables: dict[tuple, tuple[bytearray, list[int], _Launch]] = {}
+        self._ragged: dict[RaggedProblem, tuple[PackedParams, list[int]]] = {}
+        self._tables: dict[tuple, tuple[bytearray, list[int], PackedParams]] = {}
         self._attribute_set = False
 
     def _prepare(self) -> None:
@@ -200,7 +189,7 @@ class LightGrouped:
                 if len(self._ragged) >= 1024:
                     self._ragged.clear()
                 params = pack_ragged(self.info, p, (a, b, d, offsets), self._driver.encode_into)
-                found = self._ragged[p] = (_Launch(params, ragged_grid(p, self.info.tile_n)), addresses)
+                found = self._ragged[p] = (PackedParams(params, ragged_grid(p, self.info.tile_n)), addresses)
             launch, old = found
             if addresses != old:
                 if d % 16:
@@ -235,7 +224,7 @@ class LightGrouped:
                 _FIELDS.pack_into(params, FIELDS, 0, 0, 0, 0, 0, GROUP_ROWS)
                 found = self._tables[(sizes, sm_count)] = (
                     pack_table(self.info, groups, self._driver.encode_into), addresses,
-                    _Launch(params, list_grid(groups, self.info.tile_n, sm_count)))
+                    PackedParams(params, list_grid(groups, self.info.tile_n, sm_count)))
             table, old, launch = found
             if addresses != old:
                 if any(g.d % 16 for g in groups):  # checked before any patch: the table stays whole
