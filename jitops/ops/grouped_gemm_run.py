@@ -178,9 +178,7 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
     layout_b = ROW if kernel.b_row else COL
     elements = ALIGN_BYTES // As[0].element_size()
     device = As[0].device
-    outs, rows, keep = [], [], []
-    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config) if light is None else (0, 0, 0, 0)
-    pad_free = True  # every launched group's tile counts are multiples of LIST_SWIZZLE x cluster
+    outs, launched, keep = [], [], []
     for i, (a, b) in enumerate(zip(As, Bs)):
         (m, kk), n = a.shape, b.shape[1]
         out = torch.empty((m, n), dtype=a.dtype, device=device)
@@ -196,24 +194,25 @@ def run_list_cuda(k, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> 
         if cls.copy_b[i]:
             b = _copy_to(b, layout_b)
             keep.append(b)
-        rows += (m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
-                 _leading(b, layout_b, elements), out.data_ptr(), n)
-        if light is not None:
-            continue
-        pad_free &= (-(-m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
-                     -(-n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0)
-    groups = len(rows) // 9
-    if groups and light is not None:
-        launched = [light_grouped.ListGroup(*rows[i:i + 8]) for i in range(0, len(rows), 9)]
-        device_index = As[0].get_device()
+        launched.append(light_grouped.ListGroup(m, n, kk, a.data_ptr(), _leading(a, layout_a, elements), b.data_ptr(),
+                                                _leading(b, layout_b, elements), out.data_ptr()))
+    if not launched:
+        return outs
+    device_index = As[0].get_device()
+    if light is not None:
         light_grouped.host(light).list(launched, device, sm_count(device_index), current_stream(device_index))
-    elif groups:
-        host = torch.tensor(rows, dtype=torch.int64)  # the library reads it on the host too
-        rows_device = host_to_device(host, device)
-        device_index = As[0].get_device()
-        workspace, size = _workspace(lib, groups, device_index)
-        raster, swizzle = config.grouped_gemm_schedule or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
-        status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
-                                 swizzle, current_stream(device_index))
-        _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
+        return outs
+    # CUTLASS's library: a row of 9 int64 per group (ldd = n); swizzle by LIST_SWIZZLE only where every group's
+    # tile counts are multiples of LIST_SWIZZLE x cluster (nothing padded).
+    tile_m, tile_n, cluster_m, cluster_n = _tiling(kernel.config)
+    pad_free = all(-(-g.m // tile_m) % (LIST_SWIZZLE * cluster_m) == 0 and
+                   -(-g.n // tile_n) % (LIST_SWIZZLE * cluster_n) == 0 for g in launched)
+    host = torch.tensor([x for g in launched for x in (*g, g.n)], dtype=torch.int64)  # read on the host too
+    rows_device = host_to_device(host, device)
+    groups = len(launched)
+    workspace, size = _workspace(lib, groups, device_index)
+    raster, swizzle = config.grouped_gemm_schedule or ((SCHEDULE[0], LIST_SWIZZLE) if pad_free else SCHEDULE)
+    status = lib.jg_run_list(groups, rows_device, host, workspace, size, sm_count(device_index), raster,
+                             swizzle, current_stream(device_index))
+    _check_call(lib, status, f"list of {groups} groups, layouts {layout_a}/{layout_b}")
     return outs
