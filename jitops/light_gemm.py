@@ -278,16 +278,20 @@ class LightKernel:
             packed = self._problems.get(key)
             if packed is None:
                 self._check(key, addresses)
-                self._driver.ensure_context(self.function.device_index)  # before any encode (_TmaDriver)
-                if not self._attribute_set:
-                    self._driver.set_shared_memory(self.function, self.info.smem)
-                    self._attribute_set = True
+                self._prepare()
                 if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
                     self._problems.clear()
                 params, launch_grid = self._pack(key, addresses)
                 packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses)
             packed.launch(*addresses, stream)
         return packed
+
+    def _prepare(self) -> None:
+        """Before a problem's first encode: the device's context (_TmaDriver), and the kernel's shared memory."""
+        self._driver.ensure_context(self.function.device_index)
+        if not self._attribute_set:
+            self._driver.set_shared_memory(self.function, self.info.smem)
+            self._attribute_set = True
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         raise NotImplementedError

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from typing import Any, NamedTuple, Sequence
 
 import torch
@@ -30,7 +29,7 @@ from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
 from .launch import CudaFunction, host_to_device
 from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, TMA_A, LightInfo,
-                         _FIELDS, _LightDriver, PackedParams, operand_tma, output_tma,
+                         _FIELDS, LightKernel, PackedParams, operand_tma, output_tma,
                          patch_descriptor)
 
 MODES = {"M": 1, "K": 2, "list": 3}
@@ -161,23 +160,15 @@ def list_grid(groups: Sequence[ListGroup], tile_n: int, sm_count: int) -> tuple[
 
 
 # ---- the host object ------------------------------------------------------------------------------------------
-class LightGrouped:
-    """A light grouped kernel with its host side: `ragged(...)` and `list(...)` are one launch each."""
+class LightGrouped(LightKernel):
+    """A light grouped kernel with its host side: `ragged(...)` and `list(...)` are one launch each (the light
+    kernels' driver, lock and first-problem preparation are LightKernel's; the Params here are the grouped
+    forms')."""
 
     def __init__(self, function: CudaFunction, info: LightInfo | None = None, driver: Any = None) -> None:
-        self.function = function
-        self.info = info or LightInfo.from_cubin(function._cubin)
-        self._driver = driver or _LightDriver.get(function.device_index)
-        self._lock = threading.Lock()
+        super().__init__(function, info, driver)
         self._ragged: dict[RaggedProblem, tuple[PackedParams, list[int]]] = {}
         self._tables: dict[tuple, tuple[bytearray, list[int], PackedParams]] = {}
-        self._attribute_set = False
-
-    def _prepare(self) -> None:
-        self._driver.ensure_context(self.function.device_index)  # before any encode
-        if not self._attribute_set:
-            self._driver.set_shared_memory(self.function, self.info.smem)
-            self._attribute_set = True
 
     def ragged(self, p: RaggedProblem, a: int, b: int, d: int, offsets: int, stream: int) -> None:
         addresses = [a, b, d, offsets]
