@@ -386,7 +386,8 @@ class Config:
         "conv2d: split wgrad slices are summed by jitops' reduction kernel (False: torch's sum and a copy).")
     conv2d_dgrad_phase_streams: Knob[bool] = Knob(
         _bool, True,
-        "conv2d: a strided dgrad's phases run on side streams so their short kernels overlap (False: in turn).")
+        "conv2d, CUTLASS's kernels (conv2d_sm90_kernel='cutlass'): a strided dgrad's phases, a launch each, run on "
+        "side streams so their short kernels overlap (False: in turn).  The light kernel runs them in one launch.")
     gelu_tuning: Knob[dict[str, int]] = Knob(
         _tuning(("unroll_forward", "unroll_backward", "blocks_per_sm", "fast_tanh"), "jitops/ops/gelu_plan.py"), {},
         "gelu: override its tuning constants, e.g. {'unroll_forward': 2}: 16-byte loads a thread issues before it "

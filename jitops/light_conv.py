@@ -8,25 +8,26 @@ conv kernel compiles through NVRTC in 0.2-0.7 s, and over ResNet-50's layers run
 (docs/benchmarks.md).
 
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns); dgrad
-in one slice, a strided one's unit-stride phases stored by rows (LIGHT_D_ROWS); wgrad into fp32 slices or, in
-one slice of aligned channels, straight into dw.  Each with the tile width of the class's plan (64, 128 or 256;
-128 rows; the plan's clusters are dropped).  Not covered: split-K fprop and dgrad plans (only ever forced through
-config.conv2d_splits) and wgrad tiles over several taps (plan_wgrad leaves those out under this setting): those
-take CUTLASS's kernels.  The host object takes the CUTLASS library's arguments (conv2d_run._call), so the op's
-launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower, upper) per
-dimension.
+in one slice, a strided one as its unit-stride phases in one launch, stored by rows (LIGHT_D_ROWS); wgrad into
+fp32 slices or, in one slice of aligned channels, straight into dw.  Each with the tile width of the class's plan
+(64, 128 or 256; 128 rows; the plan's clusters are dropped).  Not covered: split-K fprop and dgrad plans (only ever
+forced through config.conv2d_splits) and wgrad tiles over several taps (plan_wgrad leaves those out under this
+setting): those take CUTLASS's kernels.  The host object takes the CUTLASS library's arguments (conv2d_run._call),
+so the op's launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower,
+upper) per dimension.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from typing import Any, NamedTuple
 
 from . import shapes
 from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from .launch import CudaFunction
-from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, LightKernel, _FIELDS,
-                         grid, output_tma, Problem)
+from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, PHASES_PARAMS_SIZE, STORE_ROWS, TILE_K, TILE_M,
+                         LightKernel, _FIELDS, grid, output_tma, Problem)
 
 OPERATORS = {"fprop": 1, "dgrad": 2, "wgrad": 3}
 CONV_FIELDS = FIELDS + _FIELDS.size           # the sixteen conv ints follow the GEMM's fields
@@ -35,6 +36,14 @@ _CONV_FIELDS = struct.Struct("<16i")
 # offsets within [0, 255] (16 bits shared by the two spatial dimensions).
 CORNER_LIMIT = 128
 OFFSET_LIMIT = 256
+# A strided dgrad's phases (LIGHT_D_ROWS): up to MAX_PHASES a launch, each a Phase (192 bytes: its im2col descriptor
+# of dy, then thirteen ints) after Params' conv fields and their count.
+MAX_PHASES = 4
+PHASES_FIELD = CONV_FIELDS + _CONV_FIELDS.size
+PHASE_ENTRIES = 512
+PHASE_BYTES = 192
+_PHASE_FIELDS = struct.Struct("<13i")
+assert PHASES_PARAMS_SIZE == PHASE_ENTRIES + MAX_PHASES * PHASE_BYTES
 
 
 def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
@@ -97,6 +106,59 @@ def _out_size(size: int, pad: int, pad_hi: int, taps: int, stride: int, dilation
     return (size + pad + pad_hi - dilation * (taps - 1) - 1) // stride + 1
 
 
+# ---- a strided dgrad's phases -------------------------------------------------------------------------------------
+class Phase1D(NamedTuple):
+    """One residue of a strided dgrad along one dimension: dx's rows start, start + stride, ... (count of them),
+    reached by the filter taps `taps` (evenly spaced; none: those rows are zeros), as a unit-stride dgrad with
+    padding (lower, upper) and tap spacing `dilation` in dy."""
+    start: int
+    count: int
+    taps: tuple[int, ...]
+    lower: int
+    upper: int
+    dilation: int
+
+
+def phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> list[Phase1D]:
+    """Every residue of one dimension, each row written by exactly one of them (so dx needs no zeroing).
+
+    dx[h] = sum over taps r, outputs o with h = o * stride - padding + r * dilation of dy[o] . w[r].  For
+    h = a + stride * i the taps are those with (a + padding - r * dilation) % stride == 0, spaced stride / g apart
+    (g = gcd(stride, dilation)), and o = i + e0 - j * (dilation / g) for the j-th of them: a unit-stride dgrad with
+    lower padding e0 and dilation dilation / g.  Rows whose taps read only outside dy read TMA's zero fill.
+    (conv2d_plan.dgrad_phases, for CUTLASS's kernels, leaves those rows and residues out and zeroes dx first.)"""
+    phases = []
+    sub_dilation = dilation // math.gcd(stride, dilation)
+    for a in range(min(stride, size)):
+        count = len(range(a, size, stride))
+        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
+        if not taps:
+            phases.append(Phase1D(a, count, (), 0, out_size - count, 1))  # zeros; dy's extent, no tap
+            continue
+        e0 = (a + padding - taps[0] * dilation) // stride
+        span = (len(taps) - 1) * sub_dilation
+        phases.append(Phase1D(a, count, taps, e0, out_size - count - e0 + span,
+                              sub_dilation if len(taps) > 1 else 1))
+    return phases
+
+
+def dgrad_phases(p: "ConvProblem") -> list[tuple[Phase1D, Phase1D]]:
+    """A strided dgrad's phases (rows, columns), those with the most taps first: the CTAs walk them in this order,
+    so the last wave is of the cheapest tiles."""
+    out_h = _out_size(p.h, p.pad_h, p.pad_h_hi, p.r, p.stride_h, p.dil_h)
+    out_w = _out_size(p.w, p.pad_w, p.pad_w_hi, p.s, p.stride_w, p.dil_w)
+    rows = phases_1d(p.h, out_h, p.r, p.stride_h, p.pad_h, p.dil_h)
+    cols = phases_1d(p.w, out_w, p.s, p.stride_w, p.pad_w, p.dil_w)
+    return sorted(((r, c) for r in rows for c in cols), key=lambda rc: -len(rc[0].taps) * len(rc[1].taps))
+
+
+def phase_problem(p: "ConvProblem", rows: Phase1D, cols: Phase1D) -> "ConvProblem":
+    """The unit-stride dgrad of one phase: its pixels as dx, its taps as the filter."""
+    return p._replace(h=rows.count, w=cols.count, r=max(1, len(rows.taps)), s=max(1, len(cols.taps)),
+                      pad_h=rows.lower, pad_h_hi=rows.upper, pad_w=cols.lower, pad_w_hi=cols.upper, stride_h=1,
+                      stride_w=1, dil_h=rows.dilation, dil_w=cols.dilation)
+
+
 def geometry(p: ConvProblem) -> dict:
     """The implicit GEMM of a problem: its A tensor (x for fprop, dy for dgrad) and the descriptors' corners.
 
@@ -148,9 +210,10 @@ def wgrad_output_tma(p: ConvProblem, store_cols: int) -> TmaArgs:
 
 
 def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
-                d_strides: tuple[int, int, int] = (0, 0, 0)) -> tuple[bytearray, tuple[int, int, int]]:
+                d_strides: tuple[int, int, int] = (0, 0, 0), phases: list | None = None
+                ) -> tuple[bytearray, tuple[int, int, int]]:
     """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor;
-    d_strides: a dgrad phase's dx strides (info.d_rows)."""
+    a strided dgrad's kernel (info.d_rows): dx's NHWC strides and the phases of this launch (dgrad_phases)."""
     g = geometry(p)
     a, b, d, bias = addresses
     pixels = p.n * g["out_h"] * g["out_w"]
@@ -174,10 +237,45 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
         tiles = -(-gemm.m // TILE_M) * -(-gemm.n // info.tile_n)
         return params, (max(1, min(p.sm_count, tiles * splits)), 1, 1)
+    if info.d_rows:
+        return _pack_phases(info, p, params, buffer, addresses, encode, d_strides, phases)
     encode(buffer, 0, activation_tma(g), a)
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
     return params, grid(gemm, info.tile_n)
+
+
+def _pack_phases(info: Any, p: ConvProblem, params: bytearray, buffer: Any, addresses: tuple[int, int, int, int],
+                 encode, d_strides: tuple[int, int, int], phases: list) -> tuple[bytearray, tuple[int, int, int]]:
+    """A strided dgrad's Params (LIGHT_D_ROWS): dx's NHWC strides d_strides become the phases' pixel strides,
+    B is the whole filter (each phase reads its taps there), each phase gets its Phase entry."""
+    a, b, d, _ = addresses
+    d_sn, d_sh, d_sw = d_strides
+    _CONV_FIELDS.pack_into(params, CONV_FIELDS, -(-p.k // TILE_K), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, d_sn,
+                           p.stride_h * d_sh, p.stride_w * d_sw)
+    struct.pack_into("<i", params, PHASES_FIELD, len(phases))
+    tiles_n = -(-p.c // info.tile_n)
+    units = 0
+    for i, (rows, cols) in enumerate(phases):
+        sub = phase_problem(p, rows, cols)
+        g = geometry(sub)
+        if not all(-CORNER_LIMIT <= v < CORNER_LIMIT for v in (*g["lower"], *g["upper"])):
+            raise ValueError(f"jitops.conv2d_input_grad (light sm_90a kernel): phase {rows.start, cols.start}'s "
+                             f"bounding box {g['lower']}..{g['upper']} is beyond TMA's im2col corners")
+        at = PHASE_ENTRIES + i * PHASE_BYTES
+        encode(buffer, at, activation_tma(g), a)
+        step_h = rows.taps[1] - rows.taps[0] if len(rows.taps) > 1 else 0
+        step_w = cols.taps[1] - cols.taps[0] if len(cols.taps) > 1 else 0
+        last = rows.taps[-1] * p.s + cols.taps[-1] if rows.taps and cols.taps else 0
+        pixels = p.n * rows.count * cols.count
+        _PHASE_FIELDS.pack_into(params, at + 128, pixels, cols.count, rows.count * cols.count, *g["lower"],
+                                len(rows.taps) * len(cols.taps), len(cols.taps), sub.dil_w, sub.dil_h, last,
+                                step_h * p.s, step_w, rows.start * d_sh + cols.start * d_sw)
+        units += -(-pixels // TILE_M) * tiles_n
+    encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
+    pixels = p.n * p.h * p.w  # D: the whole of dx; the kernel stores by rows, the descriptor is never read
+    encode(buffer, info.tma_d, output_tma(pixels, p.c, p.c, info.store_cols), d)
+    return params, (max(1, min(p.sm_count, units)), 1, 1)
 
 
 def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int],
@@ -189,15 +287,14 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
         raise ValueError(f"jitops.{name} (light sm_90a kernel): channels {p.c} and {p.k} must be multiples of 8 and "
                          "the tensors 16-byte aligned; this class should have taken CUTLASS's kernel")
     if p.conv == 2:
-        if (p.stride_h, p.stride_w) != (1, 1):
-            raise ValueError(f"jitops.{name} (light sm_90a kernel): stride {(p.stride_h, p.stride_w)}; the light "
-                             "dgrad runs a strided one as unit-stride phases (conv2d_run)")
+        if (p.stride_h, p.stride_w) != (1, 1) and not d_rows:
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): stride {(p.stride_h, p.stride_w)}; a strided "
+                             "dgrad takes the kernel built with LIGHT_D_ROWS (its phases)")
         if d_rows and (any(stride % 8 for stride in d_strides) or addresses[2] % 16 or not all(d_strides)):
             raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} must be positive multiples "
                              "of 8 elements and dx 16-byte aligned")
         if not d_rows and any(d_strides) and d_strides != (p.h * p.w * p.c, p.w * p.c, p.c):
-            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} are not its NHWC memory; "
-                             "a strided view takes the kernel built with LIGHT_D_ROWS")
+            raise ValueError(f"jitops.{name} (light sm_90a kernel): dx strides {d_strides} are not its NHWC memory")
 
 
 # ---- the host object ----------------------------------------------------------------------------------------------
@@ -208,6 +305,7 @@ class LightConv(LightKernel):
     def __init__(self, function: CudaFunction, info: Any = None, driver: Any = None) -> None:
         super().__init__(function, info, driver)
         self._address_field: Any = ...  # probed on the first problem
+        self._phases: dict[tuple, list] = {}  # a strided dgrad's (LIGHT_D_ROWS) by problem
 
     def descriptor_address_field(self) -> int | None:
         """The tiled descriptors' address field if an im2col descriptor keeps its address there too, else None:
@@ -225,20 +323,36 @@ class LightConv(LightKernel):
                stream: int) -> Any:
         """One call with the CUTLASS library's arguments (tensors a, b, d, bias; a kernel that stores D by rows,
         info.d_rows, takes D's address in the bias field: conv2d_run._call passes d there); returns the packed
-        problem."""
+        problems it launched (a strided dgrad of more than MAX_PHASES phases takes several launches)."""
         if splits != 1 and (self.info.conv != 3 or self.info.store_cols != 32):
             raise ValueError(f"jitops.conv2d (light sm_90a kernel): {splits} split-K slices; the light fprop, "
                              "dgrad and direct wgrad take one")
         key = (self.info.conv, n, h, w, c, k, r, s, pad_h, pad_h_hi, pad_w, pad_w_hi, stride_h, stride_w, dil_h,
                dil_w, sm_count, splits, d_sn, d_sh, d_sw)
-        return self._launch(key, tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias)), stream)
+        addresses = tuple(0 if t is None else t.data_ptr() for t in (a, b, d, bias))
+        if not self.info.d_rows:
+            return [self._launch(key, addresses, stream)]
+        # A strided dgrad: its phases, MAX_PHASES a launch (one launch up to stride 2 x 2).
+        phases = self._phases.get(key)
+        if phases is None:
+            phases = self._phases[key] = dgrad_phases(ConvProblem(*key[:18]))
+        return [self._launch(key + (first,), addresses, stream) for first in range(0, len(phases), MAX_PHASES)]
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(ConvProblem(*key[:18]), key[18:], addresses, bool(self.info.d_rows))
+        check_problem(ConvProblem(*key[:18]), key[18:21], addresses, bool(self.info.d_rows))
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
-        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into,
-                           key[18:] if self.info.d_rows else (0, 0, 0))
+        if not self.info.d_rows:
+            return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into)
+        first = key[21]
+        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into, key[18:21],
+                           self._phases[key[:21]][first:first + MAX_PHASES])
+
+    def a_descriptors(self, key: tuple) -> tuple[int, ...]:
+        if not self.info.d_rows:
+            return super().a_descriptors(key)
+        count = len(self._phases[key[:21]][key[21]:key[21] + MAX_PHASES])
+        return tuple(PHASE_ENTRIES + i * PHASE_BYTES for i in range(count))
 
 
 def host(kernel: Any) -> LightConv:
@@ -251,5 +365,5 @@ def host(kernel: Any) -> LightConv:
     return found
 
 
-__all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "filter_tma", "geometry", "host",
-           "pack_params", "request", "tile_n_for", "unsupported"]
+__all__ = ["ConvProblem", "LightConv", "OPERATORS", "Phase1D", "activation_tma", "dgrad_phases", "filter_tma",
+           "geometry", "host", "pack_params", "phase_problem", "phases_1d", "request", "tile_n_for", "unsupported"]

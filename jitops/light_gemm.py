@@ -48,6 +48,7 @@ IN_TYPES = {torch.bfloat16: 0, torch.float16: 1}
 # The kernel's static_asserts hold it to these offsets.
 PARAMS_SIZE = 448
 CONV_PARAMS_SIZE = 512        # a conv kernel's: sixteen ints more (jitops/light_conv.py)
+PHASES_PARAMS_SIZE = 1280     # a strided dgrad's: then four phases of 192 bytes (light_conv.MAX_PHASES)
 TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
 _FIELDS = struct.Struct("<Qiiiii")
 STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
@@ -88,8 +89,9 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     period, plus two mbarriers a stage and the pingpong consumers' two."""
     stage = (TILE_M + tile_n) * TILE_K * 2
     stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
+    params_size = PHASES_PARAMS_SIZE if d_rows else CONV_PARAMS_SIZE if conv else PARAMS_SIZE
     return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
-                     CONV_PARAMS_SIZE if conv else PARAMS_SIZE, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
+                     params_size, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
                      int(b_kmajor), int(pingpong), conv, int(d_rows), grouped)
 
 
@@ -303,6 +305,10 @@ class LightKernel:
         """Where the kernel's descriptors keep their global address (None: patched through the driver)."""
         return self._driver.address_field
 
+    def a_descriptors(self, key: tuple) -> tuple[int, ...]:
+        """The offsets of the descriptors that hold A's address (a strided dgrad's phases have one each)."""
+        return (TMA_A,)
+
 
 class LightGemm(LightKernel):
     """The light GEMM kernel's host side: `run(...)` is one GEMM."""
@@ -358,6 +364,7 @@ class _Packed(PackedParams):
         self.addresses = addresses
         self.address_field = owner.descriptor_address_field()
         self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
+        self.a_descriptors = owner.a_descriptors(problem)
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
         if (a, b, d, bias) != self.addresses:
@@ -370,9 +377,13 @@ class _Packed(PackedParams):
         if d % 16:  # a problem is checked with its first addresses; D's is new every call
             raise ValueError("jitops.gemm (light sm_90a kernel): the output must be 16-byte aligned for its TMA "
                              "store; pass a fresh output or one from torch.empty")
-        for offset, address, old in zip(self.descriptors, (a, b, d), self.addresses):
+        driver, field = self.owner._driver, self.address_field
+        if a != self.addresses[0]:
+            for offset in self.a_descriptors:
+                patch_descriptor(driver, self.params, self.address, offset, field, a)
+        for offset, address, old in zip(self.descriptors[1:], (b, d), self.addresses[1:]):
             if address != old:
-                patch_descriptor(self.owner._driver, self.params, self.address, offset, self.address_field, address)
+                patch_descriptor(driver, self.params, self.address, offset, field, address)
         struct.pack_into("<Q", self.params, FIELDS, bias)
         self.addresses = (a, b, d, bias)
 

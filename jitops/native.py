@@ -190,13 +190,16 @@ class _ParamsLaunch:
     def __init__(self, packed: Any) -> None:
         self.handle = packed.owner.function.handle
         self._params = bytes(packed.params)
-        self._offsets = [descriptor + packed.address_field for descriptor in packed.descriptors]
-        self._offsets.append(packed.bias_field)
+        field = packed.address_field
+        # Each argument's fields: A's descriptors (a strided dgrad's phases have one each), B's, D's, the bias.
+        self._offsets = [tuple(offset + field for offset in packed.a_descriptors),
+                         (packed.descriptors[1] + field,), (packed.descriptors[2] + field,), (packed.bias_field,)]
 
-    def packed(self, *values: int) -> tuple[bytes, list[int]]:
+    def packed(self, *values: int) -> tuple[bytes, list[tuple[int, ...]]]:
         params = bytearray(self._params)
-        for offset, value in zip(self._offsets, values):
-            struct.pack_into("<Q", params, offset, value)
+        for offsets, value in zip(self._offsets, values):
+            for offset in offsets:
+                struct.pack_into("<Q", params, offset, value)
         return bytes(params), self._offsets
 
 
@@ -343,6 +346,11 @@ STREAM_SLOT = -2  # kernels/host/recipe.h's kStreamSlot: the current stream, in 
 _HOST_KINDS = {"ptr": 0, "i32": 1, "i64": 2}  # recipe.h's HostKind
 
 
+def _fields_of(offsets: int | tuple[int, ...]) -> tuple[int, ...]:
+    """An argument's offsets in a packed launch: one, or several fields that take the same pointer."""
+    return offsets if isinstance(offsets, tuple) else (offsets,)
+
+
 def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None) -> tuple[list, list] | None:
     """The recorded launches as the extension takes them: per kernel launch (function, grid, block, shared
     memory, arguments packed with every pointer zero, each argument's offset, [(pointer offset, slot)]); per
@@ -400,7 +408,7 @@ def encode(recording: Recording, slots: Sequence[Any], stream: int | None = None
         arguments, offsets = function.packed(*values)
         fields = getattr(function, "fields", offsets)  # the kernel's parameters (_ParamsLaunch: one struct)
         launches.append((function.handle, _triple(grid), _triple(block), shared_mem, arguments, fields,
-                         [(offsets[index], slot) for index, slot in pointed]))
+                         [(offset, slot) for index, slot in pointed for offset in _fields_of(offsets[index])]))
     return launches, workspaces
 
 

@@ -255,34 +255,32 @@ def test_runs_on_torchs_current_stream_and_from_empty_batches():
     assert empty.shape == (0, *expected.shape[1:])
 
 
-@pytest.mark.parametrize("phase_streams", [True, False], ids=["side-streams", "in-turn"])
-def test_strided_dgrad_phases_on_a_side_stream_and_under_cuda_graph_capture(phase_streams):
-    """A stride-2 3x3 dgrad runs four phases (forked onto side streams through the driver and joined back, or in
-    turn): called from a non-default stream and captured in a CUDA graph, it gives the eager result on new
-    data."""
-    x, w, _, *geometry = make_args(((4, 64, 28, 28), (64, 3, 3), 2, 1, 1), torch.bfloat16, "cuda",
-                                   channels_last=True)
+@pytest.mark.parametrize("case", [((4, 64, 28, 28), (64, 3, 3), 2, 1, 1), ((2, 64, 15, 17), (64, 3, 3), 3, 1, 1)],
+                         ids=["stride2", "stride3"])
+def test_strided_dgrad_phases_on_a_side_stream_and_under_cuda_graph_capture(case):
+    """A strided dgrad runs its phases in one launch (stride 2: four; stride 3: nine, in three launches):
+    called from a non-default stream and captured in a CUDA graph, it gives the eager result on new data."""
+    x, w, _, *geometry = make_args(case, torch.bfloat16, "cuda", channels_last=True)
     grad = torch.randn_like(jitops.conv2d(x, w, None, *geometry))
-    with jitops.config.scope(conv2d_dgrad_phase_streams=phase_streams):
-        eager = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
-        _, (want, _) = fp32_reference(x, w, None, *geometry, grad=grad)
-        assert relative_error(eager, want) < TOLERANCE[torch.bfloat16]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            side = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.testing.assert_close(side, eager, rtol=0, atol=0)
-        static_grad = grad.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = jitops.ops.conv2d.conv2d_input_grad(static_grad, w, list(x.shape), *geometry)
-        new_grad = torch.randn_like(grad)
-        static_grad.copy_(new_grad)
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(captured, jitops.ops.conv2d.conv2d_input_grad(new_grad, w, list(x.shape),
-                                                                                   *geometry), rtol=0, atol=0)
+    eager = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
+    _, (want, _) = fp32_reference(x, w, None, *geometry, grad=grad)
+    assert relative_error(eager, want) < TOLERANCE[torch.bfloat16]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        side = jitops.ops.conv2d.conv2d_input_grad(grad, w, list(x.shape), *geometry)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(side, eager, rtol=0, atol=0)
+    static_grad = grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = jitops.ops.conv2d.conv2d_input_grad(static_grad, w, list(x.shape), *geometry)
+    new_grad = torch.randn_like(grad)
+    static_grad.copy_(new_grad)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, jitops.ops.conv2d.conv2d_input_grad(new_grad, w, list(x.shape),
+                                                                               *geometry), rtol=0, atol=0)
 
 
 def test_misaligned_and_strided_views_are_copied_not_misread():

@@ -171,6 +171,98 @@ def test_params_and_descriptors_of_a_split_wgrad():
     assert launch_grid == (1 * 9 * 4, 1, 1)  # one tile row, 9 tile columns, 4 splits
 
 
+# ---- a strided dgrad's phases in one launch -------------------------------------------------------------------
+def emulate_phased_dgrad(params: bytes, descriptors: dict, dy: torch.Tensor, krsc: torch.Tensor,
+                         dx: torch.Tensor) -> None:
+    """What the LIGHT_D_ROWS kernel computes from its packed Params, transcribed (the phase walk; each pixel's
+    im2col reads of dy at the phase's taps, zero outside dy; the filter tap each pairs with; the store at the
+    phase's strides from dx's address), in float64.  dy [N, P, Q, K] and krsc [K, R, S, C]; dx is the flat NHWC
+    memory the stores write, NaN where nothing was written yet (each pixel must be written once)."""
+    c_blocks = struct.unpack_from("<i", params, LC.CONV_FIELDS)[0]
+    d_sn, d_sh, d_sw = struct.unpack_from("<3i", params, LC.CONV_FIELDS + 52)
+    phases = struct.unpack_from("<i", params, LC.PHASES_FIELD)[0]
+    n, dy_h, dy_w, k = dy.shape
+    s_total, c = krsc.shape[2], krsc.shape[3]
+    assert c_blocks == -(-k // 64) and 1 <= phases <= LC.MAX_PHASES
+    for i in range(phases):
+        at = LC.PHASE_ENTRIES + i * LC.PHASE_BYTES
+        m, out_w, out_hw, corner_w, corner_h, taps, filter_s, dil_w, dil_h, last, step_h, step_w, d_offset = \
+            struct.unpack_from("<13i", params, at + 128)
+        a = descriptors[at]
+        # the descriptor is dy's, and its bounding box walks exactly the phase's pixel grid
+        assert a.dims == (k, dy_w, dy_h, n) and (a.lower[0], a.lower[1]) == (corner_w, corner_h)
+        assert box_positions(a.lower[0], a.upper[0], dy_w, 1) == out_w
+        assert box_positions(a.lower[1], a.upper[1], dy_h, 1) * out_w == out_hw and m % out_hw == 0
+        for pixel in range(m):
+            image, oh, ow = pixel // out_hw, pixel % out_hw // out_w, pixel % out_w
+            value = torch.zeros(c, dtype=torch.float64)
+            for t in range(taps):
+                r, s = divmod(t, filter_s)
+                h_in, w_in = corner_h + oh + r * dil_h, corner_w + ow + s * dil_w
+                if 0 <= h_in < dy_h and 0 <= w_in < dy_w:
+                    tap = last - r * step_h - s * step_w
+                    value += dy[image, h_in, w_in] @ krsc[:, tap // s_total, tap % s_total]
+            at_dx = d_offset + image * d_sn + oh * d_sh + ow * d_sw
+            assert dx[at_dx:at_dx + c].isnan().all(), f"pixel {at_dx // c} written twice"
+            dx[at_dx:at_dx + c] = value
+
+
+STRIDED_DGRADS = [  # (n, h, w, c, k, r, s, stride (h, w), padding (h, w), dilation (h, w))
+    (2, 8, 8, 16, 24, 3, 3, (2, 2), (1, 1), (1, 1)),    # ResNet-50's stride-2 3x3: four phases of 1, 2, 2, 4 taps
+    (2, 9, 7, 8, 16, 1, 1, (2, 2), (0, 0), (1, 1)),     # the 1x1 downsample: one phase of one tap, three of zeros
+    (1, 11, 10, 8, 8, 3, 2, (3, 2), (1, 0), (1, 1)),    # six phases: two launches
+    (1, 10, 9, 16, 8, 3, 3, (2, 1), (2, 1), (2, 1)),    # dilation 2 along the strided dimension
+    (1, 13, 12, 8, 8, 5, 4, (2, 3), (2, 1), (1, 2)),    # odd sizes, a rectangular filter, taps that miss rows
+    (1, 7, 7, 8, 8, 7, 7, (2, 2), (3, 3), (1, 1)),      # the stem's geometry
+]
+
+
+@pytest.mark.parametrize("case", STRIDED_DGRADS, ids=lambda c: "-".join(map(str, c[:7])) + f"-s{c[7]}-p{c[8]}-d{c[9]}")
+def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
+    """The phases every launch packs, read as the kernel reads them (emulate_phased_dgrad), give torch's input
+    gradient, every pixel of dx written exactly once (zeros included: dx is not cleared first)."""
+    n, h, w, c, k, r, s, stride, padding, dilation = case
+    p = LC.ConvProblem(2, n, h, w, c, k, r, s, padding[0], padding[0], padding[1], padding[1], *stride, *dilation,
+                       132)
+    out_h, out_w = (output_size(size, taps, st, pad, dil) for size, taps, st, pad, dil in
+                    zip((h, w), (r, s), stride, padding, dilation))
+    torch.manual_seed(0)
+    dy = torch.randn(n, out_h, out_w, k, dtype=torch.float64)
+    krsc = torch.randn(k, r, s, c, dtype=torch.float64)
+    info = L.expected_info(128, True, False, 2, False, 2, d_rows=True)
+    dx = torch.full((n * h * w * c,), float("nan"), dtype=torch.float64)
+    phases = LC.dgrad_phases(p)
+    assert len(phases) == stride[0] * stride[1]
+    taps = [len(rows.taps) * len(cols.taps) for rows, cols in phases]
+    assert taps == sorted(taps, reverse=True)  # the heaviest first: the last wave is of the cheapest tiles
+    for first in range(0, len(phases), LC.MAX_PHASES):
+        encode = Recorder()
+        params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x3000), encode, (h * w * c, w * c, c),
+                                             phases[first:first + LC.MAX_PHASES])
+        assert len(params) == info.params_size == 512 + LC.MAX_PHASES * LC.PHASE_BYTES
+        descriptors = {offset: args for offset, args, _ in encode.calls}
+        assert descriptors[info.tma_b] == LC.filter_tma(p, 128)  # the whole filter: no copy of a phase's taps
+        assert {address for offset, _, address in encode.calls if offset != info.tma_b and offset != info.tma_d} \
+            == {0x1000}
+        assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x3000  # dx's address, where the rows go
+        emulate_phased_dgrad(bytes(params), descriptors, dy, krsc, dx)
+        units = sum(-(-(n * rows.count * cols.count) // 128) for rows, cols in phases[first:first + LC.MAX_PHASES])
+        assert launch_grid == (min(132, units), 1, 1)
+    assert not dx.isnan().any(), "pixels no phase wrote"
+    want = torch.nn.grad.conv2d_input((n, c, h, w), krsc.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2), stride=stride,
+                                      padding=padding, dilation=dilation)
+    torch.testing.assert_close(dx.view(n, h, w, c).permute(0, 3, 1, 2), want)
+
+
+def test_strided_dgrad_phases_cover_every_row_once():
+    for size, out_size, kernel, stride, padding, dilation in [(56, 28, 3, 2, 1, 1), (9, 5, 1, 2, 0, 1),
+                                                              (11, 4, 3, 3, 1, 1), (10, 5, 3, 2, 2, 2)]:
+        phases = LC.phases_1d(size, out_size, kernel, stride, padding, dilation)
+        rows = sorted(row for phase in phases for row in range(phase.start, size, stride)[:phase.count])
+        assert rows == list(range(size)) and all(phase.count == len(range(phase.start, size, stride))
+                                                 for phase in phases)
+
+
 def test_a_direct_wgrad_stores_into_dw():
     # One slice written in the inputs' type into dw's KRSC memory: 64 columns (one padded tap block) a store.
     p = problem(3, n=4, h=14, w=14, c=72, k=64, r=3, s=3)
@@ -248,9 +340,11 @@ class FakeDriver(FakeTmaDriver):
     def _find_address_field(self, args):
         return self.address_field
 
+    params_size = 512
+
     def launch(self, function, grid, block, smem, stream, params_address):
         params = ctypes.cast(params_address, ctypes.POINTER(ctypes.c_void_p))[0]
-        self.launches.append({"grid": grid, "stream": stream, "params": ctypes.string_at(params, 512)})
+        self.launches.append({"grid": grid, "stream": stream, "params": ctypes.string_at(params, self.params_size)})
 
 
 class FakeFunction:
@@ -280,16 +374,34 @@ def test_a_repeated_problem_is_packed_once_and_patched():
     with pytest.raises(ValueError, match="split-K"):
         host.launch(t[0], t[1], t[2], None, *args[:18], 2, 0, 132, 7)
     dgrad = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2), FakeDriver(16))
-    phase = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2 * 9 * 11 * 64, 2 * 11 * 64, 2 * 64, 1, 0, 132)
-    with pytest.raises(ValueError, match="NHWC memory"):  # a phase's strided view of dx takes LIGHT_D_ROWS
-        dgrad.launch(t[0], t[1], t[2], None, *phase, 7)
+    strided = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 2, 2, 1, 1, 9 * 11 * 64, 11 * 64, 64, 1, 0, 132)
+    with pytest.raises(ValueError, match="LIGHT_D_ROWS"):  # a strided dgrad takes the kernel of its phases
+        dgrad.launch(t[0], t[1], t[2], None, *strided, 7)
+    with pytest.raises(ValueError, match="NHWC memory"):
+        dgrad.launch(t[0], t[1], t[2], None, *strided[:11], 1, 1, 1, 1, 9 * 11 * 64, 2 * 11 * 64, 64, 1, 0, 132, 7)
+
+
+def test_a_strided_dgrad_launch_patches_every_phase_descriptor():
+    driver = FakeDriver(16)
+    driver.params_size = 512 + LC.MAX_PHASES * LC.PHASE_BYTES
     rows = LC.LightConv(FakeFunction(), L.expected_info(128, True, False, 2, False, 2, d_rows=True), driver)
-    rows.launch(t[0], t[1], t[2], t[2], *phase, 7)  # conv2d_run._call passes dx as the bias too
+    t = [FakeTensor(a) for a in (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000)]
+    strided = (2, 9, 11, 64, 128, 3, 3, 1, 1, 1, 1, 2, 2, 1, 1, 9 * 11 * 64, 11 * 64, 64, 1, 0, 132)
+    (first,) = rows.launch(t[0], t[1], t[2], t[2], *strided, 7)  # conv2d_run._call passes dx as the bias too
+    (again,) = rows.launch(t[3], t[4], t[5], t[5], *strided, 9)
+    assert again is first and len(driver.encode_into.calls) == 4 + 2  # packed once: four phases, B and D
+    assert first.a_descriptors == tuple(LC.PHASE_ENTRIES + i * LC.PHASE_BYTES for i in range(4))
     params = driver.launches[-1]["params"]
-    assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x30000  # D's address where the rows are stored from
-    assert struct.unpack_from("<3i", params, LC.CONV_FIELDS + 52) == (2 * 9 * 11 * 64, 2 * 11 * 64, 2 * 64)
+    assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x60000  # D's address where the rows are stored from
+    assert struct.unpack_from("<3i", params, LC.CONV_FIELDS + 52) == (9 * 11 * 64, 2 * 11 * 64, 2 * 64)
+    assert struct.unpack_from("<i", params, LC.PHASES_FIELD)[0] == 4
+    for descriptor in first.a_descriptors:
+        assert struct.unpack_from("<Q", params, descriptor + 16)[0] == 0x40000
+    assert struct.unpack_from("<Q", params, 128 + 16)[0] == 0x50000
+    by_three = (1, 11, 10, 64, 64, 3, 2, 1, 1, 0, 0, 3, 2, 1, 1, 11 * 10 * 64, 10 * 64, 64, 1, 0, 132)
+    assert len(rows.launch(t[0], t[1], t[2], t[2], *by_three, 7)) == 2  # six phases: four, then two
     with pytest.raises(ValueError, match="multiples of 8"):
-        rows.launch(t[0], t[1], t[2], t[2], *phase[:15], 2 * 9 * 11 * 64, 2 * 11 * 64, 68, 1, 0, 132, 7)
+        rows.launch(t[0], t[1], t[2], t[2], *strided[:15], 9 * 11 * 64, 11 * 64, 68, 1, 0, 132, 7)
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------------------

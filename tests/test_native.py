@@ -180,7 +180,7 @@ def test_a_light_kernels_params_launch_is_kept_with_its_address_fields():
     struct.pack_into("<i", params, 392, 77)
     owner = SimpleNamespace(function=function, info=SimpleNamespace(threads=384, smem=200000))
     packed = SimpleNamespace(owner=owner, params=params, grid=(132, 1, 1), address_field=16, descriptors=(0, 128, 256),
-                             bias_field=384)
+                             a_descriptors=(0,), bias_field=384)
     x, w, y = torch.zeros(4, 8), torch.zeros(8, 8), torch.zeros(4, 8)
     recording = native.Recording(kernels)
     recording.conv.keep_params_launch(packed, (x, w, y, None))
@@ -191,6 +191,12 @@ def test_a_light_kernels_params_launch_is_kept_with_its_address_fields():
     assert pointers == [(16, 0), (144, 1), (272, 3)]                 # the None bias has no entry
     assert all(struct.unpack_from("<Q", arguments, at)[0] == 0 for at in (16, 144, 272, 384))  # zeroed
     assert struct.unpack_from("<i", arguments, 392)[0] == 77 and len(arguments) == 512
+    # A strided dgrad's kernel: dy's address goes into each phase's descriptor (light_conv's Phase entries).
+    phased = SimpleNamespace(**{**vars(packed), "params": params + bytearray(768), "a_descriptors": (512, 704)})
+    recording = native.Recording(kernels)
+    recording.conv.keep_params_launch(phased, (x, w, y, y))
+    [(*_, arguments, _, pointers)] = native.encode(recording, (x, w, None, y))[0]
+    assert pointers == [(528, 0), (720, 0), (144, 1), (272, 3), (384, 3)] and len(arguments) == 1280
     # A driver whose descriptors are patched through cuTensorMapReplaceAddress: nothing a replay can write.
     recording = native.Recording(kernels)
     packed.address_field = None

@@ -29,12 +29,13 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
     run = getattr(library, "jitops_conv2d", None)
     if run is None:
         light = light_conv.host(library)
-        if light.info.d_rows:  # a dgrad phase's kernel stores dx by rows from the bias field's address
+        if light.info.d_rows:  # a strided dgrad's kernel stores dx by rows from the bias field's address
             bias = d
-        packed = light.launch(a, b, d, bias, *args)
+        launched = light.launch(a, b, d, bias, *args)
         keep = getattr(library, "keep_params_launch", None)
         if keep is not None:
-            keep(packed, (a, b, d, bias))
+            for packed in launched:
+                keep(packed, (a, b, d, bias))
         return
     status = run(a, b, d, bias, *args)
     if status:
@@ -46,8 +47,8 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
 # ---- offers to the C++ host path (jitops/native.py, kernels/host/conv2d.h) -------------------------------------
 # An operator's run is recorded the first time its problem runs (once the extension is loaded) and offered if it
 # only allocated, viewed and launched (one CUTLASS library call, and a split wgrad's reduction kernel): a copy or
-# a reduction through torch (padded channels, a strided dgrad's phases, split fprops, the stem's wgrad) keeps the
-# problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
+# a reduction through torch (padded channels, CUTLASS's strided dgrad phases, split fprops, the stem's wgrad) keeps
+# the problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
 _FPROP, _DGRAD, _WGRAD = 0, 1, 2
 _LIBRARIES = {_FPROP: ("fprop",), _DGRAD: ("dgrad",), _WGRAD: ("wgrad", "wgrad_direct")}
 _offers = native.Offers()
@@ -202,26 +203,44 @@ def _input_grad_cuda(kern, grad, weight, input_size, stride, padding, dilation) 
         return _input_grad_through_columns(kern, dy, p, q, weight, dx, k8)
     krsc = _krsc(weight, c8, k8)  # dgrad's B operand is the filter viewed as (C, (K, S, R))
     out = dx if c8 == c else torch.empty((n, h, w, c8), dtype=dx.dtype, device=dx.device)  # NHWC memory
-    phases, full = dgrad_phases((h, w), (int(p), int(q)), (r, s), cls.stride, cls.padding, cls.dilation)
+    device, sms, stream = _launch_args(grad)
+    if tuple(cls.stride) != (1, 1) and _phases_in_kernel(kern.dgrad):
+        # The light kernel runs a strided dgrad's phases itself, all of dx (zeros included) in one launch, so the
+        # call only launches (the C++ host path replays it).
+        (pad_h, pad_w), (stride_h, stride_w), (dil_h, dil_w) = cls.padding, cls.stride, cls.dilation
+        _call(kern.dgrad, "conv2d_input_grad", dy, krsc, out, None, n, h, w, c8, k8, r, s, pad_h, pad_h, pad_w, pad_w,
+              stride_h, stride_w, dil_h, dil_w, h * w * c8, w * c8, c8, 1, device, sms, stream)
+    else:
+        _dgrad_in_phases(kern, cls, dy, krsc, out, (n, h, w, c8, k8, r, s), (int(p), int(q)), device, sms, stream)
+    if c8 != c:
+        dx.permute(0, 2, 3, 1).copy_(out[..., :c])
+    return dx
+
+
+def _phases_in_kernel(library) -> bool:
+    """Whether the dgrad kernel is the light one built for strided dgrads (LIGHT_D_ROWS: its phases in one
+    launch); CUTLASS's library runs one phase a call."""
+    return getattr(library, "jitops_conv2d", None) is None and bool(light_conv.host(library).info.d_rows)
+
+
+def _dgrad_in_phases(kern, cls, dy, krsc, out, dims, dy_hw, device, sms, stream) -> None:
+    """A dgrad as unit-stride phases a call each (all of it in one, at unit stride; CUTLASS's kernels)."""
+    n, h, w, c8, k8, r, s = dims
+    phases, full = dgrad_phases((h, w), dy_hw, (r, s), cls.stride, cls.padding, cls.dilation)
     if not full:
         out.zero_()
-    device, sms, stream = _launch_args(grad)
-    dims = (n, h, w, c8, k8, r, s)
     # The phases write disjoint pixels of dx.  Their filters are cut first, on the caller's stream; then several
     # phases run each on a side stream forked from it and joined back, so that their short kernels overlap instead
     # of each leaving the SMs to drain (config.conv2d_dgrad_phase_streams).  A split phase's reduction is a torch
     # op on the current stream, so split plans run in order on the caller's stream.
     filters = [_sub_filter(krsc, rows, cols, dims) for rows, cols in phases]
-    if len(phases) > 1 and config.conv2d_dgrad_phase_streams and cls.splits == 1 and dx.is_cuda:
+    if len(phases) > 1 and config.conv2d_dgrad_phase_streams and cls.splits == 1 and out.is_cuda:
         with SideStreams.of(device).forked(stream, len(phases)) as streams:
             for (rows, cols), sub, on in zip(phases, filters, streams):
                 _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, on)
     else:
         for (rows, cols), sub in zip(phases, filters):
             _dgrad_phase(kern, cls, dy, sub, out, rows, cols, dims, device, sms, stream)
-    if c8 != c:
-        dx.permute(0, 2, 3, 1).copy_(out[..., :c])
-    return dx
 
 
 def _sub_filter(krsc: torch.Tensor, rows, cols, dims) -> torch.Tensor:

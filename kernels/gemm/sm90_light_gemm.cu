@@ -28,7 +28,7 @@
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
 //   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, 3: its wgrad, as implicit GEMMs
-//   LIGHT_D_ROWS  1: (dgrad) D stored by rows at dx's strides, a strided dgrad's phase
+//   LIGHT_D_ROWS  1: (dgrad) a strided dgrad's phases in one launch, D stored by rows at dx's strides
 //   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
 //
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
@@ -37,10 +37,15 @@
 // through a rank-3 descriptor (a tap a box, so a channel count that is not a multiple of 64 reads zeros past C):
 // fprop's B is K-major (dims C, R*S, K), dgrad's MN-major (dims C, K, R*S) with the taps flipped, since
 // dx = conv(dy, w rotated 180 degrees and transposed) at unit stride.  D is the NHWC output as the row-major
-// (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.  A strided dgrad runs as unit-stride
-// phases, each writing every stride-th pixel of dx (jitops/ops/conv2d_run.py): LIGHT_D_ROWS 1 stores such a D by
-// rows at their own addresses (dx's strides d_sn, d_sh, d_sw from the bias field's address: a dgrad has no bias)
-// instead of by TMA, whose box cannot follow 128 consecutive pixels across the rows of a strided view.
+// (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
+//   A strided dgrad (LIGHT_D_ROWS 1) is stride_h * stride_w unit-stride dgrads, its phases: phase (a, b) writes dx's
+// pixels (a + stride_h i, b + stride_w j) from the filter taps that reach them, a sub-filter of taps evenly spaced
+// in the filter (none: the phase's pixels are zeros).  One launch runs up to kMaxPhases of them: the CTAs walk the
+// units of one phase after another (as the grouped forms walk groups), each phase with its own im2col descriptor of
+// dy (its bounding box) and its taps read from the whole filter's descriptor.  D is stored by rows at each pixel's
+// address (dx's address in the bias field, a dgrad has none; the phase's strides d_sn, d_sh, d_sw): a TMA box
+// cannot follow 128 consecutive pixels across the rows of a strided view.  As four launches, one a phase, ResNet-50's
+// stride-2 3x3 dgrads ran x0.44-0.58 of cuDNN (H100), each launch a quarter of the tiles with 1-4 taps of K.
 //   wgrad (LIGHT_CONV 3): M is the filters (A = dy as the MN-major (K, N*P*Q) matrix), N is (tap, channel) with
 // each tap's channels padded to whole 64-channel blocks, GEMM-K the output pixels, split into `splits` equal runs
 // of k-blocks (the final one reads zeros past N*P*Q).  B is x in im2col mode, 64 pixels by 64 channels of one tap a
@@ -97,6 +102,7 @@ constexpr int kConv = LIGHT_CONV;
 constexpr bool kActivation = kConv == 0;  // a conv's fused epilogue adds its bias only
 constexpr int kGrouped = LIGHT_GROUPED;
 constexpr bool kRowStores = LIGHT_D_ROWS || kGrouped == 1;  // D stored by rows, not by TMA
+constexpr int kMaxPhases = 4;  // a strided dgrad's phases a launch (stride 2 x 2); more take several launches
 constexpr int kWarpgroupRows = kPingpong ? kTileM : kTileM / kConsumers;  // a consumer's rows of its tiles
 constexpr int kMmaBlocks = kWarpgroupRows / 64;                           // m64 wgmmas a k16 step
 constexpr int kAccumulators = kMmaBlocks * kTileN / 2;                    // fp32 registers a thread
@@ -126,7 +132,7 @@ constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
-static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a dgrad phase's 16-bit dx");
+static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a strided dgrad's 16-bit dx");
 static_assert(!kGrouped || (kConv == 0 && !kPingpong && !LIGHT_FUSED && LIGHT_OUT == 0),
               "grouped: a plain cooperative GEMM with a 16-bit D");
 static_assert(kGrouped != 1 || kAKMajor, "ragged M: A's rows are the ragged dimension, so K-major");
@@ -134,6 +140,23 @@ static_assert(kGrouped != 2 || (!kAKMajor && !kBKMajor), "ragged K: K is the str
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
+
+#if LIGHT_D_ROWS
+// One phase of a strided dgrad: a unit-stride dgrad over its pixels (jitops/light_conv.py packs it).
+struct alignas(64) Phase {
+    TmaDescriptor a;         // dy in im2col mode, this phase's bounding box
+    int m;                   // the phase's pixels, N * rows * columns: its GEMM's M
+    int out_w, out_hw;       // its pixel grid: columns, rows * columns
+    int corner_w, corner_h;  // the bounding box's lower corner
+    int taps;                // its taps, rows * columns of them (0: no tap reaches these pixels: zeros)
+    int filter_s;            // columns of them
+    int dil_w, dil_h;        // between its taps, in dy's pixels
+    int tap_last;            // the filter's tap (r * S + s) of its last tap, read first (the taps are flipped)
+    int tap_step_h, tap_step_w;  // filter taps between its taps along a column and along a row
+    int d_offset;            // elements from dx's address to its first pixel
+};
+static_assert(sizeof(Phase) == 192, "Phase layout");
+#endif
 
 // The kernel's one parameter.  jitops/light_gemm.py packs it at fixed offsets: the descriptors of A, B and D at 0,
 // 128 and 256, then bias 384, the ints from 392; every field is naturally aligned, so the sizes below fix the
@@ -159,7 +182,11 @@ struct alignas(64) Params {
     int dil_w, dil_h;        // a tap's offset per filter column and row
     int splits;              // wgrad: slices of GEMM-K, k = split_blocks * 64 each (fprop, dgrad: 1)
     int split_blocks;
-    int d_sn, d_sh, d_sw;    // LIGHT_D_ROWS: dx's strides in elements (image, row, pixel)
+    int d_sn, d_sh, d_sw;    // LIGHT_D_ROWS: a phase's pixel strides in dx, elements (image, row, column)
+#if LIGHT_D_ROWS
+    int phases;              // of `phase`; a, out_w .. dil_h and m above are unused
+    Phase phase[kMaxPhases];
+#endif
 #elif LIGHT_GROUPED
     // m, n, k are then: ragged M: T, N, K; ragged K: M, N, T; list: unused.
     const void* groups_data;  // ragged: the groups' int32 cumulative ends (device); list: the GroupEntry table
@@ -169,7 +196,8 @@ struct alignas(64) Params {
 #endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
-              sizeof(Params) == (kConv ? 512 : 448) && alignof(Params) == 64, "Params layout");
+              sizeof(Params) == (kConv ? 512 : 448) + (LIGHT_D_ROWS ? kMaxPhases * 192 : 0) &&
+              alignof(Params) == 64, "Params layout");
 
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
@@ -248,19 +276,41 @@ __device__ __forceinline__ void stage_pair(u32 buffer, int row, int col, float v
 }
 
 #if LIGHT_D_ROWS
-// A staged 64 x 64 chunk of a dgrad phase's dx out to its pixels: 16 bytes a thread, 8 threads a row (one 128-byte
-// row of the swizzled buffer, conflict-free; one coalesced 128-byte write), each row at its pixel's address.
-__device__ __forceinline__ void store_rows(const Params& p, u32 buffer, int row0, int col0, int thread) {
-    unsigned short* d = static_cast<unsigned short*>(const_cast<void*>(p.bias));
+// Where a CTA's walk over the phases' units is: the phase of the last unit, its first unit and unit count.
+struct PhaseCursor {
+    int phase = -1;
+    int first = 0;
+    int count = 0;
+};
+
+// The tile of unit `unit` (units only increase), the cursor moved on to its phase; false once past the last.
+__device__ __forceinline__ bool next_phase_unit(const Params& p, PhaseCursor& c, int unit, int tiles_n, int& m_block,
+                                                int& n_block) {
+    while (unit >= c.first + c.count) {
+        if (c.phase + 1 >= p.phases) return false;
+        c.first += c.count;
+        ++c.phase;
+        c.count = (p.phase[c.phase].m + kTileM - 1) / kTileM * tiles_n;
+    }
+    tile_coordinates(unit - c.first, (p.phase[c.phase].m + kTileM - 1) / kTileM, tiles_n, p.group_m, m_block,
+                     n_block);
+    return true;
+}
+
+// A staged 64 x 64 chunk of a phase's dx out to its pixels: 16 bytes a thread, 8 threads a row (one 128-byte row of
+// the swizzled buffer, conflict-free; one coalesced 128-byte write), each row at its pixel's address.
+__device__ __forceinline__ void store_rows(const Params& p, const Phase& g, u32 buffer, int row0, int col0,
+                                           int thread) {
+    unsigned short* d = static_cast<unsigned short*>(const_cast<void*>(p.bias)) + g.d_offset;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int unit = thread + 128 * i;  // 64 rows x 8 units
         const int row = unit / 8, u = unit % 8;
         const int m = row0 + row, col = col0 + 8 * u;
-        if (m < p.m && col < p.n) {
-            const int image = m / p.out_hw;
-            const int oh = (m - image * p.out_hw) / p.out_w;
-            const int ow = m - image * p.out_hw - oh * p.out_w;
+        if (m < g.m && col < p.n) {
+            const int image = m / g.out_hw;
+            const int oh = (m - image * g.out_hw) / g.out_w;
+            const int ow = m - image * g.out_hw - oh * g.out_w;
             const uint4 v = ld_shared_v4(buffer + row * 128 + ((u ^ (row % 8)) * 16));
             *reinterpret_cast<uint4*>(d + static_cast<long long>(image) * p.d_sn +
                                       static_cast<long long>(oh) * p.d_sh + static_cast<long long>(ow) * p.d_sw +
@@ -419,9 +469,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         fence_barrier_init();
     }
     if (kGrouped != 3 && threadIdx.x == 128 * kConsumers) {  // the list form's are in its table
+#if LIGHT_D_ROWS
+        for (int i = 0; i < p.phases; ++i) tma_prefetch_descriptor(&p.phase[i].a);  // (D: stored by rows)
+        tma_prefetch_descriptor(&p.b);
+#else
         tma_prefetch_descriptor(&p.a);
         tma_prefetch_descriptor(&p.b);
         tma_prefetch_descriptor(&p.d);
+#endif
     }
     __syncthreads();
 
@@ -431,8 +486,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     const int k_blocks = (p.k + kTileK - 1) / kTileK;  // a work unit's
 #if LIGHT_CONV == 3
     const int units = tiles * p.splits;  // a unit: one tile of one split (unit / tiles)
-#elif LIGHT_GROUPED
-    const int units = 0x7FFFFFFF;  // until next_unit finds no group left
+#elif LIGHT_GROUPED || LIGHT_D_ROWS
+    const int units = 0x7FFFFFFF;  // until next_unit (next_phase_unit) finds no group (phase) left
 #else
     const int units = tiles;
 #endif
@@ -453,6 +508,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_GROUPED
         GroupCursor cursor;
         int acquired = -1;  // the list form: the group whose descriptors this thread has acquired
+#elif LIGHT_D_ROWS
+        PhaseCursor cursor;
 #endif
         for (int tile = blockIdx.x; tile < units; tile += gridDim.x) {
             int m_block, n_block;
@@ -470,6 +527,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 acquired = cursor.group;
             }
 #endif
+#elif LIGHT_D_ROWS
+            if (!next_phase_unit(p, cursor, tile, tiles_n, m_block, n_block)) break;
+            const Phase& g = p.phase[cursor.phase];
+            const int tile_k_blocks = g.taps * p.c_blocks;
 #else
             tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
             const int tile_k_blocks = k_blocks;
@@ -493,12 +554,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 b_offsets[j] = static_cast<u32>(s * p.dil_w) | static_cast<u32>(r * p.dil_h) << 16;
             }
 #elif LIGHT_CONV
+#if !LIGHT_D_ROWS
+            const Params& g = p;  // the unit's geometry: the conv's own, or its phase's (the same field names)
+#endif
             // The tile's first output pixel, where its im2col box starts (the box then walks the pixel grid).
             const int m0 = m_block * kTileM;
-            const int image = m0 / p.out_hw;
-            const int oh = (m0 - image * p.out_hw) / p.out_w;
-            const int ow = m0 - image * p.out_hw - oh * p.out_w;
-            const int w0 = p.corner_w + ow * p.stride_w, h0 = p.corner_h + oh * p.stride_h;
+            const int image = m0 / g.out_hw;
+            const int oh = (m0 - image * g.out_hw) / g.out_w;
+            const int ow = m0 - image * g.out_hw - oh * g.out_w;
+            const int w0 = g.corner_w + ow * (LIGHT_D_ROWS ? 1 : p.stride_w);
+            const int h0 = g.corner_h + oh * (LIGHT_D_ROWS ? 1 : p.stride_h);
             int tap = 0, c_block = 0, r = 0, s = 0;  // the k-block's filter tap (r, s) and channel block
 #endif
             for (int kb = 0; kb < tile_k_blocks; ++kb) {
@@ -527,9 +592,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 }
                 image += step_image;
 #elif LIGHT_CONV
-                tma_load_im2col_4d(&p.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
-                                   static_cast<unsigned short>(s * p.dil_w), static_cast<unsigned short>(r * p.dil_h));
+                tma_load_im2col_4d(&g.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
+                                   static_cast<unsigned short>(s * g.dil_w), static_cast<unsigned short>(r * g.dil_h));
+#if LIGHT_D_ROWS
+                const int filter_tap = g.tap_last - r * g.tap_step_h - s * g.tap_step_w;
+#else
                 const int filter_tap = kConv == 2 ? p.taps - 1 - tap : tap;
+#endif
                 if constexpr (kBKMajor) {
                     tma_load_3d(&p.b, smem_b + stage * kBytesB, bar, c_block * kTileK, filter_tap, n_block * kTileN);
                 } else {
@@ -542,7 +611,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 if (++c_block == p.c_blocks) {
                     c_block = 0;
                     ++tap;
-                    if (++s == p.filter_s) {
+                    if (++s == g.filter_s) {
                         s = 0;
                         ++r;
                     }
@@ -594,7 +663,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_GROUPED
     GroupCursor cursor;
     int acquired = -1;
-    unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's count varies
+#elif LIGHT_D_ROWS
+    PhaseCursor cursor;
+#endif
+#if LIGHT_GROUPED || LIGHT_D_ROWS
+    unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's (a phase's) count varies
 #endif
     for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < units;
          local += stride, tile += stride * gridDim.x) {
@@ -618,6 +691,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
             acquired = cursor.group;
         }
 #endif
+#elif LIGHT_D_ROWS
+        if (!next_phase_unit(p, cursor, tile, tiles_n, m_block, n_block)) break;
+        const Phase& g = p.phase[cursor.phase];
+        const int tile_k_blocks = g.taps * p.c_blocks;  // none: the phase's pixels are zeros
+        const unsigned long long position = ring;
+        ring += tile_k_blocks;
+        const int d_row0 = m_block * kTileM, d_rows = g.m, d_cols = p.n;
 #else
         tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
         const int tile_k_blocks = k_blocks;
@@ -721,7 +801,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_D_ROWS
                 // The buffer is staged again two chunks on, after a barrier that every thread's reads here precede.
                 named_barrier_sync(1 + warpgroup, 128);
-                store_rows(p, buffer, store_row0, chunk_col0, threadIdx.x % 128);
+                store_rows(p, g, buffer, store_row0, chunk_col0, threadIdx.x % 128);
                 continue;
 #elif LIGHT_GROUPED == 1
                 named_barrier_sync(1 + warpgroup, 128);

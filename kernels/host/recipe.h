@@ -8,7 +8,7 @@
 
 namespace jitops_host {
 
-constexpr size_t kMaxArgumentBytes = 512;  // a recorded launch's packed arguments (layer_norm's: 72 bytes)
+constexpr size_t kMaxArgumentBytes = 1280;  // a launch's packed arguments (a strided dgrad's light Params)
 constexpr size_t kMaxArguments = 32;
 constexpr int kMaxSlots = 16;              // a call's tensors, then its workspaces
 constexpr int kStreamSlot = -2;            // a host call's stream argument: the current stream (native.STREAM_SLOT)
