@@ -89,6 +89,14 @@ SM80 = [replace(c, family="sm80") for c in TRANSPOSES] + \
 
 ALL = TRANSPOSES + AWKWARD_M + LARGE + EPILOGUES + UNALIGNED + SM80
 
+# The bit-for-bit test's cases, ((M, N, K), dtype, fused): benchmarks/bench_gemm.py's shapes in both dtypes, and
+# bf16 with bias and GELU in the epilogue.  Its nvcc-built references take 1-2 minutes each to compile, so
+# prebuild_gemm.py builds them too (bit_for_bit_reference).
+BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
+                (8192, 8192, 1024)]  # benchmarks/bench_gemm.py's SHAPES
+BIT_FOR_BIT = [(s, d, False) for s in BENCH_SHAPES for d in (BF16, FP16)] + \
+    [(s, BF16, True) for s in BENCH_SHAPES[:3] + BENCH_SHAPES[5:]]
+
 
 def requests(case: Case, target) -> dict:
     """Every kernel build a call of `case` needs on `target`, its backward's included (label -> BuildRequest).
@@ -118,3 +126,16 @@ def requests(case: Case, target) -> dict:
             add("gemm", (g, b.t(), None, None, None))
             add("gemm", (a.t(), g, None, None, None))
     return found
+
+
+def bit_for_bit_reference(shape: tuple[int, int, int], dtype: torch.dtype, fused: bool):
+    """The nvcc-built library the bit-for-bit test loads for one of BIT_FOR_BIT's cases.  Its shape class from
+    meta tensors: the same class as the test's fresh CUDA tensors (16-byte aligned, row-major)."""
+    from jitops.ops import gemm as G
+    from jitops.ops import gemm_plan as P
+
+    m, n, k = shape
+    a, b = torch.empty((m, k), dtype=dtype, device="meta"), torch.empty((k, n), dtype=dtype, device="meta")
+    bias = torch.empty((n,), dtype=dtype, device="meta") if fused else None
+    cls = G.shape_class(a, b, bias, "gelu" if fused else None, None)
+    return G.sm90_reference_request(cls, P.SM90_CONFIGS[cls.bucket])

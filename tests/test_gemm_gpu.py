@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gemm_cases import ALL, AWKWARD_M, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, Case
+from gemm_cases import ALL, AWKWARD_M, BIT_FOR_BIT, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, Case
 
 import jitops
 from jitops.testing import check_backward, check_compile, check_forward, noncontiguous
@@ -203,13 +203,7 @@ def test_repeated_calls_on_new_buffers_and_bias_patch_the_cached_params():
                                atol=1.6e-2)
 
 
-BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
-                (8192, 8192, 1024)]  # benchmarks/bench_gemm.py's SHAPES
-
-
-@pytest.mark.parametrize("shape,dtype,fused", [(s, d, False) for s in BENCH_SHAPES
-                                               for d in (torch.bfloat16, torch.float16)] +
-                         [(s, torch.bfloat16, True) for s in BENCH_SHAPES[:3] + BENCH_SHAPES[5:]],
+@pytest.mark.parametrize("shape,dtype,fused", BIT_FOR_BIT,
                          ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_nvrtc_build_matches_nvcc_build_bit_for_bit(shape, dtype, fused):
     """jitops.gemm's sm_90a kernel built by NVRTC with its host side in Python (jitops/cutlass_host.py) gives

@@ -45,6 +45,9 @@ def main() -> None:
         wanted.update(gemm_cases.requests(case, target))
     for r in bench_gemm.requests(target).values():
         wanted[r.label() + " " + str(r.params)] = r
+    for case in gemm_cases.BIT_FOR_BIT:  # nvcc's references (cases share them: one per shape class)
+        r = gemm_cases.bit_for_bit_reference(*case)
+        wanted[r.label() + " " + str(r.params)] = r
     if args.survey_only:
         survey = {r.label() + " " + str(r.params): r for r in bench_gemm.requests(target, survey=True).values()}
         wanted = {key: r for key, r in survey.items() if key not in wanted}
