@@ -318,6 +318,24 @@ __device__ __forceinline__ void store_rows(const Params& p, const Phase& g, u32 
         }
     }
 }
+
+// A warpgroup's 64 rows of a tile of a phase that no tap reaches, zeros straight to dx: no accumulators, no
+// staging and no barriers, 16 bytes a thread, a row's columns by neighbouring threads.
+__device__ __forceinline__ void store_zero_rows(const Params& p, const Phase& g, int row0, int col0, int thread) {
+    unsigned short* d = static_cast<unsigned short*>(const_cast<void*>(p.bias)) + g.d_offset;
+    constexpr int kUnits = kTileN / 8;  // 16-byte units of a row
+    for (int unit = thread; unit < 64 * kUnits; unit += 128) {
+        const int m = row0 + unit / kUnits, col = col0 + 8 * (unit % kUnits);
+        if (m < g.m && col < p.n) {
+            const int image = m / g.out_hw;
+            const int oh = (m - image * g.out_hw) / g.out_w;
+            const int ow = m - image * g.out_hw - oh * g.out_w;
+            *reinterpret_cast<uint4*>(d + static_cast<long long>(image) * p.d_sn +
+                                      static_cast<long long>(oh) * p.d_sh + static_cast<long long>(ow) * p.d_sw +
+                                      col) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
 #endif
 
 #if LIGHT_GROUPED
@@ -694,7 +712,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #elif LIGHT_D_ROWS
         if (!next_phase_unit(p, cursor, tile, tiles_n, m_block, n_block)) break;
         const Phase& g = p.phase[cursor.phase];
-        const int tile_k_blocks = g.taps * p.c_blocks;  // none: the phase's pixels are zeros
+        const int tile_k_blocks = g.taps * p.c_blocks;
+        if (tile_k_blocks == 0) {  // no tap reaches the phase's pixels, and the producer loaded nothing
+            store_zero_rows(p, g, m_block * kTileM + warpgroup * 64, n_block * kTileN, threadIdx.x % 128);
+            continue;
+        }
         const unsigned long long position = ring;
         ring += tile_k_blocks;
         const int d_row0 = m_block * kTileM, d_rows = g.m, d_cols = p.n;
