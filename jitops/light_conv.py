@@ -333,10 +333,17 @@ class LightConv(LightKernel):
         if not self.info.d_rows:
             return [self._launch(key, addresses, stream)]
         # A strided dgrad: its phases, MAX_PHASES a launch (one launch up to stride 2 x 2).
+        count = len(self._phases_of(key))
+        return [self._launch(key + (first,), addresses, stream) for first in range(0, count, MAX_PHASES)]
+
+    def _phases_of(self, key: tuple) -> list:
+        """A strided dgrad's phases (dgrad_phases) by its problem's key, worked out once."""
         phases = self._phases.get(key)
         if phases is None:
+            if len(self._phases) >= 1024:  # as the packed problems: bounded for a process sweeping sizes
+                self._phases.clear()
             phases = self._phases[key] = dgrad_phases(ConvProblem(*key[:18]))
-        return [self._launch(key + (first,), addresses, stream) for first in range(0, len(phases), MAX_PHASES)]
+        return phases
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         check_problem(ConvProblem(*key[:18]), key[18:21], addresses, bool(self.info.d_rows))
@@ -346,12 +353,12 @@ class LightConv(LightKernel):
             return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into)
         first = key[21]
         return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into, key[18:21],
-                           self._phases[key[:21]][first:first + MAX_PHASES])
+                           self._phases_of(key[:21])[first:first + MAX_PHASES])
 
     def a_descriptors(self, key: tuple) -> tuple[int, ...]:
         if not self.info.d_rows:
             return super().a_descriptors(key)
-        count = len(self._phases[key[:21]][key[21]:key[21] + MAX_PHASES])
+        count = len(self._phases_of(key[:21])[key[21]:key[21] + MAX_PHASES])
         return tuple(PHASE_ENTRIES + i * PHASE_BYTES for i in range(count))
 
 
