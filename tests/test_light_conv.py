@@ -2,8 +2,8 @@
 
 On the CPU: the kernels compile under NVRTC for sm_90a with wgmma, im2col loads and no spills; the implicit
 GEMM's geometry (bounding boxes, output grids) agrees with the op's own output sizes; Params and descriptors are
-packed as the kernel reads them; the setting routes fprop and unit-stride dgrad to them and leaves the rest to
-CUTLASS.  On a GPU (marked): jitops.conv2d with the setting on against torch's conv2d in fp32, forward and
+packed as the kernel reads them (a strided dgrad's phases: through a transcription of the kernel's loops); the
+setting routes fprop and unit-stride dgrad to them and leaves the rest to CUTLASS.  On a GPU (marked): jitops.conv2d with the setting on against torch's conv2d in fp32, forward and
 dx and dw, over the op's test geometries and ResNet-50's layer kinds.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import re
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -402,6 +403,64 @@ def test_a_strided_dgrad_launch_patches_every_phase_descriptor():
     assert len(rows.launch(t[0], t[1], t[2], t[2], *by_three, 7)) == 2  # six phases: four, then two
     with pytest.raises(ValueError, match="multiples of 8"):
         rows.launch(t[0], t[1], t[2], t[2], *strided[:15], 9 * 11 * 64, 11 * 64, 68, 1, 0, 132, 7)
+
+
+class EmulatingDriver(FakeDriver):
+    """Runs the strided-dgrad kernel's launches on CPU memory, when asked (`run`: torch ops of its own must not
+    count as the launching code's): emulate_phased_dgrad over the Params a launch passed, dy and the filter read
+    at the addresses the descriptors were encoded with, dx written at the bias field's."""
+
+    params_size = 512 + LC.MAX_PHASES * LC.PHASE_BYTES
+
+    def __init__(self, shapes: dict) -> None:
+        super().__init__(16)
+        self.shapes = shapes  # "dy": (N, P, Q, K), "krsc": (K, R, S, C), "dx": (N, H, W, C), float32 memory
+
+    def run(self) -> None:
+        params = self.launches[-1]["params"]
+        calls = self.encode_into.calls[-(struct.unpack_from("<i", params, LC.PHASES_FIELD)[0] + 2):]
+        descriptors = {offset: args for offset, args, _ in calls}
+        addresses = {offset: address for offset, _, address in calls}
+
+        def at(address, shape):
+            count = shape[0] * shape[1] * shape[2] * shape[3]
+            return torch.frombuffer((ctypes.c_float * count).from_address(address), dtype=torch.float32).view(shape)
+
+        dy = at(addresses[LC.PHASE_ENTRIES], self.shapes["dy"]).double()
+        krsc = at(addresses[128], self.shapes["krsc"]).double()
+        dx = at(struct.unpack_from("<Q", params, L.FIELDS)[0], self.shapes["dx"]).view(-1)
+        out = torch.full(dx.shape, float("nan"), dtype=torch.float64)
+        emulate_phased_dgrad(params, descriptors, dy, krsc, out)
+        written = ~out.isnan()
+        dx[written] = out[written].float()
+
+
+def test_a_strided_dgrad_runs_as_one_launch_that_only_allocates_and_launches(monkeypatch):
+    """conv2d_run's strided dgrad on the light kernel: one call of its host side, no copy of the filter's taps
+    and no zeroing of dx through torch (what the C++ host path's Recording requires), torch's input gradient."""
+    from jitops import native
+    from jitops.ops import conv2d_run
+
+    n, c, h, w, k = 2, 16, 9, 8, 24
+    stride, padding, dilation = (2, 2), (1, 1), (1, 1)
+    weight = torch.randn(k, c, 3, 3).contiguous(memory_format=torch.channels_last)
+    p, q = (output_size(size, 3, 2, 1, 1) for size in (h, w))
+    grad = torch.randn(n, k, p, q).contiguous(memory_format=torch.channels_last)
+    cls = conv_class(stride=stride, padding=padding, dilation=dilation)
+    driver = EmulatingDriver({"dy": (n, p, q, k), "krsc": (k, 3, 3, c), "dx": (n, h, w, c)})
+    function = FakeFunction()
+    function.light_conv_host = LC.LightConv(function, L.expected_info(128, True, False, 2, False, 2, d_rows=True),
+                                            driver)
+    kern = SimpleNamespace(shape_class=cls, dgrad=function)
+    monkeypatch.setattr(conv2d_run, "_launch_args", lambda t: (0, 132, 0))
+    watch = native._Allocations()
+    with watch:
+        dx = conv2d_run._input_grad_cuda(kern, grad, weight, (n, c, h, w), stride, padding, dilation)
+    assert watch.pure, "the run copied or zeroed through torch"
+    assert len(driver.launches) == 1 and dx.is_contiguous(memory_format=torch.channels_last)
+    driver.run()
+    want = torch.nn.grad.conv2d_input((n, c, h, w), weight, grad, stride=stride, padding=padding, dilation=dilation)
+    torch.testing.assert_close(dx, want, rtol=1e-5, atol=1e-5)
 
 
 # ---- on a GPU -----------------------------------------------------------------------------------------------------
