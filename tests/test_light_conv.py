@@ -3,8 +3,9 @@
 On the CPU: the kernels compile under NVRTC for sm_90a with wgmma, im2col loads and no spills; the implicit
 GEMM's geometry (bounding boxes, output grids) agrees with the op's own output sizes; Params and descriptors are
 packed as the kernel reads them (a strided dgrad's phases: through a transcription of the kernel's loops); the
-setting routes fprop and unit-stride dgrad to them and leaves the rest to CUTLASS.  On a GPU (marked): jitops.conv2d with the setting on against torch's conv2d in fp32, forward and
-dx and dw, over the op's test geometries and ResNet-50's layer kinds.
+setting routes fprop and unit-stride dgrad to them and leaves the rest to CUTLASS.  On a GPU (marked):
+jitops.conv2d with the setting on against torch's conv2d in fp32, forward and dx and dw, over the op's test
+geometries and ResNet-50's layer kinds.
 """
 from __future__ import annotations
 
