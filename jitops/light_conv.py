@@ -209,11 +209,10 @@ def wgrad_output_tma(p: ConvProblem, store_cols: int) -> TmaArgs:
                    SWIZZLE_128B)
 
 
-def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
-                d_strides: tuple[int, int, int] = (0, 0, 0), phases: list | None = None
+def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode
                 ) -> tuple[bytearray, tuple[int, int, int]]:
-    """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor;
-    a strided dgrad's kernel (info.d_rows): dx's NHWC strides and the phases of this launch (dgrad_phases)."""
+    """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor
+    (a strided dgrad's kernel, info.d_rows: pack_phases)."""
     g = geometry(p)
     a, b, d, bias = addresses
     pixels = p.n * g["out_h"] * g["out_w"]
@@ -229,7 +228,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-gemm.m // TILE_M)))
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
-                           *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks, *d_strides)
+                           *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks, 0, 0, 0)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     if p.conv == 3:
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
@@ -237,20 +236,24 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
         tiles = -(-gemm.m // TILE_M) * -(-gemm.n // info.tile_n)
         return params, (max(1, min(p.sm_count, tiles * splits)), 1, 1)
-    if info.d_rows:
-        return _pack_phases(info, p, params, buffer, addresses, encode, d_strides, phases)
     encode(buffer, 0, activation_tma(g), a)
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
     return params, grid(gemm, info.tile_n)
 
 
-def _pack_phases(info: Any, p: ConvProblem, params: bytearray, buffer: Any, addresses: tuple[int, int, int, int],
-                 encode, d_strides: tuple[int, int, int], phases: list) -> tuple[bytearray, tuple[int, int, int]]:
-    """A strided dgrad's Params (LIGHT_D_ROWS): dx's NHWC strides d_strides become the phases' pixel strides,
-    B is the whole filter (each phase reads its taps there), each phase gets its Phase entry."""
-    a, b, d, _ = addresses
+def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
+                d_strides: tuple[int, int, int], phases: list) -> tuple[bytearray, tuple[int, int, int]]:
+    """Params bytes and grid of one launch of a strided dgrad's kernel (LIGHT_D_ROWS) over `phases` (at most
+    MAX_PHASES of dgrad_phases): dx's NHWC strides d_strides become the phases' pixel strides, B is the whole filter
+    (each phase reads its taps there), each phase gets its Phase entry; of the GEMM's fields the kernel reads n (dx's
+    channels), group_m and the bias field (dx's address)."""
+    a, b, d, bias = addresses  # bias: dx's address again (conv2d_run._call), which the patching rewrites
     d_sn, d_sh, d_sw = d_strides
+    params = bytearray(info.params_size)
+    buffer = (ctypes.c_char * len(params)).from_buffer(params)
+    pixels = p.n * p.h * p.w
+    _FIELDS.pack_into(params, FIELDS, bias, pixels, p.c, 0, 0, min(GROUP_ROWS, -(-pixels // TILE_M)))
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, -(-p.k // TILE_K), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, d_sn,
                            p.stride_h * d_sh, p.stride_w * d_sw)
     struct.pack_into("<i", params, PHASES_FIELD, len(phases))
@@ -273,7 +276,7 @@ def _pack_phases(info: Any, p: ConvProblem, params: bytearray, buffer: Any, addr
                                 step_h * p.s, step_w, rows.start * d_sh + cols.start * d_sw)
         units += -(-pixels // TILE_M) * tiles_n
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
-    pixels = p.n * p.h * p.w  # D: the whole of dx; the kernel stores by rows, the descriptor is never read
+    # D: the whole of dx; the kernel stores by rows and never reads it, but the patching keeps it a valid descriptor
     encode(buffer, info.tma_d, output_tma(pixels, p.c, p.c, info.store_cols), d)
     return params, (max(1, min(p.sm_count, units)), 1, 1)
 
@@ -298,6 +301,16 @@ def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tu
 
 
 # ---- the host object ----------------------------------------------------------------------------------------------
+# A LightConv problem's key: ConvProblem's fields, then dx's strides (d_sn, d_sh, d_sw); a strided dgrad's launch
+# adds the index of its first phase.
+_STRIDES_AT = len(ConvProblem._fields)
+_PHASE_AT = _STRIDES_AT + 3
+
+
+def _problem(key: tuple) -> ConvProblem:
+    return ConvProblem(*key[:_STRIDES_AT])
+
+
 class LightConv(LightKernel):
     """A light conv kernel with its host side: `launch(...)` takes CUTLASS's library arguments; the light kernels'
     packing and patching, with a conv problem's checks and Params."""
@@ -342,24 +355,27 @@ class LightConv(LightKernel):
         if phases is None:
             if len(self._phases) >= 1024:  # as the packed problems: bounded for a process sweeping sizes
                 self._phases.clear()
-            phases = self._phases[key] = dgrad_phases(ConvProblem(*key[:18]))
+            phases = self._phases[key] = dgrad_phases(_problem(key))
         return phases
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(ConvProblem(*key[:18]), key[18:21], addresses, bool(self.info.d_rows))
+        check_problem(_problem(key), key[_STRIDES_AT:_PHASE_AT], addresses, bool(self.info.d_rows))
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
         if not self.info.d_rows:
-            return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into)
-        first = key[21]
-        return pack_params(self.info, ConvProblem(*key[:18]), addresses, self._driver.encode_into, key[18:21],
-                           self._phases_of(key[:21])[first:first + MAX_PHASES])
+            return pack_params(self.info, _problem(key), addresses, self._driver.encode_into)
+        return pack_phases(self.info, _problem(key), addresses, self._driver.encode_into,
+                           key[_STRIDES_AT:_PHASE_AT], self._launch_phases(key))
 
     def a_descriptors(self, key: tuple) -> tuple[int, ...]:
         if not self.info.d_rows:
             return super().a_descriptors(key)
-        count = len(self._phases_of(key[:21])[key[21]:key[21] + MAX_PHASES])
-        return tuple(PHASE_ENTRIES + i * PHASE_BYTES for i in range(count))
+        return tuple(PHASE_ENTRIES + i * PHASE_BYTES for i in range(len(self._launch_phases(key))))
+
+    def _launch_phases(self, key: tuple) -> list:
+        """The phases of a strided dgrad's launch: MAX_PHASES of them from its first."""
+        first = key[_PHASE_AT]
+        return self._phases_of(key[:_PHASE_AT])[first:first + MAX_PHASES]
 
 
 def host(kernel: Any) -> LightConv:
@@ -373,4 +389,5 @@ def host(kernel: Any) -> LightConv:
 
 
 __all__ = ["ConvProblem", "LightConv", "OPERATORS", "Phase1D", "activation_tma", "dgrad_phases", "filter_tma",
-           "geometry", "host", "pack_params", "phase_problem", "phases_1d", "request", "tile_n_for", "unsupported"]
+           "geometry", "host", "pack_params", "pack_phases", "phase_problem", "phases_1d", "request", "tile_n_for",
+           "unsupported"]

@@ -239,7 +239,7 @@ def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
     assert taps == sorted(taps, reverse=True)  # the heaviest first: the last wave is of the cheapest tiles
     for first in range(0, len(phases), LC.MAX_PHASES):
         encode = Recorder()
-        params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x3000), encode, (h * w * c, w * c, c),
+        params, launch_grid = LC.pack_phases(info, p, (0x1000, 0x2000, 0x3000, 0x3000), encode, (h * w * c, w * c, c),
                                              phases[first:first + LC.MAX_PHASES])
         assert len(params) == info.params_size == 512 + LC.MAX_PHASES * LC.PHASE_BYTES
         descriptors = {offset: args for offset, args, _ in encode.calls}
