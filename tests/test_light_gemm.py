@@ -121,8 +121,8 @@ def test_default_route_is_light_and_cutlass_is_a_setting():
 
 @pytest.mark.parametrize("m,k,n,dtype,out_dtype,fused,tile_n,a_kmajor,b_kmajor", [
     (4096, 4096, 4096, BF16, None, False, 256, True, True), (257, 1032, 4096, BF16, FP32, True, 128, True, True),
-    (1000, 1000, 1000, FP16, None, True, 128, True, False), (1, 4096, 4096, BF16, None, False, 128, True, True),
-    (4096, 4096, 4096, BF16, None, True, 256, False, False), (512, 4096, 1024, BF16, None, False, 128, False, True),
+    (1000, 1000, 1000, FP16, None, True, 64, True, False), (1, 4096, 4096, BF16, None, False, 128, True, True),
+    (4096, 4096, 4096, BF16, None, True, 256, False, False), (512, 4096, 1024, BF16, None, False, 64, False, True),
     (8192, 1024, 4096, BF16, None, True, 128, True, True)])
 def test_light_route_for_every_layout(m, k, n, dtype, out_dtype, fused, tile_n, a_kmajor, b_kmajor):
     cls = gemm_class(m, k, n, dtype, out_dtype, bias=fused, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
