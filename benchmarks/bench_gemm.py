@@ -9,6 +9,7 @@
                                                # candidate configurations on the survey, decode or skinny shapes
     python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS
     python benchmarks/bench_gemm.py --fp32     # float32 gemm and linear (cuBLAS route), TF32 on and off
+    python benchmarks/bench_gemm.py --training # a training step's GEMMs of GPT-2 and ViT-B/16 (bench_models.py)
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -329,6 +330,45 @@ def survey(bench) -> None:
                survey_min=round(min(ratios), 3))
 
 
+# A training step's GEMMs (bench_models.py's configs): (model, tokens, hidden, MLP width, qkv width).  Each Linear
+# (N, K) gives its forward x . w^T with the bias (both operands K-major), its input gradient g . w (w read as the
+# N-major (N, K) operand) and its weight gradient g^T . x (both operands M/N-major), as jitops.linear runs them.
+TRAINING_MODELS = [("gpt2", 4096, 1024, 4096, 3072), ("vit", 6304, 768, 3072, 2304)]
+
+
+def training_gemms():
+    for model, tokens, hidden, mlp, qkv in TRAINING_MODELS:
+        for layer, n, k in (("qkv", qkv, hidden), ("proj", hidden, hidden), ("fc1", mlp, hidden), ("fc2", hidden, mlp)):
+            yield f"{model} {layer} forward", tokens, n, k, True, True, True
+            yield f"{model} {layer} input grad", tokens, k, n, True, False, False
+            yield f"{model} {layer} weight grad", n, k, tokens, False, False, False
+
+
+def training(bench) -> None:
+    """jitops.gemm against torch.addmm / torch.mm on the GEMMs of a GPT-2 and a ViT-B/16 training step (bf16),
+    the operands in the layouts the step has them, kernel time from CUDA graphs (the host's cost per call is the
+    overhead table's and bench_models.py's)."""
+    ratios = []
+    for name, m, n, k, a_kmajor, b_kmajor, bias in training_gemms():
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if a_kmajor else \
+            torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t()
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_kmajor else \
+            torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        c = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+        baseline = (lambda: torch.addmm(c, a, b)) if bias else (lambda: torch.mm(a, b))
+        check_close(jitops.gemm(a, b, bias=c), baseline(), f"{name} {m}x{n}x{k}")
+        cls = G.shape_class(a, b, c, None, None)
+        row = bench.compare(op=f"gemm {name}", shape=f"{m}x{n}x{k}", dtype="bf16",
+                            ours=lambda: jitops.gemm(a, b, bias=c), baseline=baseline,
+                            baseline_name="torch.addmm" if bias else "torch.mm", flops=2 * m * n * k,
+                            timing="graph", bucket=cls.bucket, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
+        ratios.append(row.speedup)
+        print(f"  {name:24s} {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
+    bench.summarize(training_time_ratio=round(sum(r.baseline_ms for r in bench.rows) /
+                                              sum(r.ours_ms for r in bench.rows), 3),
+                    training_min=round(min(ratios), 3))
+
+
 def sweep(target: Target, name: str) -> list[dict]:
     """Every candidate of SWEEPS[name] on each of its shapes (bf16, row-major a and b), device time (graphs where
     short), torch.matmul timed before and after each shape's candidates."""
@@ -489,6 +529,8 @@ def main() -> None:
     parser.add_argument("--sweep-skinny", action="store_true", help="the skinny candidates on skinny shapes")
     parser.add_argument("--light", action="store_true",
                         help="the light sm_90a kernel against CUTLASS's and torch.matmul alone")
+    parser.add_argument("--training", action="store_true",
+                        help="a GPT-2 and a ViT-B/16 training step's GEMMs against torch.addmm and torch.mm alone")
     parser.add_argument("--fp32", action="store_true",
                         help="float32 gemm and linear (the cuBLAS route) against torch.matmul and F.linear alone")
     args = parser.parse_args()
@@ -499,7 +541,7 @@ def main() -> None:
     from harness import Bench, time_cuda
 
     variant = "tune" if args.tune_only else "survey" if args.survey else "light" if args.light else \
-        "fp32" if args.fp32 else None
+        "fp32" if args.fp32 else "training" if args.training else None
     bench = Bench("gemm", baseline=BASELINE, variant=variant, rounds=ROUNDS)
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name in SWEEPS:
@@ -512,6 +554,10 @@ def main() -> None:
         return
     if args.light:
         light(bench)
+        bench.finish()
+        return
+    if args.training:
+        training(bench)
         bench.finish()
         return
     if args.fp32:
