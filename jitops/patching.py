@@ -132,17 +132,8 @@ def _device_kind(t: torch.Tensor) -> str | None:
 
 # ---- forwards of the swapped classes --------------------------------------------------------------------------
 # Each runs on every call of its module, so the common case (no autocast, a supported dtype) is a few attribute
-# reads before the op; every other case is decided (and logged once) on the slow path.
-#
-# Under torch.compile a Linear whose widths are not multiples of 8 (GPT-2's 50257-wide head) is traced as torch's
-# op: inductor pads it inside the graph, fused with its neighbours, where jitops.linear copies padded operands and
-# slices its output around its kernels.  In eager mode jitops' padded kernels win by far: cuBLAS on the unaligned
-# rows is slow (GPU time of GPT-2's step on the H100: docs/benchmarks.md, "models").
-_compiling = torch.compiler.is_compiling
-
-
-def _unaligned(weight: torch.Tensor) -> bool:
-    return bool(weight.shape[0] % 8 or weight.shape[1] % 8)
+# reads before the op; every other case is decided (and logged once) on the slow path.  (Under torch.compile an
+# unaligned Linear is traced as torch's op by jitops.linear itself.)
 
 
 def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -156,8 +147,7 @@ def _linear_call(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias:
     dtype = x.dtype
     if weight.dtype is dtype and (bias is None or bias.dtype is dtype):
         if x.is_cuda or x.is_meta:
-            # the shapes first: is_compiling() costs about 116 ns a call (dev box), which aligned Linears skip
-            if dtype in _LINEAR_DTYPES["cuda"] and not (_unaligned(weight) and _compiling()):
+            if dtype in _LINEAR_DTYPES["cuda"]:
                 return _linear(x, weight, bias, activation=activation)
         elif x.is_cpu and dtype in _LINEAR_DTYPES["cpu"]:
             return _linear(x, weight, bias, activation=activation)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 
 import pytest
 import torch
@@ -276,8 +277,9 @@ def test_meta_model_records_its_kernel_calls():
 
 def test_under_torch_compile_an_unaligned_linear_is_traced_as_torchs_op(monkeypatch):
     """Compiled, a Linear whose widths are not multiples of 8 is left to inductor (which pads it inside the graph);
-    eager, it takes jitops' padded kernels.  Meta tensors stand for the GPU; tracing is simulated."""
-    from jitops import patching
+    eager, it takes jitops' padded kernels.  The rule is jitops.linear's, so a patched model and a direct call
+    follow it alike.  Meta tensors stand for the GPU; tracing is simulated."""
+    linear_module = sys.modules["jitops.ops.linear"]
 
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 50)).to(torch.bfloat16)
@@ -291,8 +293,12 @@ def test_under_torch_compile_an_unaligned_linear_is_traced_as_torchs_op(monkeypa
         return [item["shapes"][0][1] for item in calls.items if item["op"] == "linear"]
 
     assert linear_calls() == [[24, 16], [50, 24]]
-    monkeypatch.setattr(patching, "_compiling", lambda: True)
+    monkeypatch.setattr(linear_module, "_compiling", lambda: True)
     assert linear_calls() == [[24, 16]]
+    w = torch.empty(50, 24, device="meta", dtype=torch.bfloat16)
+    with jitops.record_calls() as calls:
+        y = jitops.linear(torch.empty(4, 24, device="meta", dtype=torch.bfloat16), w, activation="gelu")
+    assert y.shape == (4, 50) and calls.items == []
 
 
 def test_shape_classes_of_fake_cuda_parameters_read_no_data_pointer():

@@ -338,6 +338,19 @@ _linear = op(
 _native = native.host
 
 
+# Under torch.compile a Linear whose widths are not multiples of 8 (GPT-2's 50257-wide head) is traced as torch's
+# op: inductor pads it inside the graph, fused with its neighbours, where this op copies padded operands and slices
+# its output around its kernels.  In eager mode jitops' padded kernels win by far: cuBLAS on the unaligned rows is
+# slow (GPU time of GPT-2's step on the H100: docs/benchmarks.md, "models").
+_compiling = torch.compiler.is_compiling
+
+
+def _traced_as_torch(x, weight) -> bool:
+    # the shapes first: is_compiling() costs about 116 ns a call (dev box), which aligned Linears skip
+    return isinstance(weight, _Tensor) and weight.dim() == 2 and bool(weight.shape[0] % 8 or weight.shape[1] % 8) \
+        and isinstance(x, _Tensor) and not x.is_cpu and _compiling()
+
+
 def linear(x, weight, bias=None, *, activation=None):
     # The C++ host path first (jitops/native.py): it serves a plain CUDA call whose problems the Python path
     # below has launched before, and answers None for anything else.  CPU and meta calls (a model's prefetch)
@@ -350,6 +363,8 @@ def linear(x, weight, bias=None, *, activation=None):
             y = None
         if y is not None:
             return y
+    if _traced_as_torch(x, weight):
+        return activate(F.linear(x, weight, bias), activation)
     if activation is None:  # the common call: straight to the op (the model's prefetch found its kernels)
         return _linear(x, weight, bias)
     if activation in GELU_APPROXIMATE and torch.is_grad_enabled() and not getattr(x, "is_cpu", True) and \
