@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_models.py                         # every model, every mode
     python3 benchmarks/bench_models.py --models gpt2 --modes eager,patched --profile
+    python3 benchmarks/bench_models.py --models gpt2 --modes compile,patched_compile --profile   # compiled steps
     python3 benchmarks/bench_models.py --prewarm-only          # list the models' kernels on meta tensors, prewarm
     python3 benchmarks/bench_models.py --device cpu --tiny     # the same logic on tiny configs, no GPU
 
@@ -300,7 +301,8 @@ def finish_mode(run: Run, model: Model, base_state: dict, device: str, dtype: to
     row["host_ms"] = host_ms(run.step, device)
     if device == "cuda":
         row["gpu_ms"] = gpu_ms(run.step)
-    if args.profile and mode == "patched":
+    if args.profile and mode != "eager":
+        print(f"== {row['model']} {mode}: where a step's time goes", flush=True)
         profile_step(run.step, device)
     if args.host_ops and mode == "patched" and device == "cuda":
         row["host_ops"] = host_per_module(model, run.runner, run.batch)
@@ -333,7 +335,8 @@ def run_model(model: Model, base_state: dict, device: str, dtype: torch.dtype, m
 
 
 def profile_step(step: Callable[[], Any], device: str) -> None:
-    """Where a patched step's host time goes: cProfile by function, then torch.profiler's CPU ops."""
+    """Where a step's time goes: cProfile by function, torch.profiler's ops by host time, then its kernels by device
+    time (a compiled step next to a patched compiled one: do their GPU times differ, or their host's?)."""
     sync(device)
     profiler = cProfile.Profile()
     profiler.enable()
@@ -352,6 +355,8 @@ def profile_step(step: Callable[[], Any], device: str) -> None:
             step()
         sync(device)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+    if device == "cuda":
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=30), flush=True)
 
 
 def host_per_module(model: Model, net, batch) -> list[dict[str, Any]]:
@@ -487,7 +492,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--profile", action="store_true", help="cProfile and torch.profiler of a patched step")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile and torch.profiler (host ops, kernels) of each mode's step but eager's")
     parser.add_argument("--host-ops", action="store_true",
                         help="host time per swapped module's call, jitops against its torch forward")
     parser.add_argument("--no-check", action="store_true", help="skip the loss/gradient comparison")
