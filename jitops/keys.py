@@ -7,8 +7,9 @@ The key has two halves:
               CUDA header set.
 An entry lives at <root>/v<FORMAT>/<arch>/<dtype>/<kernel>-<request[:16]>-<toolchain[:8]>/.
 A machine with a compiler looks up the exact pair, so a toolkit upgrade recompiles.  A machine with no
-compiler (a deployment image) or in offline mode accepts any toolchain for the same request, so an image
-built by a toolchain it does not carry still finds its kernels.
+compiler (a deployment image) or in offline mode accepts any toolchain for the same request whose build can load
+here (jitops/backends/base.py, loads_builds_by), so an image built by a toolchain it does not carry still finds its
+kernels.
 """
 from __future__ import annotations
 

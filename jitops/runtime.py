@@ -173,6 +173,8 @@ class Runtime:
         fleet = self.remote_cache()
         if fleet is not None:
             for found in fleet.lookup(key, any_toolchain):
+                if not self._loadable(key, found.meta.get("toolchain")):
+                    continue
                 loaded = self._adopt(found, key, disk, request, device_index)
                 if loaded is not None:
                     return loaded
@@ -216,11 +218,24 @@ class Runtime:
         shutil.rmtree(build_dir, ignore_errors=True)
         return backend.load(request, entry.path, blobs, entry.meta, device_index)
 
+    @staticmethod
+    def _loadable(key: CacheKey, toolchain: Any) -> bool:
+        """Whether a build of key's request by `toolchain` can load here (the key's own toolchain's always can)."""
+        return toolchain == key.toolchain or (isinstance(toolchain, dict) and
+                                              backends.get(key.request["backend"]).loads_builds_by(toolchain))
+
+    def _candidates(self, disk: DiskCache, key: CacheKey, any_toolchain: bool):
+        """disk.candidates, less the other toolchains' builds this process cannot load (a host library linked
+        against another torch): passed over, not quarantined, since they are good builds for their machines."""
+        for candidate in disk.candidates(key, any_toolchain):
+            if isinstance(candidate, tuple) or self._loadable(key, candidate.meta.get("toolchain")):
+                yield candidate
+
     def _verified_on_disk(self, disk: DiskCache, key: CacheKey,
                           any_toolchain: bool) -> Iterator[tuple[CacheEntry, dict[str, bytes]]]:
         """The entries for `key` in every root, best first, each with its bytes checked against meta.json; an
         entry that fails is counted and quarantined."""
-        for candidate in disk.candidates(key, any_toolchain):
+        for candidate in self._candidates(disk, key, any_toolchain):
             if isinstance(candidate, tuple):
                 path, root, reason = candidate
                 stats.corrupt_entries += 1
@@ -359,7 +374,7 @@ class Runtime:
 
     def find_entry(self, key: CacheKey, any_toolchain: bool) -> CacheEntry | None:
         """The entry a call would load, checksum verified, or None."""
-        for candidate in self.disk_cache().candidates(key, any_toolchain):
+        for candidate in self._candidates(self.disk_cache(), key, any_toolchain):
             if isinstance(candidate, CacheEntry):
                 try:
                     candidate.verify()
@@ -383,6 +398,8 @@ class Runtime:
         fleet = self.remote_cache()
         if fleet is not None:
             for found in fleet.lookup(key, any_toolchain):
+                if not self._loadable(key, found.meta.get("toolchain")):
+                    continue
                 path, meta, _ = self._store_remote_hit(found, key, disk, request)
                 return Located("remote", path, found.blobs, meta)
         return None

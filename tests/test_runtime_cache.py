@@ -266,3 +266,37 @@ def test_read_only_root_builds_by_another_toolchain_are_used_even_with_a_compile
     with jitops.config.scope(cache_dir=tmp_path / "mine", cache_path=(shipped,)):
         assert runtime.get_kernel(fakes.request("built elsewhere"), SM90, 0) == b"sm_90|built elsewhere"
     assert echo.compiles == 0
+
+
+def test_other_toolchains_builds_that_cannot_load_here_are_passed_over(echo, tmp_path, monkeypatch, caplog):
+    """A host library linked against another torch (the C++ host path prewarmed on a box with another torch) is
+    not a candidate: it is compiled here, with no 'bad cache entry' warning, and the shipped build stays for the
+    machines it suits; a build by another compiler against the same torch is used."""
+    monkeypatch.setattr(echo, "loads_builds_by", lambda toolchain: toolchain.get("links") == "torch-B")
+    shipped = tmp_path / "shipped"
+    echo.toolchain_identity = {"echo": "1.0", "links": "torch-A"}
+    with jitops.config.scope(cache_dir=shipped):
+        runtime.prewarm(fakes.request("host library"), SM90)
+    runtime.clear_memory()
+    echo.toolchain_identity = {"echo": "2.0", "links": "torch-B"}
+    echo.compiles = 0
+    with jitops.config.scope(cache_dir=tmp_path / "mine", cache_path=(shipped,)), caplog.at_level("WARNING"):
+        assert runtime.get_kernel(fakes.request("host library"), SM90, 0) == b"sm_90|host library"
+        assert echo.compiles == 1 and "bad cache entry" not in caplog.text
+        assert stats.corrupt_entries == 0 and len(entries(shipped)) == 1
+    runtime.clear_memory()
+    echo.toolchain_identity = None  # no compiler here: still not a candidate, so the miss says why
+    with jitops.config.scope(cache_dir=tmp_path / "empty", cache_path=(shipped,)):
+        with pytest.raises(ToolchainError, match="no echo compiler"):
+            runtime.get_kernel(fakes.request("host library"), SM90, 0)
+
+    same_torch = tmp_path / "same-torch"
+    echo.toolchain_identity = {"echo": "3.0", "links": "torch-B"}
+    with jitops.config.scope(cache_dir=same_torch):
+        runtime.prewarm(fakes.request("host library 2"), SM90)
+    runtime.clear_memory()
+    echo.toolchain_identity = {"echo": "2.0", "links": "torch-B"}
+    echo.compiles = 0
+    with jitops.config.scope(cache_dir=tmp_path / "mine2", cache_path=(same_torch,)):
+        assert runtime.get_kernel(fakes.request("host library 2"), SM90, 0) == b"sm_90|host library 2"
+    assert echo.compiles == 0

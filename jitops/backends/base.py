@@ -31,6 +31,11 @@ class Backend(abc.ABC):
     def toolchain(self, request: BuildRequest) -> dict[str, Any] | None:
         """Compiler identity for the key, or None if this machine cannot compile `request`."""
 
+    def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
+        """Whether a build of the same request by another toolchain (a shipped image's, the fleet's) can load in
+        this process.  Device code can: a cubin does not depend on which compiler made it."""
+        return True
+
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         """Why `request` cannot be compiled here (prewarm reports it by name), or None."""
         return None if self.toolchain(request) is not None else f"no {self.name} compiler found"

@@ -51,6 +51,16 @@ class CxxBackend(Backend):
         return {"cxx": cxx, "torch": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
                 "platform": sysconfig.get_platform()}
 
+    def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
+        # A library linked against another torch fails to load here (built under torch 2.13 on the dev box, the
+        # host path met "undefined symbol: _ZN5torch8autograd4NodeD2Ev" under 2.11 on the GPU machine); another
+        # compiler's build of the same torch, ABI and platform loads.
+        import torch
+
+        return toolchain.get("torch") == torch.__version__ and \
+            toolchain.get("cxx11_abi") == bool(torch._C._GLIBCXX_USE_CXX11_ABI) and \
+            toolchain.get("platform") == sysconfig.get_platform()
+
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         if toolkit.host_compiler_identity() is None:
             return "no C++ compiler (c++ or $CXX) on PATH"

@@ -46,6 +46,14 @@ class LoadInlineBackend(Backend):
             identity["nvcc"] = nvcc
         return identity
 
+    def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
+        # a CPython extension linked against torch (and CUDA's runtime): another torch's or Python's will not load
+        import torch
+
+        return toolchain.get("torch") == torch.__version__ and toolchain.get("torch_cuda") == torch.version.cuda \
+            and toolchain.get("cxx11_abi") == bool(torch._C._GLIBCXX_USE_CXX11_ABI) and \
+            toolchain.get("python_ext") == sysconfig.get_config_var("EXT_SUFFIX")
+
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         import torch
 
