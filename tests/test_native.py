@@ -372,6 +372,54 @@ def test_dispatched_cpu_and_meta_calls_pass_on_to_python(module):
     assert native.counters()["native_misses"] == before["native_misses"]
 
 
+DIFFERENTIABLE = ("gemm", "linear", "gelu", "layer_norm_forward", "conv2d")
+
+
+def _python_autograd_calls(fn) -> list[str]:
+    """The frames of torch.library's Python autograd kernel that fn runs through."""
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in ("autograd_impl", "forward_no_grad"):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_autograd_kernels_in_cpp_take_the_calls_that_record_no_gradient(module):
+    """A compiled graph calls the ops through the dispatcher with no gradient to record: those calls go below
+    autograd in C++, without torch.library's Python autograd kernel; a call that records one still takes it, with
+    the same gradients."""
+    for name in DIFFERENTIABLE:
+        dump = torch._C._dispatch_dump(f"jitops::{name}")
+        assert "AutogradCPU: registered at" in dump and "AutogradCUDA: registered at" in dump, dump
+    x, w, b = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((4, 16), (8, 16), (8,)))
+    with torch.no_grad():
+        assert _python_autograd_calls(lambda: torch.ops.jitops.linear(x, w, b, "gelu")) == []
+    assert _python_autograd_calls(lambda: torch.ops.jitops.gemm(x.detach(), w.detach().t(), None, None, None)) == []
+    assert _python_autograd_calls(lambda: torch.ops.jitops.linear(x, w, b, "gelu")) == ["autograd_impl"]
+    torch.autograd.gradcheck(lambda *t: torch.ops.jitops.linear(*t, "gelu_tanh"), (x, w, b))
+    torch.autograd.gradcheck(lambda t: torch.ops.jitops.gelu(t, "none"), (x,))
+    y, _ = torch.ops.jitops.layer_norm_forward(x, [16], None, None, 1e-5)
+    want = torch.nn.functional.layer_norm(x, [16], eps=1e-5)
+    torch.testing.assert_close(torch.autograd.grad((y * y).sum(), x)[0], torch.autograd.grad((want * want).sum(), x)[0])
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_ops_with_cpp_autograd_kernels_pass_opcheck(module, name):
+    a, w, b = torch.randn(5, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True), torch.randn(8)
+    args = {"gemm": (a, w.t(), b, "relu", None), "linear": (a, w, b, "gelu"), "gelu": (a, "tanh"),
+            "layer_norm_forward": (a.view(5, 2, 8), [8], b.requires_grad_(), None, 1e-5),
+            "conv2d": (torch.randn(2, 8, 6, 6, requires_grad=True), torch.randn(4, 8, 3, 3), None, [1, 1], [1, 1],
+                       [1, 1])}[name]
+    torch.library.opcheck(getattr(torch.ops.jitops, name).default, args)
+
+
 def test_the_extension_follows_config_generations():
     seen = []
     jitops.config.on_generation(seen.append)
