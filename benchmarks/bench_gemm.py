@@ -9,7 +9,7 @@
                                                # candidate configurations on the survey, decode or skinny shapes
     python benchmarks/bench_gemm.py --light    # the light sm_90a kernel against CUTLASS's and cuBLAS
     python benchmarks/bench_gemm.py --fp32     # float32 gemm and linear (cuBLAS route), TF32 on and off
-    python benchmarks/bench_gemm.py --training # a training step's GEMMs of GPT-2 and ViT-B/16 (bench_models.py)
+    python benchmarks/bench_gemm.py --training # the GEMMs of GPT-2's, ViT-B/16's and Llama's steps (bench_models)
 
 Shapes are M x N x K; a (M, K) and b (K, N) are row-major, as in x @ w.  The goal (issue 4): geometric mean
 over the six shapes >= 1.05x torch.matmul for each dtype, no shape below 0.9x; fused bias+gelu >= 1.2x
@@ -330,22 +330,27 @@ def survey(bench) -> None:
                survey_min=round(min(ratios), 3))
 
 
-# A training step's GEMMs (bench_models.py's configs): (model, tokens, hidden, MLP width, qkv width).  Each Linear
-# (N, K) gives its forward x . w^T with the bias (both operands K-major), its input gradient g . w (w read as the
-# N-major (N, K) operand) and its weight gradient g^T . x (both operands M/N-major), as jitops.linear runs them.
-TRAINING_MODELS = [("gpt2", 4096, 1024, 4096, 3072), ("vit", 6304, 768, 3072, 2304)]
+# A training step's GEMMs (bench_models.py's configs): each Linear (N, K) of a layer gives its forward x . w^T
+# (both operands K-major, with the bias where the model has one), its input gradient g . w (w read as the N-major
+# (N, K) operand) and its weight gradient g^T . x (both operands M/N-major), as jitops.linear runs them.
+# (model, tokens, bias, [(layer, N, K)]); Llama's q, k, v and o projections are four alike 1024 x 1024 Linears.
+TRAINING_MODELS = [
+    ("gpt2", 4096, True, [("qkv", 3072, 1024), ("proj", 1024, 1024), ("fc1", 4096, 1024), ("fc2", 1024, 4096)]),
+    ("vit", 6304, True, [("qkv", 2304, 768), ("proj", 768, 768), ("fc1", 3072, 768), ("fc2", 768, 3072)]),
+    ("llama", 4096, False, [("q", 1024, 1024), ("gate", 2816, 1024), ("down", 1024, 2816)]),
+]
 
 
 def training_gemms():
-    for model, tokens, hidden, mlp, qkv in TRAINING_MODELS:
-        for layer, n, k in (("qkv", qkv, hidden), ("proj", hidden, hidden), ("fc1", mlp, hidden), ("fc2", hidden, mlp)):
-            yield f"{model} {layer} forward", tokens, n, k, True, True, True
+    for model, tokens, bias, layers in TRAINING_MODELS:
+        for layer, n, k in layers:
+            yield f"{model} {layer} forward", tokens, n, k, True, True, bias
             yield f"{model} {layer} input grad", tokens, k, n, True, False, False
             yield f"{model} {layer} weight grad", n, k, tokens, False, False, False
 
 
 def training(bench) -> None:
-    """jitops.gemm against torch.addmm / torch.mm on the GEMMs of a GPT-2 and a ViT-B/16 training step (bf16),
+    """jitops.gemm against torch.addmm / torch.mm on the GEMMs of GPT-2, ViT-B/16 and Llama training steps (bf16),
     the operands in the layouts the step has them, kernel time from CUDA graphs (the host's cost per call is the
     overhead table's and bench_models.py's)."""
     ratios = []
@@ -530,7 +535,7 @@ def main() -> None:
     parser.add_argument("--light", action="store_true",
                         help="the light sm_90a kernel against CUTLASS's and torch.matmul alone")
     parser.add_argument("--training", action="store_true",
-                        help="a GPT-2 and a ViT-B/16 training step's GEMMs against torch.addmm and torch.mm alone")
+                        help="GPT-2's, ViT-B/16's and Llama's training GEMMs against torch.addmm and torch.mm alone")
     parser.add_argument("--fp32", action="store_true",
                         help="float32 gemm and linear (the cuBLAS route) against torch.matmul and F.linear alone")
     args = parser.parse_args()
