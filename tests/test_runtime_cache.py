@@ -268,18 +268,24 @@ def test_read_only_root_builds_by_another_toolchain_are_used_even_with_a_compile
     assert echo.compiles == 0
 
 
+def ship(echo, root: Path, body: str, built_by: dict, here: dict | None) -> None:
+    """A read-only root prewarmed with `body`'s kernel by toolchain `built_by`, then this machine's toolchain
+    `here` (None: no compiler), nothing compiled here yet."""
+    echo.toolchain_identity = built_by
+    with jitops.config.scope(cache_dir=root):
+        runtime.prewarm(fakes.request(body), SM90)
+    runtime.clear_memory()
+    echo.toolchain_identity = here
+    echo.compiles = 0
+
+
 def test_other_toolchains_builds_that_cannot_load_here_are_passed_over(echo, tmp_path, monkeypatch, caplog):
     """A host library linked against another torch (the C++ host path prewarmed on a box with another torch) is
     not a candidate: it is compiled here, with no 'bad cache entry' warning, and the shipped build stays for the
     machines it suits; a build by another compiler against the same torch is used."""
     monkeypatch.setattr(echo, "loads_builds_by", lambda toolchain: toolchain.get("links") == "torch-B")
     shipped = tmp_path / "shipped"
-    echo.toolchain_identity = {"echo": "1.0", "links": "torch-A"}
-    with jitops.config.scope(cache_dir=shipped):
-        runtime.prewarm(fakes.request("host library"), SM90)
-    runtime.clear_memory()
-    echo.toolchain_identity = {"echo": "2.0", "links": "torch-B"}
-    echo.compiles = 0
+    ship(echo, shipped, "host library", {"echo": "1.0", "links": "torch-A"}, {"echo": "2.0", "links": "torch-B"})
     with jitops.config.scope(cache_dir=tmp_path / "mine", cache_path=(shipped,)), caplog.at_level("WARNING"):
         assert runtime.get_kernel(fakes.request("host library"), SM90, 0) == b"sm_90|host library"
         assert echo.compiles == 1 and "bad cache entry" not in caplog.text
@@ -291,12 +297,7 @@ def test_other_toolchains_builds_that_cannot_load_here_are_passed_over(echo, tmp
             runtime.get_kernel(fakes.request("host library"), SM90, 0)
 
     same_torch = tmp_path / "same-torch"
-    echo.toolchain_identity = {"echo": "3.0", "links": "torch-B"}
-    with jitops.config.scope(cache_dir=same_torch):
-        runtime.prewarm(fakes.request("host library 2"), SM90)
-    runtime.clear_memory()
-    echo.toolchain_identity = {"echo": "2.0", "links": "torch-B"}
-    echo.compiles = 0
+    ship(echo, same_torch, "host library 2", {"echo": "3.0", "links": "torch-B"}, {"echo": "2.0", "links": "torch-B"})
     with jitops.config.scope(cache_dir=tmp_path / "mine2", cache_path=(same_torch,)):
         assert runtime.get_kernel(fakes.request("host library 2"), SM90, 0) == b"sm_90|host library 2"
     assert echo.compiles == 0
