@@ -377,7 +377,7 @@ void conv_grad_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet key
 // torch.library.register_autograd installs a Python kernel at the Autograd alias key, and every call through the
 // dispatcher passes it, gradient or not: autograd_impl, forward_no_grad and redispatch in Python before the kernel
 // above.  A compiled graph calls the ops that way with no gradient to record (its forward runs under no_grad, its
-// backward is a graph of its own): 62 of a compiled patched GPT-2 step's 74 calls, where torch.compile alone calls
+// backward is a graph of its own): 61 of a compiled patched GPT-2 step's 74 calls, where torch.compile alone calls
 // cuBLAS with no Python between (its step x0.93 of torch.compile's on the H200 with the same GPU time).  This kernel
 // sits at AutogradCPU and AutogradCUDA of the ops with a backward: a call that records no gradient goes below
 // autograd here, as forward_no_grad does; any other goes to the Python kernel, which the Autograd alias also put at
