@@ -410,6 +410,30 @@ def test_autograd_kernels_in_cpp_take_the_calls_that_record_no_gradient(module):
     torch.testing.assert_close(torch.autograd.grad((y * y).sum(), x)[0], torch.autograd.grad((want * want).sum(), x)[0])
 
 
+def test_a_compiled_patched_models_step_runs_no_python_autograd(module):
+    """A patched GPT-2 compiled (aot_eager: its graphs call the ops through the dispatcher as inductor's do): the
+    same loss and gradients as the model uncompiled, and once compiled, a step's jitops calls pass no Python
+    autograd kernel (before the Autograd-key kernels, each of them did)."""
+    pytest.importorskip("transformers")
+    import test_patch
+
+    model, reference, inputs = test_patch._pair("gpt2", torch.float32)
+    jitops.patch(model)
+    jitops.patch(reference)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+
+    def step(net):
+        loss, _ = test_patch._loss(net, inputs)
+        loss.backward()
+        return loss
+
+    torch.testing.assert_close(step(compiled), step(reference), rtol=2e-5, atol=2e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-4, atol=2e-4 * max(q.grad.abs().max().item(), 1e-3),
+                                   msg=name)
+    assert _python_autograd_calls(lambda: step(compiled)) == []
+
+
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_ops_with_cpp_autograd_kernels_pass_opcheck(module, name):
     a, w, b = torch.randn(5, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True), torch.randn(8)
