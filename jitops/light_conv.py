@@ -19,7 +19,6 @@ upper) per dimension.
 from __future__ import annotations
 
 import ctypes
-import math
 import struct
 from typing import Any, NamedTuple
 
@@ -107,52 +106,17 @@ def _out_size(size: int, pad: int, pad_hi: int, taps: int, stride: int, dilation
 
 
 # ---- a strided dgrad's phases -------------------------------------------------------------------------------------
-class Phase1D(NamedTuple):
-    """One residue of a strided dgrad along one dimension: dx's rows start, start + stride, ... (count of them),
-    reached by the filter taps `taps` (evenly spaced; none: those rows are zeros), as a unit-stride dgrad with
-    padding (lower, upper) and tap spacing `dilation` in dy."""
-    start: int
-    count: int
-    taps: tuple[int, ...]
-    lower: int
-    upper: int
-    dilation: int
-
-
-def phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> list[Phase1D]:
-    """Every residue of one dimension, each row written by exactly one of them (so dx needs no zeroing).
-
-    dx[h] = sum over taps r, outputs o with h = o * stride - padding + r * dilation of dy[o] . w[r].  For
-    h = a + stride * i the taps are those with (a + padding - r * dilation) % stride == 0, spaced stride / g apart
-    (g = gcd(stride, dilation)), and o = i + e0 - j * (dilation / g) for the j-th of them: a unit-stride dgrad with
-    lower padding e0 and dilation dilation / g.  Rows whose taps read only outside dy read TMA's zero fill.
-    (conv2d_plan.dgrad_phases, for CUTLASS's kernels, leaves those rows and residues out and zeroes dx first.)"""
-    phases = []
-    sub_dilation = dilation // math.gcd(stride, dilation)
-    for a in range(min(stride, size)):
-        count = len(range(a, size, stride))
-        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
-        if not taps:
-            phases.append(Phase1D(a, count, (), 0, out_size - count, 1))  # zeros; dy's extent, no tap
-            continue
-        e0 = (a + padding - taps[0] * dilation) // stride
-        span = (len(taps) - 1) * sub_dilation
-        phases.append(Phase1D(a, count, taps, e0, out_size - count - e0 + span,
-                              sub_dilation if len(taps) > 1 else 1))
-    return phases
-
-
-def dgrad_phases(p: "ConvProblem") -> list[tuple[Phase1D, Phase1D]]:
+def dgrad_phases(p: "ConvProblem") -> list[tuple[shapes.Phase1D, shapes.Phase1D]]:
     """A strided dgrad's phases (rows, columns), those with the most taps first: the CTAs walk them in this order,
     so the last wave is of the cheapest tiles."""
     out_h = _out_size(p.h, p.pad_h, p.pad_h_hi, p.r, p.stride_h, p.dil_h)
     out_w = _out_size(p.w, p.pad_w, p.pad_w_hi, p.s, p.stride_w, p.dil_w)
-    rows = phases_1d(p.h, out_h, p.r, p.stride_h, p.pad_h, p.dil_h)
-    cols = phases_1d(p.w, out_w, p.s, p.stride_w, p.pad_w, p.dil_w)
+    rows = shapes.dgrad_residues(p.h, out_h, p.r, p.stride_h, p.pad_h, p.dil_h)
+    cols = shapes.dgrad_residues(p.w, out_w, p.s, p.stride_w, p.pad_w, p.dil_w)
     return sorted(((r, c) for r in rows for c in cols), key=lambda rc: -len(rc[0].taps) * len(rc[1].taps))
 
 
-def phase_problem(p: "ConvProblem", rows: Phase1D, cols: Phase1D) -> "ConvProblem":
+def phase_problem(p: "ConvProblem", rows: shapes.Phase1D, cols: shapes.Phase1D) -> "ConvProblem":
     """The unit-stride dgrad of one phase: its pixels as dx, its taps as the filter."""
     return p._replace(h=rows.count, w=cols.count, r=max(1, len(rows.taps)), s=max(1, len(cols.taps)),
                       pad_h=rows.lower, pad_h_hi=rows.upper, pad_w=cols.lower, pad_w_hi=cols.upper, stride_h=1,
@@ -388,6 +352,6 @@ def host(kernel: Any) -> LightConv:
     return found
 
 
-__all__ = ["ConvProblem", "LightConv", "OPERATORS", "Phase1D", "activation_tma", "dgrad_phases", "filter_tma",
-           "geometry", "host", "pack_params", "pack_phases", "phase_problem", "phases_1d", "request", "tile_n_for",
+__all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "dgrad_phases", "filter_tma",
+           "geometry", "host", "pack_params", "pack_phases", "phase_problem", "request", "tile_n_for",
            "unsupported"]

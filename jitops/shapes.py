@@ -5,7 +5,8 @@ argument, so one compiled kernel serves every size in its class.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import math
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
@@ -156,3 +157,40 @@ def placeholder(like: torch.Tensor, shape: Sequence[int], dtype: torch.dtype | N
     if type(like) in (torch.Tensor, torch.nn.Parameter) and not like.is_meta:
         return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
     return like.new_empty_strided(shape, stride, dtype=dtype)
+
+
+# ---- a strided dgrad's residues --------------------------------------------------------------------------------
+class Phase1D(NamedTuple):
+    """One residue of a strided dgrad along one dimension: dx's rows start, start + stride, ... (count of them),
+    reached by the filter taps `taps` (evenly spaced; none: those rows are zeros), as a unit-stride dgrad with
+    padding (lower, upper) and tap spacing `dilation` in dy."""
+    start: int
+    count: int
+    taps: tuple[int, ...]
+    lower: int
+    upper: int
+    dilation: int
+
+
+def dgrad_residues(size: int, out_size: int, kernel: int, stride: int, padding: int, dilation: int) -> list[Phase1D]:
+    """Every residue of one dimension, each row written by exactly one of them (so dx needs no zeroing).
+
+    dx[h] = sum over taps r, outputs o with h = o * stride - padding + r * dilation of dy[o] . w[r].  For
+    h = a + stride * i the taps are those with (a + padding - r * dilation) % stride == 0, spaced stride / g apart
+    (g = gcd(stride, dilation)), and o = i + e0 - j * (dilation / g) for the j-th of them: a unit-stride dgrad with
+    lower padding e0 and dilation dilation / g.  Rows whose taps read only outside dy read TMA's zero fill.
+    The light kernel runs them all (light_conv.dgrad_phases); CUTLASS's unit-stride dgrad, the ones with taps,
+    clipped to the rows whose taps read inside dy, dx zeroed first (conv2d_plan.dgrad_phases_1d)."""
+    phases = []
+    sub_dilation = dilation // math.gcd(stride, dilation)
+    for a in range(min(stride, size)):
+        count = len(range(a, size, stride))
+        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
+        if not taps:
+            phases.append(Phase1D(a, count, (), 0, out_size - count, 1))  # zeros; dy's extent, no tap
+            continue
+        e0 = (a + padding - taps[0] * dilation) // stride
+        span = (len(taps) - 1) * sub_dilation
+        phases.append(Phase1D(a, count, taps, e0, out_size - count - e0 + span,
+                              sub_dilation if len(taps) > 1 else 1))
+    return phases

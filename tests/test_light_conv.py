@@ -21,6 +21,7 @@ import torch
 import jitops
 from jitops import light_conv as LC
 from jitops import light_gemm as L
+from jitops import shapes
 from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from jitops.ops import conv2d as conv_module
 from jitops.ops.conv2d_plan import ConvClass, output_size
@@ -259,7 +260,7 @@ def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
 def test_strided_dgrad_phases_cover_every_row_once():
     for size, out_size, kernel, stride, padding, dilation in [(56, 28, 3, 2, 1, 1), (9, 5, 1, 2, 0, 1),
                                                               (11, 4, 3, 3, 1, 1), (10, 5, 3, 2, 2, 2)]:
-        phases = LC.phases_1d(size, out_size, kernel, stride, padding, dilation)
+        phases = shapes.dgrad_residues(size, out_size, kernel, stride, padding, dilation)
         rows = sorted(row for phase in phases for row in range(phase.start, size, stride)[:phase.count])
         assert rows == list(range(size)) and all(phase.count == len(range(phase.start, size, stride))
                                                  for phase in phases)

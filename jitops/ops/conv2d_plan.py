@@ -11,13 +11,13 @@ latest figures are in docs/benchmarks.md.
 from __future__ import annotations
 
 import functools
-import math
 import operator
 from typing import NamedTuple
 
 import torch
 
 from ..config import config
+from ..shapes import Phase1D, dgrad_residues
 
 
 ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
@@ -305,41 +305,24 @@ def _plan_best(operator: str, candidates, m: int, n: int, k_tiles: int):
 
 
 # ---- strided dgrad as unit-stride phases (pure; tested on the CPU) --------------------------------------------
-class Phase1D(NamedTuple):
-    start: int                  # first dx row of this phase; it writes rows start, start + stride, ...
-    count: int                  # rows written
-    taps: tuple[int, ...]       # filter taps (ascending) of the unit-stride sub-filter
-    lower: int                  # its padding before ...
-    upper: int                  # ... and after (so that its output extent is exactly dy's)
-    dilation: int               # its dilation (in dy rows)
-
-
 def dgrad_phases_1d(size: int, out_size: int, kernel: int, stride: int, padding: int,
                     dilation: int) -> tuple[list[Phase1D], bool]:
-    """Phases of one spatial dimension and whether they write every dx row (if not, dx must be zeroed first).
-
-    dx[h] = sum over taps r, outputs o with h = o*stride - padding + r*dilation of dy[o] * w[r].  For
-    h = a + stride*i the taps are those with (a + padding - r*dilation) % stride == 0, spaced stride/g apart
-    (g = gcd(stride, dilation)), and o = i + e0 - j*(dilation/g) for the j-th tap: a unit-stride dgrad with
-    lower padding e0, dilation dilation/g.  Rows that no tap reaches are left out (and are zero)."""
+    """Phases of one spatial dimension for CUTLASS's unit-stride dgrad, and whether they write every dx row (if
+    not, dx must be zeroed first): shapes.dgrad_residues (the light kernel runs them all), less those no tap
+    reaches, clipped to the rows whose taps read inside dy (the rest are zeros)."""
     phases = []
     written = 0
-    sub_dilation = dilation // math.gcd(stride, dilation)
-    for a in range(stride):
-        rows = len(range(a, size, stride))
-        taps = tuple(r for r in range(kernel) if (a + padding - r * dilation) % stride == 0)
-        if rows == 0 or not taps:
+    for phase in dgrad_residues(size, out_size, kernel, stride, padding, dilation):
+        if not phase.taps:
             continue
-        e0 = (a + padding - taps[0] * dilation) // stride
-        span = (len(taps) - 1) * sub_dilation
-        first = max(0, -e0)                               # rows before this read only dy[< 0]
-        end = min(rows, out_size - e0 + span)             # rows from here read only dy[>= out_size]
+        e0 = phase.lower
+        span = (len(phase.taps) - 1) * phase.dilation
+        first = max(0, -e0)                                   # rows before this read only dy[< 0]
+        end = min(phase.count, out_size - e0 + span)          # rows from here read only dy[>= out_size]
         if end <= first:
             continue
-        lower = e0 + first
-        upper = out_size - end - e0 + span
-        phases.append(Phase1D(a + stride * first, end - first, taps, lower, upper,
-                              sub_dilation if len(taps) > 1 else 1))
+        phases.append(phase._replace(start=phase.start + stride * first, count=end - first, lower=e0 + first,
+                                     upper=out_size - end - e0 + span))
         written += end - first
     return phases, written == size
 
