@@ -234,11 +234,11 @@ def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         step_h = rows.taps[1] - rows.taps[0] if len(rows.taps) > 1 else 0
         step_w = cols.taps[1] - cols.taps[0] if len(cols.taps) > 1 else 0
         last = rows.taps[-1] * p.s + cols.taps[-1] if rows.taps and cols.taps else 0
-        pixels = p.n * rows.count * cols.count
-        _PHASE_FIELDS.pack_into(params, at + 128, pixels, cols.count, rows.count * cols.count, *g["lower"],
+        phase_pixels = p.n * rows.count * cols.count
+        _PHASE_FIELDS.pack_into(params, at + 128, phase_pixels, cols.count, rows.count * cols.count, *g["lower"],
                                 len(rows.taps) * len(cols.taps), len(cols.taps), sub.dil_w, sub.dil_h, last,
                                 step_h * p.s, step_w, rows.start * d_sh + cols.start * d_sw)
-        units += -(-pixels // TILE_M) * tiles_n
+        units += -(-phase_pixels // TILE_M) * tiles_n
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     # D: the whole of dx; the kernel stores by rows and never reads it, but the patching keeps it a valid descriptor
     encode(buffer, info.tma_d, output_tma(pixels, p.c, p.c, info.store_cols), d)

@@ -245,6 +245,7 @@ def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
         assert len(params) == info.params_size == 512 + LC.MAX_PHASES * LC.PHASE_BYTES
         descriptors = {offset: args for offset, args, _ in encode.calls}
         assert descriptors[info.tma_b] == LC.filter_tma(p, 128)  # the whole filter: no copy of a phase's taps
+        assert descriptors[info.tma_d] == L.output_tma(n * h * w, c, c, info.store_cols)  # all of dx, not a phase
         assert {address for offset, _, address in encode.calls if offset != info.tma_b and offset != info.tma_d} \
             == {0x1000}
         assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x3000  # dx's address, where the rows go
