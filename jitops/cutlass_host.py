@@ -474,16 +474,38 @@ class Sm90Gemm:
             packed.launch(a, b, d, bias, stream)
 
 
-class _Packed:
+def patch_descriptor(driver: Any, params: Any, params_address: int, offset: int, field: int | None,
+                     address: int) -> None:
+    """Point the descriptor at `offset` of `params` (a writable buffer at `params_address`) to `address`: a plain
+    write of its address field where the probe found one (`field`), else cuTensorMapReplaceAddress."""
+    if field is not None:
+        struct.pack_into("<Q", params, offset + field, address)
+        return
+    status = driver.replace(params_address + offset, address)
+    if status:
+        raise DriverError("cuTensorMapReplaceAddress", status)
+
+
+class PackedParams:
+    """A kernel's one Params argument, packed (CUTLASS's kernel and the light kernels): its buffer (a call patches
+    it in place), its address, the launch's argument array pointing at it, and the grid."""
+
+    def __init__(self, params: bytearray, grid: tuple[int, int, int]) -> None:
+        self.params = (ctypes.c_char * len(params)).from_buffer(params)
+        self._keep = params
+        self.address = ctypes.addressof(self.params)
+        self.kernel_params = (ctypes.c_void_p * 1)(self.address)
+        self.kernel_params_address = ctypes.addressof(self.kernel_params)
+        self.grid = grid
+
+
+class _Packed(PackedParams):
     """One problem's Params and launch configuration; a call patches the four addresses and launches."""
 
     def __init__(self, owner: Sm90Gemm, params: bytearray, grid: tuple[int, int, int],
                  addresses: tuple[int, int, int, int]) -> None:
+        super().__init__(params, grid)
         layout, driver = owner.layout, owner._driver
-        self.params = (ctypes.c_char * len(params)).from_buffer(params)
-        self._keep = params
-        self._address = ctypes.addressof(self.params)
-        self.kernel_params = (ctypes.c_void_p * 1)(self._address)
         cm, cn = owner.config.cluster
         self.attribute = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
         self.attribute.value[0:3] = (cm, cn, 1)
@@ -493,14 +515,11 @@ class _Packed:
         self._launch = driver.launch
         self._function = owner.function.handle
         self._device = owner.function.device_index
-        self._replace = driver.replace
-        field = driver.address_field
-        self._direct = field is not None
-        self._at = (layout.tma_a + (field or 0), layout.tma_b + (field or 0), layout.tma_d + (field or 0))
+        self._driver = driver
+        self._field = driver.address_field
         self._descriptors = (layout.tma_a, layout.tma_b, layout.tma_d)
         self._bias = layout.thread + FUSED_BIAS if owner.config.fused else None
         self._addresses = addresses  # what the descriptors were encoded with
-        self.grid = grid
 
     def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
         if (a, b, d, bias) != self._addresses:
@@ -521,21 +540,12 @@ class _Packed:
                               status)
 
     def _patch(self, a: int, b: int, d: int, bias: int) -> None:
-        if self._direct:
-            pack = struct.pack_into
-            at_a, at_b, at_d = self._at
-            pack("<Q", self.params, at_a, a)
-            pack("<Q", self.params, at_b, b)
-            pack("<Q", self.params, at_d, d)
-        else:
-            for offset, address in zip(self._descriptors, (a, b, d)):
-                status = self._replace(self._address + offset, address)
-                if status:
-                    raise DriverError("cuTensorMapReplaceAddress", status)
+        for offset, address in zip(self._descriptors, (a, b, d)):
+            patch_descriptor(self._driver, self.params, self.address, offset, self._field, address)
         if self._bias is not None:
             struct.pack_into("<Q", self.params, self._bias, bias)
         self._addresses = (a, b, d, bias)
 
 
-__all__ = ["GemmConfig", "GemmLayout", "Sm90Gemm", "TmaArgs", "elf_symbol", "pack_params", "persistent_schedule",
-           "epilogue_tile"]
+__all__ = ["GemmConfig", "GemmLayout", "PackedParams", "Sm90Gemm", "TmaArgs", "elf_symbol", "pack_params",
+           "patch_descriptor", "persistent_schedule", "epilogue_tile"]

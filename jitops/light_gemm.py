@@ -27,8 +27,9 @@ from typing import Any, NamedTuple
 import torch
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs, _TmaDriver, cubin_u64_table
-from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, DriverError, _bind_context, _Driver
+from .cutlass_host import (SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, PackedParams, TmaArgs, _TmaDriver,
+                           cubin_u64_table, patch_descriptor)
+from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
 LIGHT_GEMM = CudaKernel(
@@ -328,31 +329,6 @@ class LightGemm(LightKernel):
         return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
 
 
-def patch_descriptor(driver: Any, params: Any, params_address: int, offset: int, field: int | None,
-                     address: int) -> None:
-    """Point the descriptor at `offset` of `params` (a writable buffer at `params_address`) to `address`: a plain
-    write of its address field where the probe found one (`field`), else cuTensorMapReplaceAddress."""
-    if field is not None:
-        struct.pack_into("<Q", params, offset + field, address)
-        return
-    status = driver.replace(params_address + offset, address)
-    if status:
-        raise DriverError("cuTensorMapReplaceAddress", status)
-
-
-class PackedParams:
-    """A light kernel's one Params argument, packed: its buffer (a call patches it in place), its address, the
-    launch's argument array pointing at it, and the grid."""
-
-    def __init__(self, params: bytearray, grid: tuple[int, int, int]) -> None:
-        self.params = (ctypes.c_char * len(params)).from_buffer(params)
-        self._keep = params
-        self.address = ctypes.addressof(self.params)
-        self.kernel_params = (ctypes.c_void_p * 1)(self.address)
-        self.kernel_params_address = ctypes.addressof(self.kernel_params)
-        self.grid = grid
-
-
 class _Packed(PackedParams):
     """One problem's Params, patched with each call's addresses.  jitops/native.py's C++ host path takes a copy
     (`offered`: the config generation it was offered under, -1 before)."""
@@ -409,5 +385,5 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         activation, sm_count, stream)
 
 
-__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "PackedParams", "expected_info", "operand_tma",
-           "output_tma", "pack_params", "patch_descriptor", "pingpong_for", "request", "tile_n_for", "unsupported"]
+__all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
+           "pack_params", "pingpong_for", "request", "tile_n_for", "unsupported"]

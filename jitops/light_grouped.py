@@ -26,11 +26,10 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from . import shapes
-from .cutlass_host import SWIZZLE_128B, TMA_UINT16, TmaArgs
+from .cutlass_host import SWIZZLE_128B, TMA_UINT16, PackedParams, TmaArgs, patch_descriptor
 from .launch import CudaFunction, host_to_device
 from .light_gemm import (FIELDS, GROUP_ROWS, IN_TYPES, LIGHT_GEMM, STORE_ROWS, TILE_K, TILE_M, TMA_A, LightInfo,
-                         _FIELDS, LightKernel, PackedParams, operand_tma, output_tma,
-                         patch_descriptor)
+                         _FIELDS, LightKernel, operand_tma, output_tma)
 
 MODES = {"M": 1, "K": 2, "list": 3}
 CONFIGS = ("light_128x256", "light_128x128")
