@@ -266,12 +266,13 @@ __device__ __forceinline__ void stage_pair(u32 buffer, int row, int col, float v
 #endif
 }
 
-// What a fused epilogue computes on a value, chosen once a chunk from the run-time activation (uniform in the
-// warpgroup): kBiasOnly adds the bias, kRelu clamps, kGelu runs gelu() above (activation 2: erf, 3: tanh).
+// What the epilogue computes on a value: kPlain the accumulator as it is (LIGHT_FUSED 0); in a fused epilogue,
+// chosen once a chunk from the run-time activation (uniform in the warpgroup), kBiasOnly adds the bias, kRelu
+// clamps, kGelu runs gelu() above (activation 2: erf, 3: tanh).
 // Selected value by value instead, the whole GELU formula ran on every output of a bias-only Linear, the forward
 // of every training Linear with a bias (its GELU runs apart, to keep the pre-activation): 4096x4096x1024 with a
 // bias took 83.0 us, the same size without one 49.3, torch.addmm 51.3 (H200, bf16).
-enum EpilogueKind { kBiasOnly, kRelu, kGelu };
+enum EpilogueKind { kPlain, kBiasOnly, kRelu, kGelu };
 
 template <EpilogueKind kKind>
 __device__ __forceinline__ float finish(float v, int activation) {
@@ -280,19 +281,24 @@ __device__ __forceinline__ float finish(float v, int activation) {
     return gelu(v, activation == 2);
 }
 
-// One 64 x kStoreCols chunk of a consumer's accumulators (`values`: the chunk's first), bias added and finished,
-// into its staging buffer.
+// One 64 x kStoreCols chunk of a consumer's accumulators (`values`: the chunk's first), bias added and finished
+// (kPlain: as they are, not even + 0, which the compiler must keep for -0), into its staging buffer.
 template <EpilogueKind kKind>
 __device__ __forceinline__ void stage_chunk(u32 buffer, int row, int lane, const float* values, const u32* bias_pairs,
                                             int activation) {
 #pragma unroll
     for (int cc = 0; cc < kStoreCols / 8; ++cc) {
         const int col = 8 * cc + 2 * (lane % 4);
-        const float b0 = bias_value(bias_pairs[cc], 0), b1 = bias_value(bias_pairs[cc], 1);
         const float* v = values + 4 * cc;
-        stage_pair(buffer, row, col, finish<kKind>(v[0] + b0, activation), finish<kKind>(v[1] + b1, activation));
-        stage_pair(buffer, row + 8, col, finish<kKind>(v[2] + b0, activation),
-                   finish<kKind>(v[3] + b1, activation));
+        if constexpr (kKind == kPlain) {
+            stage_pair(buffer, row, col, v[0], v[1]);
+            stage_pair(buffer, row + 8, col, v[2], v[3]);
+        } else {
+            const float b0 = bias_value(bias_pairs[cc], 0), b1 = bias_value(bias_pairs[cc], 1);
+            stage_pair(buffer, row, col, finish<kKind>(v[0] + b0, activation), finish<kKind>(v[1] + b1, activation));
+            stage_pair(buffer, row + 8, col, finish<kKind>(v[2] + b0, activation),
+                       finish<kKind>(v[3] + b1, activation));
+        }
     }
 }
 
@@ -318,6 +324,15 @@ __device__ __forceinline__ bool next_phase_unit(const Params& p, PhaseCursor& c,
     return true;
 }
 
+// Where pixel m of phase g starts, in elements from the phase's first pixel (its channels follow).
+__device__ __forceinline__ long long pixel_offset(const Params& p, const Phase& g, int m) {
+    const int image = m / g.out_hw;
+    const int oh = (m - image * g.out_hw) / g.out_w;
+    const int ow = m - image * g.out_hw - oh * g.out_w;
+    return static_cast<long long>(image) * p.d_sn + static_cast<long long>(oh) * p.d_sh +
+           static_cast<long long>(ow) * p.d_sw;
+}
+
 // A staged 64 x 64 chunk of a phase's dx out to its pixels: 16 bytes a thread, 8 threads a row (one 128-byte row of
 // the swizzled buffer, conflict-free; one coalesced 128-byte write), each row at its pixel's address.
 __device__ __forceinline__ void store_rows(const Params& p, const Phase& g, u32 buffer, int row0, int col0,
@@ -329,13 +344,8 @@ __device__ __forceinline__ void store_rows(const Params& p, const Phase& g, u32 
         const int row = unit / 8, u = unit % 8;
         const int m = row0 + row, col = col0 + 8 * u;
         if (m < g.m && col < p.n) {
-            const int image = m / g.out_hw;
-            const int oh = (m - image * g.out_hw) / g.out_w;
-            const int ow = m - image * g.out_hw - oh * g.out_w;
             const uint4 v = ld_shared_v4(buffer + row * 128 + ((u ^ (row % 8)) * 16));
-            *reinterpret_cast<uint4*>(d + static_cast<long long>(image) * p.d_sn +
-                                      static_cast<long long>(oh) * p.d_sh + static_cast<long long>(ow) * p.d_sw +
-                                      col) = v;
+            *reinterpret_cast<uint4*>(d + pixel_offset(p, g, m) + col) = v;
         }
     }
 }
@@ -349,12 +359,7 @@ __device__ __forceinline__ void store_zero_rows(const Params& p, const Phase& g,
     for (int unit = thread; unit < 64 * kUnits; unit += 128) {
         const int m = row0 + unit / kUnits, col = col0 + 8 * (unit % kUnits);
         if (m < g.m && col < p.n) {
-            const int image = m / g.out_hw;
-            const int oh = (m - image * g.out_hw) / g.out_w;
-            const int ow = m - image * g.out_hw - oh * g.out_w;
-            *reinterpret_cast<uint4*>(d + static_cast<long long>(image) * p.d_sn +
-                                      static_cast<long long>(oh) * p.d_sh + static_cast<long long>(ow) * p.d_sw +
-                                      col) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(d + pixel_offset(p, g, m) + col) = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
@@ -837,13 +842,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                                        p.activation);
                 }
 #else
-#pragma unroll
-                for (int cc = 0; cc < kStoreCols / 8; ++cc) {
-                    const int c = j * (kStoreCols / 8) + cc;
-                    const int col = 8 * cc + 2 * (lane % 4);
-                    stage_pair(buffer, row, col, block[4 * c], block[4 * c + 1]);
-                    stage_pair(buffer, row + 8, col, block[4 * c + 2], block[4 * c + 3]);
-                }
+                stage_chunk<kPlain>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), nullptr, 0);
 #endif
 #if LIGHT_D_ROWS
                 // The buffer is staged again two chunks on, after a barrier that every thread's reads here precede.
