@@ -382,14 +382,10 @@ void conv_grad_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet key
 // sits at AutogradCPU and AutogradCUDA of the ops with a backward: a call that records no gradient goes below
 // autograd here, as forward_no_grad does; any other goes to the Python kernel, which the Autograd alias also put at
 // AutogradOther (a key of no backend, the lowest autograd one, so the backend keys below stay as they were).
+// (The five ops take tensors and optional tensors, no tensor lists.)
 bool any_requires_grad(Arguments args) {
   for (const c10::IValue& value : args) {
     if (value.isTensor() && value.toTensor().requires_grad()) return true;
-    if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList().vec()) {
-        if (t.requires_grad()) return true;
-      }
-    }
   }
   return false;
 }
