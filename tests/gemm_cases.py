@@ -3,9 +3,14 @@ their kernels (forward and backward) on a machine without a GPU, so the lent GPU
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_gemm import FUSED_SHAPES, SHAPES  # noqa: E402  (the benchmark's shapes, for the bit-for-bit test)
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
@@ -90,12 +95,9 @@ SM80 = [replace(c, family="sm80") for c in TRANSPOSES] + \
 ALL = TRANSPOSES + AWKWARD_M + LARGE + EPILOGUES + UNALIGNED + SM80
 
 # The bit-for-bit test's cases, ((M, N, K), dtype, fused): benchmarks/bench_gemm.py's shapes in both dtypes, and
-# bf16 with bias and GELU in the epilogue.  Its nvcc-built references take 1-2 minutes each to compile, so
-# prebuild_gemm.py builds them too (bit_for_bit_reference).
-BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 2048, 4096), (4000, 4000, 4000), (128, 8192, 8192),
-                (8192, 8192, 1024)]  # benchmarks/bench_gemm.py's SHAPES
-BIT_FOR_BIT = [(s, d, False) for s in BENCH_SHAPES for d in (BF16, FP16)] + \
-    [(s, BF16, True) for s in BENCH_SHAPES[:3] + BENCH_SHAPES[5:]]
+# its fused shapes in bf16 with bias and GELU in the epilogue.  Its nvcc-built references take 1-2 minutes each to
+# compile, so prebuild_gemm.py builds them too (bit_for_bit_reference).
+BIT_FOR_BIT = [(s, d, False) for s in SHAPES for d in (BF16, FP16)] + [(s, BF16, True) for s in FUSED_SHAPES]
 
 
 def requests(case: Case, target) -> dict:
