@@ -36,12 +36,12 @@ _CONV_FIELDS = struct.Struct("<16i")
 CORNER_LIMIT = 128
 OFFSET_LIMIT = 256
 # A strided dgrad's phases (LIGHT_D_ROWS): up to MAX_PHASES a launch, each a Phase (192 bytes: its im2col descriptor
-# of dy, then thirteen ints) after Params' conv fields and their count.
+# of dy, then fourteen ints) after Params' conv fields and their count.
 MAX_PHASES = 4
 PHASES_FIELD = CONV_FIELDS + _CONV_FIELDS.size
 PHASE_ENTRIES = 512
 PHASE_BYTES = 192
-_PHASE_FIELDS = struct.Struct("<13i")
+_PHASE_FIELDS = struct.Struct("<14i")
 assert PHASES_PARAMS_SIZE == PHASE_ENTRIES + MAX_PHASES * PHASE_BYTES
 
 
@@ -114,6 +114,40 @@ def dgrad_phases(p: "ConvProblem") -> list[tuple[shapes.Phase1D, shapes.Phase1D]
     rows = shapes.dgrad_residues(p.h, out_h, p.r, p.stride_h, p.pad_h, p.dil_h)
     cols = shapes.dgrad_residues(p.w, out_w, p.s, p.stride_w, p.pad_w, p.dil_w)
     return sorted(((r, c) for r in rows for c in cols), key=lambda rc: -len(rc[0].taps) * len(rc[1].taps))
+
+
+# A launch's zero phases (residues no tap reaches) are stored by two hands: the producer warpgroup's three idle warps
+# store their first pixels while the consumers run the GEMM tiles, the consumers the rest after their tiles.  Rates
+# per SM behind the split, from ResNet-50's 1x1 stride-2 dgrads on the H200 (2026-11-28, `bench_conv2d.py
+# --operators dgrad`; rough: to be refit from a run of the split): the idle warps about 0.8 TB/s over 132 SMs (L7's
+# 38.5 MB of zeros took 54.2 us all theirs), the consumers' stores from registers about 1.5 TB/s (26 us of L7's 38.2
+# after its GEMM tiles), the GEMM tiles about 500 TFLOP/s.
+IDLE_ZERO_BYTES_PER_SM = 0.8e12 / 132
+CONSUMER_ZERO_BYTES_PER_SM = 1.5e12 / 132
+GEMM_FLOPS_PER_SM = 500e12 / 132
+
+
+def idle_zero_pixels(p: "ConvProblem", phases: list) -> list[int]:
+    """How many of each phase's first pixels the idle warps zero (0 for a phase with taps): as many as keeps both
+    hands busy to the same end.  With the GEMM tiles taking T_g and Z bytes of zeros, the idle warps store at r_i
+    all along and the consumers at r_c after T_g, so both finish at T = (Z + r_c T_g) / (r_i + r_c), or at T_g
+    when the idle warps alone finish sooner; the idle warps take r_i T of the bytes."""
+    bytes_per_pixel = 2 * p.c
+    zero_pixels = [p.n * rows.count * cols.count if not (rows.taps and cols.taps) else 0 for rows, cols in phases]
+    flops = sum(2 * p.n * rows.count * cols.count * p.c * len(rows.taps) * len(cols.taps) * p.k
+                for rows, cols in phases)
+    zero_bytes = sum(zero_pixels) * bytes_per_pixel
+    if not zero_bytes:
+        return zero_pixels
+    r_i, r_c = IDLE_ZERO_BYTES_PER_SM * p.sm_count, CONSUMER_ZERO_BYTES_PER_SM * p.sm_count
+    t_gemm = flops / (GEMM_FLOPS_PER_SM * p.sm_count)
+    t_end = max(t_gemm, (zero_bytes + r_c * t_gemm) / (r_i + r_c))
+    left = min(sum(zero_pixels), int(r_i * t_end / bytes_per_pixel))
+    idle = []
+    for pixels in zero_pixels:
+        idle.append(min(pixels, left))
+        left -= idle[-1]
+    return idle
 
 
 def phase_problem(p: "ConvProblem", rows: shapes.Phase1D, cols: shapes.Phase1D) -> "ConvProblem":
@@ -223,6 +257,7 @@ def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     struct.pack_into("<i", params, PHASES_FIELD, len(phases))
     tiles_n = -(-p.c // info.tile_n)
     units = 0
+    idle = idle_zero_pixels(p, phases)
     for i, (rows, cols) in enumerate(phases):
         sub = phase_problem(p, rows, cols)
         g = geometry(sub)
@@ -237,12 +272,13 @@ def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         phase_pixels = p.n * rows.count * cols.count
         _PHASE_FIELDS.pack_into(params, at + 128, phase_pixels, cols.count, rows.count * cols.count, *g["lower"],
                                 len(rows.taps) * len(cols.taps), len(cols.taps), sub.dil_w, sub.dil_h, last,
-                                step_h * p.s, step_w, rows.start * d_sh + cols.start * d_sw)
-        units += -(-phase_pixels // TILE_M) * tiles_n
+                                step_h * p.s, step_w, rows.start * d_sh + cols.start * d_sw, idle[i])
+        units += -(-(phase_pixels - idle[i]) // TILE_M) * tiles_n
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     # D: the whole of dx; the kernel stores by rows and never reads it, but the patching keeps it a valid descriptor
     encode(buffer, info.tma_d, output_tma(pixels, p.c, p.c, info.store_cols), d)
-    return params, (max(1, min(p.sm_count, units)), 1, 1)
+    # every SM's idle warps take a share of the idle zeros, with or without a tile to run
+    return params, (p.sm_count if any(idle) else max(1, min(p.sm_count, units)), 1, 1)
 
 
 def check_problem(p: ConvProblem, d_strides: tuple[int, int, int], addresses: tuple[int, int, int, int],

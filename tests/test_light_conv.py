@@ -176,11 +176,12 @@ def test_params_and_descriptors_of_a_split_wgrad():
 
 # ---- a strided dgrad's phases in one launch -------------------------------------------------------------------
 def emulate_phased_dgrad(params: bytes, descriptors: dict, dy: torch.Tensor, krsc: torch.Tensor,
-                         dx: torch.Tensor) -> None:
+                         dx: torch.Tensor, ctas: int) -> None:
     """What the LIGHT_D_ROWS kernel computes from its packed Params, transcribed (the phase walk; each pixel's
     im2col reads of dy at the phase's taps, zero outside dy; the filter tap each pairs with; the store at the
     phase's strides from dx's address), in float64.  dy [N, P, Q, K] and krsc [K, R, S, C]; dx is the flat NHWC
-    memory the stores write, NaN where nothing was written yet (each pixel must be written once)."""
+    memory the stores write, NaN where nothing was written yet (each pixel must be written once); ctas: the
+    launch's grid."""
     c_blocks = struct.unpack_from("<i", params, LC.CONV_FIELDS)[0]
     d_sn, d_sh, d_sw = struct.unpack_from("<3i", params, LC.CONV_FIELDS + 52)
     phases = struct.unpack_from("<i", params, LC.PHASES_FIELD)[0]
@@ -189,14 +190,19 @@ def emulate_phased_dgrad(params: bytes, descriptors: dict, dy: torch.Tensor, krs
     assert c_blocks == -(-k // 64) and 1 <= phases <= LC.MAX_PHASES
     for i in range(phases):
         at = LC.PHASE_ENTRIES + i * LC.PHASE_BYTES
-        m, out_w, out_hw, corner_w, corner_h, taps, filter_s, dil_w, dil_h, last, step_h, step_w, d_offset = \
-            struct.unpack_from("<13i", params, at + 128)
+        m, out_w, out_hw, corner_w, corner_h, taps, filter_s, dil_w, dil_h, last, step_h, step_w, d_offset, idle_m = \
+            struct.unpack_from("<14i", params, at + 128)
+        assert 0 <= idle_m <= m and (taps == 0 or idle_m == 0)  # only zero phases have the idle warps' pixels
         a = descriptors[at]
         # the descriptor is dy's, and its bounding box walks exactly the phase's pixel grid
         assert a.dims == (k, dy_w, dy_h, n) and (a.lower[0], a.lower[1]) == (corner_w, corner_h)
         assert box_positions(a.lower[0], a.upper[0], dy_w, 1) == out_w
         assert box_positions(a.lower[1], a.upper[1], dy_h, 1) * out_w == out_hw and m % out_hw == 0
-        for pixel in range(m):
+        # the producer warpgroup's three idle warps of every CTA on the first idle_m pixels, then the consumers'
+        # 128-row tiles from row idle_m (every pixel of a phase with taps)
+        idle = [pixel for cta in range(ctas) for warp in range(3) for pixel in range(3 * cta + warp, idle_m, 3 * ctas)]
+        tiles = [idle_m + 128 * tile + row for tile in range(-(-(m - idle_m) // 128)) for row in range(128)]
+        for pixel in idle + [pixel for pixel in tiles if pixel < m]:
             image, oh, ow = pixel // out_hw, pixel % out_hw // out_w, pixel % out_w
             value = torch.zeros(c, dtype=torch.float64)
             for t in range(taps):
@@ -220,10 +226,22 @@ STRIDED_DGRADS = [  # (n, h, w, c, k, r, s, stride (h, w), padding (h, w), dilat
 ]
 
 
+def _zero_split(split: str):
+    """idle_zero_pixels' answer (the model's), or none of the zeros the idle warps', or half of each zero phase."""
+    def split_phases(p, phases):
+        zero = [p.n * rows.count * cols.count if not (rows.taps and cols.taps) else 0 for rows, cols in phases]
+        return [0] * len(phases) if split == "none" else [pixels // 2 for pixels in zero]
+    return split_phases
+
+
+@pytest.mark.parametrize("split", ["model", "none", "half"])
 @pytest.mark.parametrize("case", STRIDED_DGRADS, ids=lambda c: "-".join(map(str, c[:7])) + f"-s{c[7]}-p{c[8]}-d{c[9]}")
-def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
+def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case, split, monkeypatch):
     """The phases every launch packs, read as the kernel reads them (emulate_phased_dgrad), give torch's input
-    gradient, every pixel of dx written exactly once (zeros included: dx is not cleared first)."""
+    gradient, every pixel of dx written exactly once (zeros included: dx is not cleared first), however the zero
+    phases' pixels are split between the idle warps and the consumers' tiles."""
+    if split != "model":
+        monkeypatch.setattr(LC, "idle_zero_pixels", _zero_split(split))
     n, h, w, c, k, r, s, stride, padding, dilation = case
     p = LC.ConvProblem(2, n, h, w, c, k, r, s, padding[0], padding[0], padding[1], padding[1], *stride, *dilation,
                        132)
@@ -249,13 +267,29 @@ def test_strided_dgrad_phases_packed_for_one_launch_reproduce_torch(case):
         assert {address for offset, _, address in encode.calls if offset != info.tma_b and offset != info.tma_d} \
             == {0x1000}
         assert struct.unpack_from("<Q", params, L.FIELDS)[0] == 0x3000  # dx's address, where the rows go
-        emulate_phased_dgrad(bytes(params), descriptors, dy, krsc, dx)
-        units = sum(-(-(n * rows.count * cols.count) // 128) for rows, cols in phases[first:first + LC.MAX_PHASES])
-        assert launch_grid == (min(132, units), 1, 1)
+        emulate_phased_dgrad(bytes(params), descriptors, dy, krsc, dx, launch_grid[0])
+        launched = phases[first:first + LC.MAX_PHASES]
+        idle = LC.idle_zero_pixels(p, launched)
+        units = sum(-(-(n * rows.count * cols.count - i) // 128) for (rows, cols), i in zip(launched, idle))
+        assert launch_grid == (132 if any(idle) else min(132, units), 1, 1)
     assert not dx.isnan().any(), "pixels no phase wrote"
     want = torch.nn.grad.conv2d_input((n, c, h, w), krsc.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2), stride=stride,
                                       padding=padding, dilation=dilation)
     torch.testing.assert_close(dx.view(n, h, w, c).permute(0, 3, 1, 2), want)
+
+
+@pytest.mark.parametrize("layer, c, k, size, idle", [
+    ("L7", 256, 512, 56, (0, 25088, 14494, 0)),    # 38.5 MB of zeros: half of them the consumers' after the tiles
+    ("L13", 512, 1024, 28, (0, 6272, 6272, 702)),
+    ("L19", 1024, 2048, 14, (0, 1568, 1568, 1568)),  # all the idle warps': they finish within the GEMM tiles
+])
+def test_the_idle_warps_take_the_zeros_they_store_while_the_tiles_run(layer, c, k, size, idle):
+    """ResNet-50's 1x1 stride-2 dgrads (batch 32): one phase of one tap, three of zeros, split between the idle
+    warps and the consumers by the rate model; a 3x3 one has no zero phase."""
+    p = LC.ConvProblem(2, 32, size, size, c, k, 1, 1, 0, 0, 0, 0, 2, 2, 1, 1, 132)
+    assert tuple(LC.idle_zero_pixels(p, LC.dgrad_phases(p))) == idle
+    three = p._replace(r=3, s=3, pad_h=1, pad_h_hi=1, pad_w=1, pad_w_hi=1)
+    assert LC.idle_zero_pixels(three, LC.dgrad_phases(three)) == [0, 0, 0, 0]
 
 
 def test_strided_dgrad_phases_cover_every_row_once():
@@ -433,7 +467,7 @@ class EmulatingDriver(FakeDriver):
         krsc = at(addresses[128], self.shapes["krsc"]).double()
         dx = at(struct.unpack_from("<Q", params, L.FIELDS)[0], self.shapes["dx"]).view(-1)
         out = torch.full(dx.shape, float("nan"), dtype=torch.float64)
-        emulate_phased_dgrad(params, descriptors, dy, krsc, out)
+        emulate_phased_dgrad(params, descriptors, dy, krsc, out, self.launches[-1]["grid"][0])
         written = ~out.isnan()
         dx[written] = out[written].float()
 

@@ -40,7 +40,8 @@
 // (N*P*Q, channels) matrix; fprop adds the bias (LIGHT_FUSED) and no activation.
 //   A strided dgrad (LIGHT_D_ROWS 1) is stride_h * stride_w unit-stride dgrads, its phases: phase (a, b) writes dx's
 // pixels (a + stride_h i, b + stride_w j) from the filter taps that reach them, a sub-filter of taps evenly spaced
-// in the filter (none: the phase's pixels are zeros).  One launch runs up to kMaxPhases of them: the CTAs walk the
+// in the filter (none: the phase's pixels are zeros, its first idle_m by the producer warpgroup's idle warps during
+// the GEMM tiles, the rest as tiles after them).  One launch runs up to kMaxPhases of them: the CTAs walk the
 // units of one phase after another (as the grouped forms walk groups), each phase with its own im2col descriptor of
 // dy (its bounding box) and its taps read from the whole filter's descriptor.  D is stored by rows at each pixel's
 // address (dx's address in the bias field, a dgrad has none; the phase's strides d_sn, d_sh, d_sw): a TMA box
@@ -154,6 +155,8 @@ struct alignas(64) Phase {
     int tap_last;            // the filter's tap (r * S + s) of its last tap, read first (the taps are flipped)
     int tap_step_h, tap_step_w;  // filter taps between its taps along a column and along a row
     int d_offset;            // elements from dx's address to its first pixel
+    int idle_m;              // no taps: its first pixels, zeroed by the producer warpgroup's idle warps (the rest are
+                             // the consumers' tiles, after the GEMM tiles); 0 otherwise
 };
 static_assert(sizeof(Phase) == 192, "Phase layout");
 #endif
@@ -317,10 +320,10 @@ __device__ __forceinline__ bool next_phase_unit(const Params& p, PhaseCursor& c,
         if (c.phase + 1 >= p.phases) return false;
         c.first += c.count;
         ++c.phase;
-        c.count = (p.phase[c.phase].m + kTileM - 1) / kTileM * tiles_n;
+        c.count = (p.phase[c.phase].m - p.phase[c.phase].idle_m + kTileM - 1) / kTileM * tiles_n;
     }
-    tile_coordinates(unit - c.first, (p.phase[c.phase].m + kTileM - 1) / kTileM, tiles_n, p.group_m, m_block,
-                     n_block);
+    const Phase& g = p.phase[c.phase];
+    tile_coordinates(unit - c.first, (g.m - g.idle_m + kTileM - 1) / kTileM, tiles_n, p.group_m, m_block, n_block);
     return true;
 }
 
@@ -347,6 +350,26 @@ __device__ __forceinline__ void store_rows(const Params& p, const Phase& g, u32 
             const uint4 v = ld_shared_v4(buffer + row * 128 + ((u ^ (row % 8)) * 16));
             *reinterpret_cast<uint4*>(d + pixel_offset(p, g, m) + col) = v;
         }
+    }
+}
+
+// A pixel's zeros, 16 bytes at a time (`units` of them from `first`, every `step`).
+__device__ __forceinline__ void zero_pixel(const Params& p, const Phase& g, int m, int first, int units, int step) {
+    uint4* pixel = reinterpret_cast<uint4*>(static_cast<unsigned short*>(const_cast<void*>(p.bias)) + g.d_offset +
+                                            pixel_offset(p, g, m));
+    for (int u = first; u < units; u += step) pixel[u] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// The producer warpgroup's three idle warps (`warp` 0-2) on the zero phases' first idle_m pixels, while the
+// consumers run the GEMM tiles: a warp a pixel, 16 bytes a lane, every CTA a share.  ResNet-50's 1x1 stride-2
+// dgrads are three quarters zeros: stored by the consumers after their tiles they ran x0.91-0.96 of CUTLASS's
+// kernel (H200, L7 38.2 us against 34.4); all by the idle warps, L13 and L19 ran x1.14 and x1.20, but L7 (38.5 MB
+// of zeros) 54.2 us, three warps an SM storing about 0.8 TB/s: hence the split (light_conv.idle_zero_pixels).
+__device__ __forceinline__ void store_idle_zeros(const Params& p, int warp, int lane) {
+    const int warps = gridDim.x * 3;
+    for (int i = 0; i < p.phases; ++i) {
+        const Phase& g = p.phase[i];
+        for (int m = blockIdx.x * 3 + warp; m < g.idle_m; m += warps) zero_pixel(p, g, m, lane, p.n / 8, 32);
     }
 }
 
@@ -539,6 +562,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 
     if (warpgroup == kConsumers) {
         registers_decrease<kProducerRegisters>();
+#if LIGHT_D_ROWS
+        if (warp > 4 * kConsumers) {  // the warpgroup's warps 1-3
+            store_idle_zeros(p, warp - 4 * kConsumers - 1, lane);
+            return;
+        }
+#endif
         if (threadIdx.x != 128 * kConsumers) return;
         int stage = 0;
         u32 phase = 0;
@@ -741,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         const Phase& g = p.phase[cursor.phase];
         const int tile_k_blocks = g.taps * p.c_blocks;
         if (tile_k_blocks == 0) {  // no tap reaches the phase's pixels, and the producer loaded nothing
-            store_zero_rows(p, g, m_block * kTileM + warpgroup * 64, n_block * kTileN, threadIdx.x % 128);
+            store_zero_rows(p, g, g.idle_m + m_block * kTileM + warpgroup * 64, n_block * kTileN, threadIdx.x % 128);
             continue;
         }
         const unsigned long long position = ring;
