@@ -318,16 +318,25 @@ def survey(bench) -> None:
     ratios = []
     for m, n, k in SURVEY_SHAPES:
         a, b, _ = shape_args(m, n, k, torch.bfloat16)
-        check_close(jitops.gemm(a, b), a @ b, f"gemm {m}x{n}x{k} bf16")
-        cls = G.shape_class(a, b, None, None, None)
-        row = bench.compare(op="gemm survey", shape=f"{m}x{n}x{k}", dtype="bf16", ours=lambda: jitops.gemm(a, b),
-                            baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul",
-                            flops=2 * m * n * k, timing="auto", graph_below_ms=GRAPH_BELOW_MS,
-                            bucket=cls.bucket, config=str(P.SM90_CONFIGS.get(cls.bucket)))
-        ratios.append(row.speedup)
-        print(f"  survey {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
+        ratios.append(_kernel_row(bench, "gemm survey", f"{m}x{n}x{k}", a, b, None, lambda: torch.matmul(a, b),
+                                  "torch.matmul", timing="auto", graph_below_ms=GRAPH_BELOW_MS))
     bench.summarize(survey_geomean=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
-               survey_min=round(min(ratios), 3))
+                    survey_min=round(min(ratios), 3))
+
+
+def _kernel_row(bench, op: str, shape: str, a, b, bias, baseline, baseline_name: str, **timing) -> float:
+    """One shape of the survey or the training GEMMs: jitops.gemm(a, b, bias=bias) checked against `baseline`,
+    both timed (`timing`: bench.compare's), the row tagged with the bucket; its speed."""
+    m, k = a.shape
+    n = b.shape[1]
+    check_close(jitops.gemm(a, b, bias=bias), baseline(), f"{op} {shape}")
+    cls = G.shape_class(a, b, bias, None, None)
+    row = bench.compare(op=op, shape=shape, dtype="bf16", ours=lambda: jitops.gemm(a, b, bias=bias),
+                        baseline=baseline, baseline_name=baseline_name, flops=2 * m * n * k, bucket=cls.bucket,
+                        config=str(P.SM90_CONFIGS.get(cls.bucket)), a_kmajor=a.stride(1) == 1,
+                        b_kmajor=b.stride(0) == 1, **timing)
+    print(f"  {op:34s} {shape} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
+    return row.speedup
 
 
 # A training step's GEMMs (bench_models.py's configs): each Linear (N, K) of a layer gives its forward x . w^T
@@ -361,14 +370,8 @@ def training(bench) -> None:
             torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         c = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
         baseline = (lambda: torch.addmm(c, a, b)) if bias else (lambda: torch.mm(a, b))
-        check_close(jitops.gemm(a, b, bias=c), baseline(), f"{name} {m}x{n}x{k}")
-        cls = G.shape_class(a, b, c, None, None)
-        row = bench.compare(op=f"gemm {name}", shape=f"{m}x{n}x{k}", dtype="bf16",
-                            ours=lambda: jitops.gemm(a, b, bias=c), baseline=baseline,
-                            baseline_name="torch.addmm" if bias else "torch.mm", flops=2 * m * n * k,
-                            timing="graph", bucket=cls.bucket, a_kmajor=a_kmajor, b_kmajor=b_kmajor)
-        ratios.append(row.speedup)
-        print(f"  {name:24s} {m}x{n}x{k} bucket {cls.bucket}: x{row.speedup:.2f}", flush=True)
+        ratios.append(_kernel_row(bench, f"gemm {name}", f"{m}x{n}x{k}", a, b, c, baseline,
+                                  "torch.addmm" if bias else "torch.mm", timing="graph"))
     bench.summarize(training_time_ratio=round(sum(r.baseline_ms for r in bench.rows) /
                                               sum(r.ours_ms for r in bench.rows), 3),
                     training_min=round(min(ratios), 3))
