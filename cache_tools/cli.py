@@ -344,8 +344,12 @@ def _list_plan(args: argparse.Namespace, plan: manifest.Plan) -> int:
     machine cannot build for are listed too: the list is about the source, not this machine's compilers)."""
     cached = [entries.is_cached(job) for job in plan.jobs]
     if args.json:
+        # entry: the cache entry's directory name, this toolchain's build (one build can serve several shape
+        # classes: it is listed once, under the first)
         print_json({"kernels": [{"op": job.op, "kernel_op": job.kernel_op, "kernel": job.label, "arch": job.arch,
-                                 "shape_class": job.shape_class, "cached": hit, "call": job.call.describe()}
+                                 "shape_class": job.shape_class,
+                                 "entry": runtime.key_for(job.request, job.target)[0].dirname(), "cached": hit,
+                                 "call": job.call.describe()}
                                 for job, hit in zip(plan.jobs, cached)],
                     "skipped": plan.skipped, "no_kernel": plan.no_kernel})
         return 0

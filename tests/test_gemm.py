@@ -405,14 +405,16 @@ def test_buckets_and_family():
     assert G.cuda_kernels(G.shape_class(meta(0, 64), meta(64, 64), None, None, None), SM90) == {}
 
 
-# (a K-major, b K-major, fused): x @ w.t(), the same with bias+activation, dy @ w, dy.t() @ x
-TRAINING_LAYOUTS = [(True, True, False), (True, True, True), (True, False, False), (False, False, False)]
+# (a K-major, b K-major, fused): x @ w.t(), the same with bias+activation, dy @ w, dy.t() @ x, and x @ w with
+# bias+activation (transformers' Conv1D, its weight stored (K, N))
+TRAINING_LAYOUTS = [(True, True, False), (True, True, True), (True, False, False), (False, False, False),
+                    (True, False, True)]
 
 
 def test_all_builtin_covers_every_bucket_in_every_training_layout():
     """prewarm --all-builtin builds, on sm_90a, every kernel the bucket rules can pick, for bf16 and fp16, in the
-    forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer: the light kernel's
-    four variants (128x256 tiles, 128x128 pingpong, 128x128, 128x64) by default, each CUTLASS configuration with
+    forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer and Conv1D's fused
+    forward: the light kernel's four variants (128x256 tiles, 128x128 pingpong, 128x128, 128x64) by default, each CUTLASS configuration with
     JITOPS_GEMM_SM90_KERNEL=cutlass."""
     from cache_tools import manifest
 
@@ -426,7 +428,7 @@ def test_all_builtin_covers_every_bucket_in_every_training_layout():
                                     "LIGHT_B_KMAJOR": str(int(b)),
                                     "LIGHT_PINGPONG": str(int(L.pingpong_for(bucket)))}.items()))
                       for t in (0, 1) for bucket in P.SM90_CONFIGS for a, b, fused in TRAINING_LAYOUTS}
-    assert variants == expected_light and len(light) == len(expected_light) == 2 * 4 * 4
+    assert variants == expected_light and len(light) == len(expected_light) == 2 * 4 * len(TRAINING_LAYOUTS)
 
     with jitops.config.scope(gemm_sm90_kernel="cutlass"):
         plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])

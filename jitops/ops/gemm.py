@@ -428,12 +428,13 @@ def _public_calls(entry, args, grad):
 
 public("gemm", gemm, entries=(_op,), calls=_public_calls)
 
-# `cache_tools prewarm --all-builtin`: every size bucket (BUCKET_EXAMPLES) in bf16 and fp16, in the three
-# layouts of a Linear layer's training step -- x @ w.t() (the forward, plain and with a fused bias+activation
-# epilogue), dy @ w (the input gradient) and dy.t() @ x (the weight gradient) -- each item one exact call
-# (grad false: the backward's layouts are listed themselves, not derived from one forward's sizes).  On sm_90a
-# that is 56 CUTLASS 3 builds through NVRTC (about a minute each on 2 cores: docs/benchmarks.md); `prewarm
-# --all-builtin --list` names them.
+# `cache_tools prewarm --all-builtin`: every size bucket (BUCKET_EXAMPLES) in bf16 and fp16, in the layouts of a
+# Linear layer's training step -- x @ w.t() (the forward, plain and with a fused bias+activation epilogue), dy @ w
+# (the input gradient) and dy.t() @ x (the weight gradient) -- and x @ w with the fused epilogue, the forward of
+# transformers' Conv1D, whose weight is stored (K, N) (GPT-2's; its first patched step compiled two kernels the
+# list had missed).  Each item is one exact call (grad false: the backward's layouts are listed themselves, not
+# derived from one forward's sizes); on sm_90a each is a light kernel through NVRTC (about a second on 2 cores:
+# docs/benchmarks.md); `prewarm --all-builtin --list` names them.
 def _prewarm_item(m: int, n: int, k: int, layout: str, fused: bool) -> dict:
     a_strides = [1, m] if layout == "tn" else [k, 1]      # dy.t(): a column-major (M, K) view
     b_strides = [1, k] if layout == "nt" else [n, 1]      # w.t(): a column-major (K, N) view
@@ -443,4 +444,4 @@ def _prewarm_item(m: int, n: int, k: int, layout: str, fused: bool) -> dict:
 
 
 PREWARM = [_prewarm_item(m, n, k, layout, fused) for m, n, k in BUCKET_EXAMPLES.values()
-           for layout, fused in (("nt", False), ("nt", True), ("nn", False), ("tn", False))]
+           for layout, fused in (("nt", False), ("nt", True), ("nn", False), ("nn", True), ("tn", False))]
