@@ -62,6 +62,39 @@ def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bia
     torch.testing.assert_close(cpp_y.float(), reference, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_strided_row_view_runs_in_cpp_with_the_same_bits(host, transposed):
+    """A classifier's input x[:, 0] (the class token of each sequence, timm's ViT head: rows 197 * 768 apart) is
+    read in place with its row stride, on the Python path and in C++ alike; it was the patched ViT-B/16 step's one
+    call a step that C++ handed back to Python.  Forward and backward, the same bits."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    tokens = torch.randn(32, 197, 768, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+    stored = (torch.randn(768, 1000, generator=g) / 768 ** 0.5).to("cuda", torch.bfloat16)
+    w = (stored if transposed else stored.t().contiguous()).requires_grad_()
+    b = torch.randn(1000, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+    grad_out = torch.randn(32, 1000, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        for t in (tokens, w, b):
+            t.grad = None
+        x = tokens[:, 0]
+        assert not x.is_contiguous() and x.stride() == (197 * 768, 1)
+        y = jitops.linear(x, w.t() if transposed else w, b)
+        y.backward(grad_out)
+        return y.detach().clone(), [t.grad.clone() for t in (tokens, w, b)]
+
+    python_y, python_grads = step()  # offers the forward, dx and dweight at x's row stride
+    before = native.counters()["native_calls"]
+    cpp_y, cpp_grads = step()
+    assert native.counters()["native_calls"] == before + 1
+    assert torch.equal(cpp_y, python_y)
+    for got, want in zip(cpp_grads, python_grads):
+        assert torch.equal(got, want)
+    reference = F.linear(tokens[:, 0].detach().float(), (w.t() if transposed else w).detach().float(),
+                         b.detach().float())
+    torch.testing.assert_close(cpp_y.float(), reference, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("activation,bias", [("gelu", True), ("gelu_tanh", True), ("gelu_tanh", False)])
 def test_training_linear_with_its_gelu_runs_in_cpp_with_the_same_bits(host, activation, bias):
     x, w, b = _leaves((4, 64), 256, 768, torch.bfloat16, bias, False, seed=4)

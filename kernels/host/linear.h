@@ -119,20 +119,21 @@ struct WeightLayout {
 
 // ---- the problems of one Linear: forward, and the backward's dx and dweight ----------------------------------
 // The keys below are the ones jitops/ops/linear.py's Python path lands on (gemm_plan.class_from_layouts from
-// the strides it reads): a forward (M, K) x (K, N) with x row-major and weight^T in place, dx = dy . weight
-// (M, N) x (N, K), dweight = dy^T . x (N, M) x (M, K), or for a transposed weight dweight^T = x^T . dy.
-Key forward_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w, int activation,
-                bool bias) {
-  return make_key(device, dtype, false, true, w.row_major, m, n, k, k, w.ld, n, activation, bias);
+// the strides it reads): a forward (M, K) x (K, N) with x row-major (leading dimension lda: K, or a 2-D view's row
+// stride) and weight^T in place, dx = dy . weight (M, N) x (N, K), dweight = dy^T . x (N, M) x (M, K), or for a
+// transposed weight dweight^T = x^T . dy.
+Key forward_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t lda, WeightLayout w,
+                int activation, bool bias) {
+  return make_key(device, dtype, false, true, w.row_major, m, n, k, lda, w.ld, n, activation, bias);
 }
 
 Key grad_x_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w) {
   return make_key(device, dtype, false, true, !w.row_major, m, k, n, n, w.ld, k, 0, false);
 }
 
-Key grad_weight_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, bool transposed) {
-  if (transposed) return make_key(device, dtype, false, false, false, k, n, m, k, n, n, 0, false);
-  return make_key(device, dtype, false, false, false, n, k, m, n, k, k, 0, false);
+Key grad_weight_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t lda, bool transposed) {
+  if (transposed) return make_key(device, dtype, false, false, false, k, n, m, lda, n, n, 0, false);
+  return make_key(device, dtype, false, false, false, n, k, m, n, lda, k, 0, false);
 }
 
 // ---- autograd ------------------------------------------------------------------------------------------------
@@ -285,6 +286,7 @@ struct LinearCall {
   int device;
   at::ScalarType dtype;
   int64_t m, n, k;
+  int64_t lda;  // x's row stride: K when contiguous
   WeightLayout w;
   bool has_bias;
 };
@@ -299,7 +301,14 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = weight.size(0), k = weight.size(1);
   if (has_bias && !bias_vector(*bias, n, dtype, device)) return false;
-  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0 || !x.is_contiguous()) return false;
+  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0) return false;
+  // x contiguous, or a 2-D view of rows apart (a classifier's x[:, 0], the class token of each sequence: timm's
+  // ViT head), read in place as the Python path reads it (linear._rows_view)
+  int64_t lda = k;
+  if (!x.is_contiguous()) {
+    if (x.dim() != 2 || x.stride(1) != 1 || x.stride(0) < k) return false;
+    lda = x.stride(0);
+  }
   const int64_t m = x.numel() / k;
   if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
   const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
@@ -311,9 +320,9 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   } else {
     return false;
   }
-  if (w.ld % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return false;
+  if (w.ld % 8 || lda % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return false;
   if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return false;
-  *call = LinearCall{device, dtype, m, n, k, w, has_bias};
+  *call = LinearCall{device, dtype, m, n, k, lda, w, has_bias};
   return true;
 }
 
@@ -335,7 +344,8 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   // ReLU's training path (its mask from the output) stays in Python.
   const bool gelu_pair = grad && (activation == kGelu || activation == kGeluTanh);
   if (grad && activation != 0 && !gelu_pair) return miss();
-  const Key fkey = forward_key(device, dtype, m, n, k, w, gelu_pair ? 0 : static_cast<int>(activation), has_bias);
+  const Key fkey = forward_key(device, dtype, m, n, k, call.lda, w, gelu_pair ? 0 : static_cast<int>(activation),
+                               has_bias);
   const Plan* forward = find(fkey);
   if (!forward) return miss();
   if (!grad) {
@@ -346,8 +356,9 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   // The backward's problems, fetched now: a call runs here only if its whole step can.
   const bool transposed = !w.row_major;
   const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, dtype, m, n, k, w)) : nullptr;
-  const Plan* grad_weight = weight.requires_grad() ? find(grad_weight_key(device, dtype, m, n, k, transposed))
-                                                   : nullptr;
+  const Plan* grad_weight = weight.requires_grad()
+                                ? find(grad_weight_key(device, dtype, m, n, k, call.lda, transposed))
+                                : nullptr;
   if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
   const auto maybe_bias = has_bias ? bias : c10::optional<at::Tensor>();
   at::Tensor out;
