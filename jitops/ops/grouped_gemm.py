@@ -123,8 +123,7 @@ def _ragged_dims(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
 
 # Shape classes of plain tensors, by the facts they depend on (shapes, strides, dtype, device kind, 16-byte
 # alignment of the data): computing one walks every operand's strides (~10 us for the ragged form, ~5 us a group
-# for the list form); looking it up costs ~1 us plus ~0.5 us a group.  The key holds config.generation, which
-# changes with every scope, rather than the two knobs the classes read (0.24-0.4 us a knob read, dev box).
+# for the list form); looking it up costs ~1 us plus ~0.5 us a group.
 _CLASSES: dict[tuple, Any] = {}
 _CLASSES_MAX = 4096
 _Tensor = torch.Tensor
@@ -140,7 +139,7 @@ def _remember(key: tuple, cls: Any) -> Any:
 def ragged_shape_class(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> RaggedClass:
     if type(a) is _Tensor and type(b) is _Tensor and type(offsets) is _Tensor:  # not fake: sizes are ints
         key = (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.shape, b.stride(), offsets.shape,
-               (a.data_ptr() | b.data_ptr()) & 15, config.generation)
+               (a.data_ptr() | b.data_ptr()) & 15, config.grouped_gemm_config, config.grouped_gemm_sm90_kernel)
         cls = _CLASSES.get(key)
         return cls if cls is not None else _remember(key, _ragged_shape_class(a, b, offsets))
     return _ragged_shape_class(a, b, offsets)
@@ -230,7 +229,7 @@ grouped_gemm_ragged = op(
 def list_shape_class(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> ListClass:
     if len(As) == len(Bs) and all(type(t) is _Tensor for t in As) and all(type(t) is _Tensor for t in Bs):
         address = 0
-        facts: list[Any] = [config.generation]
+        facts: list[Any] = [config.grouped_gemm_config, config.grouped_gemm_sm90_kernel]
         for a, b in zip(As, Bs):
             address |= a.data_ptr() | b.data_ptr()
             facts += (a.dtype, a.is_cpu, a.shape, a.stride(), b.dtype, b.is_cpu, b.shape, b.stride())
