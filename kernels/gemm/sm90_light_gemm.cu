@@ -478,6 +478,39 @@ __device__ __forceinline__ void store_group_rows(const Params& p, u32 buffer, in
 }
 #endif
 
+// Where a work unit starts, one walk for the producer and the consumers: its output tile and k-blocks (in the
+// grouped forms the whole Unit; the cursor: the grouped forms' group, a strided dgrad's phase).  False once past
+// the last unit (grouped, strided dgrad).  `tiles`, `tiles_m`, `tiles_n` and `k_blocks` are the plain GEMM's and
+// the convolutions' (a wgrad's unit: one tile of one split).
+#if LIGHT_GROUPED
+using UnitCursor = GroupCursor;
+using UnitStart = Unit;
+#else
+#if LIGHT_D_ROWS
+using UnitCursor = PhaseCursor;
+#else
+struct UnitCursor {};
+#endif
+struct UnitStart {
+    int m_block, n_block;
+    int k_blocks;
+};
+#endif
+
+__device__ __forceinline__ bool start_unit(const Params& p, UnitCursor& cursor, int tile, int tiles, int tiles_m,
+                                           int tiles_n, int k_blocks, UnitStart& at) {
+#if LIGHT_GROUPED
+    if (!next_unit(p, cursor, tile, at)) return false;
+#elif LIGHT_D_ROWS
+    if (!next_phase_unit(p, cursor, tile, tiles_n, at.m_block, at.n_block)) return false;
+    at.k_blocks = p.phase[cursor.phase].taps * p.c_blocks;
+#else
+    tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, at.m_block, at.n_block);
+    at.k_blocks = k_blocks;
+#endif
+    return true;
+}
+
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
     if constexpr (kN == 256) {
@@ -579,20 +612,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         const int out_h = p.out_hw / p.out_w;
         const int step_image = kTileK / p.out_hw, step_oh = kTileK % p.out_hw / p.out_w, step_ow = kTileK % p.out_w;
 #endif
-#if LIGHT_GROUPED
-        GroupCursor cursor;
+        UnitCursor cursor;
+#if LIGHT_GROUPED == 3
         int acquired = -1;  // the list form: the group whose descriptors this thread has acquired
-#elif LIGHT_D_ROWS
-        PhaseCursor cursor;
 #endif
         for (int tile = blockIdx.x; tile < units; tile += gridDim.x) {
-            int m_block, n_block;
+            UnitStart at;
+            if (!start_unit(p, cursor, tile, tiles, tiles_m, tiles_n, k_blocks, at)) break;
+            const int m_block = at.m_block, n_block = at.n_block, tile_k_blocks = at.k_blocks;
 #if LIGHT_GROUPED
-            Unit u;
-            if (!next_unit(p, cursor, tile, u)) break;
-            m_block = u.m_block;
-            n_block = u.n_block;
-            const int tile_k_blocks = u.k_blocks;
+            const Unit& u = at;
 #if LIGHT_GROUPED == 3
             const GroupEntry* entry = static_cast<const GroupEntry*>(p.groups_data) + cursor.group;
             if (acquired != cursor.group) {
@@ -602,12 +631,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
             }
 #endif
 #elif LIGHT_D_ROWS
-            if (!next_phase_unit(p, cursor, tile, tiles_n, m_block, n_block)) break;
             const Phase& g = p.phase[cursor.phase];
-            const int tile_k_blocks = g.taps * p.c_blocks;
-#else
-            tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
-            const int tile_k_blocks = k_blocks;
 #endif
 #if LIGHT_CONV == 3
             const int first_block = tile / tiles * k_blocks;  // the split's first k-block of output pixels
@@ -734,11 +758,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     // took tile 0's data and hung the kernel.
     const int first = kPingpong ? warpgroup : 0;
     const int stride = kPingpong ? kConsumers : 1;
-#if LIGHT_GROUPED
-    GroupCursor cursor;
+    UnitCursor cursor;
+#if LIGHT_GROUPED == 3
     int acquired = -1;
-#elif LIGHT_D_ROWS
-    PhaseCursor cursor;
 #endif
 #if LIGHT_GROUPED || LIGHT_D_ROWS
     unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's (a phase's) count varies
@@ -748,13 +770,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         if constexpr (kPingpong) {
             if (local > 0) mbarrier_wait(turn + 8 * warpgroup, ((local - 1) / 2) & 1);  // the other's mainloop
         }
-        int m_block, n_block;
+        UnitStart at;
+        if (!start_unit(p, cursor, tile, tiles, tiles_m, tiles_n, k_blocks, at)) break;
+        const int m_block = at.m_block, n_block = at.n_block, tile_k_blocks = at.k_blocks;
 #if LIGHT_GROUPED
-        Unit u;
-        if (!next_unit(p, cursor, tile, u)) break;
-        m_block = u.m_block;
-        n_block = u.n_block;
-        const int tile_k_blocks = u.k_blocks;
+        const Unit& u = at;
         const unsigned long long position = ring;
         ring += tile_k_blocks;
         const int d_row0 = u.d_row0, d_rows = u.d_rows, d_cols = u.d_cols;
@@ -766,9 +786,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         }
 #endif
 #elif LIGHT_D_ROWS
-        if (!next_phase_unit(p, cursor, tile, tiles_n, m_block, n_block)) break;
         const Phase& g = p.phase[cursor.phase];
-        const int tile_k_blocks = g.taps * p.c_blocks;
         if (tile_k_blocks == 0) {  // no tap reaches the phase's pixels, and the producer loaded nothing
             store_zero_rows(p, g, g.idle_m + m_block * kTileM + warpgroup * 64, n_block * kTileN, threadIdx.x % 128);
             continue;
@@ -777,8 +795,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         ring += tile_k_blocks;
         const int d_row0 = m_block * kTileM, d_rows = g.m, d_cols = p.n;
 #else
-        tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, m_block, n_block);
-        const int tile_k_blocks = k_blocks;
         const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
         const int d_row0 = m_block * kTileM, d_rows = p.m, d_cols = p.n;
 #endif
