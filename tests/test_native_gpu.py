@@ -39,6 +39,19 @@ def _step(x, w, b, transposed, grad_out):
     return y.detach().clone(), [t.grad.clone() for t in (x, w, b) if t is not None]
 
 
+def _python_then_cpp(step):
+    """step() twice: the first call runs on the Python path, which offers its problems; the second runs in C++
+    (one native call) and gives the same bits, output and gradients.  The second's output."""
+    python_y, python_grads = step()
+    before = native.counters()["native_calls"]
+    cpp_y, cpp_grads = step()
+    assert native.counters()["native_calls"] == before + 1
+    assert torch.equal(cpp_y, python_y)
+    for got, want in zip(cpp_grads, python_grads):
+        assert got.shape == want.shape and torch.equal(got, want)
+    return cpp_y
+
+
 @pytest.mark.parametrize("lead,k,n,dtype,bias,transposed", [
     ((4, 96), 256, 512, torch.bfloat16, True, False),
     ((384,), 256, 512, torch.float16, False, False),
@@ -48,13 +61,7 @@ def _step(x, w, b, transposed, grad_out):
 def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bias, transposed):
     x, w, b = _leaves(lead, k, n, dtype, bias, transposed)
     grad_out = torch.randn(*lead, n, device="cuda", dtype=dtype)
-    python_y, python_grads = _step(x, w, b, transposed, grad_out)   # offers forward, dx and dweight
-    before = native.counters()["native_calls"]
-    cpp_y, cpp_grads = _step(x, w, b, transposed, grad_out)
-    assert native.counters()["native_calls"] == before + 1
-    assert torch.equal(cpp_y, python_y)
-    for got, want in zip(cpp_grads, python_grads):
-        assert got.shape == want.shape and torch.equal(got, want)
+    cpp_y = _python_then_cpp(lambda: _step(x, w, b, transposed, grad_out))  # offers forward, dx and dweight
     if transposed:  # the gradient in the parameter's own (K, N) layout, no copy into place
         assert w.grad.is_contiguous()
     reference = F.linear(x.detach().float(), (w.t() if transposed else w).detach().float(),
@@ -83,13 +90,7 @@ def test_a_strided_row_view_runs_in_cpp_with_the_same_bits(host, transposed):
         y.backward(grad_out)
         return y.detach().clone(), [t.grad.clone() for t in (tokens, w, b)]
 
-    python_y, python_grads = step()  # offers the forward, dx and dweight at x's row stride
-    before = native.counters()["native_calls"]
-    cpp_y, cpp_grads = step()
-    assert native.counters()["native_calls"] == before + 1
-    assert torch.equal(cpp_y, python_y)
-    for got, want in zip(cpp_grads, python_grads):
-        assert torch.equal(got, want)
+    cpp_y = _python_then_cpp(step)  # offers the forward, dx and dweight at x's row stride
     reference = F.linear(tokens[:, 0].detach().float(), (w.t() if transposed else w).detach().float(),
                          b.detach().float())
     torch.testing.assert_close(cpp_y.float(), reference, rtol=2e-2, atol=2e-2)
@@ -108,13 +109,7 @@ def test_training_linear_with_its_gelu_runs_in_cpp_with_the_same_bits(host, acti
         y.backward(grad_out)
         return y.detach().clone(), [t.grad.clone() for t in (x, w, b) if t is not None]
 
-    python_y, python_grads = step()   # the GEMM, then jitops.gelu: each offers its kernels
-    before = native.counters()["native_calls"]
-    cpp_y, cpp_grads = step()
-    assert native.counters()["native_calls"] == before + 1
-    assert torch.equal(cpp_y, python_y)
-    for got, want in zip(cpp_grads, python_grads):
-        assert torch.equal(got, want)
+    cpp_y = _python_then_cpp(step)  # the GEMM, then jitops.gelu: each offers its kernels
     approximate = "tanh" if activation == "gelu_tanh" else "none"
     reference = F.gelu(F.linear(x.detach().float(), w.detach().float(), b.detach().float() if bias else None),
                        approximate=approximate)
