@@ -172,9 +172,7 @@ class Runtime:
             return None
         fleet = self.remote_cache()
         if fleet is not None:
-            for found in fleet.lookup(key, any_toolchain):
-                if not self._loadable(key, found.meta.get("toolchain")):
-                    continue
+            for found in self._remote_candidates(fleet, key, any_toolchain):
                 loaded = self._adopt(found, key, disk, request, device_index)
                 if loaded is not None:
                     return loaded
@@ -230,6 +228,12 @@ class Runtime:
         for candidate in disk.candidates(key, any_toolchain):
             if isinstance(candidate, tuple) or self._loadable(key, candidate.meta.get("toolchain")):
                 yield candidate
+
+    def _remote_candidates(self, fleet: Any, key: CacheKey, any_toolchain: bool):
+        """fleet.lookup, less the builds this process cannot load (as _candidates, for the remote tier)."""
+        for found in fleet.lookup(key, any_toolchain):
+            if self._loadable(key, found.meta.get("toolchain")):
+                yield found
 
     def _verified_on_disk(self, disk: DiskCache, key: CacheKey,
                           any_toolchain: bool) -> Iterator[tuple[CacheEntry, dict[str, bytes]]]:
@@ -397,9 +401,7 @@ class Runtime:
             return Located("disk", candidate.path, blobs, candidate.meta)
         fleet = self.remote_cache()
         if fleet is not None:
-            for found in fleet.lookup(key, any_toolchain):
-                if not self._loadable(key, found.meta.get("toolchain")):
-                    continue
+            for found in self._remote_candidates(fleet, key, any_toolchain):
                 path, meta, _ = self._store_remote_hit(found, key, disk, request)
                 return Located("remote", path, found.blobs, meta)
         return None
