@@ -342,15 +342,15 @@ def cmd_prewarm(args: argparse.Namespace, archs: list[str]) -> int:
 def _list_plan(args: argparse.Namespace, plan: manifest.Plan) -> int:
     """prewarm --list: what the source covers, kernel by kernel, without building or writing anything (archs this
     machine cannot build for are listed too: the list is about the source, not this machine's compilers)."""
-    cached = [entries.is_cached(job) for job in plan.jobs]
+    looked = [entries.lookup(job) for job in plan.jobs]
+    cached = [hit for _, hit in looked]
     if args.json:
         # entry: the cache entry's directory name, this toolchain's build (one build can serve several shape
         # classes: it is listed once, under the first)
         print_json({"kernels": [{"op": job.op, "kernel_op": job.kernel_op, "kernel": job.label, "arch": job.arch,
-                                 "shape_class": job.shape_class,
-                                 "entry": runtime.key_for(job.request, job.target)[0].dirname(), "cached": hit,
+                                 "shape_class": job.shape_class, "entry": key.dirname(), "cached": hit,
                                  "call": job.call.describe()}
-                                for job, hit in zip(plan.jobs, cached)],
+                                for job, (key, hit) in zip(plan.jobs, looked)],
                     "skipped": plan.skipped, "no_kernel": plan.no_kernel})
         return 0
     rows = [[job.op, job.kernel_op, job.arch, job.shape_class, "yes" if hit else "no"]

@@ -134,11 +134,15 @@ def verify(archs: Sequence[str] = (), jobs: int | None = None, fix: bool = False
     return report
 
 
-def is_cached(job: Job) -> bool:
-    """Whether a call would find this kernel in the cache: the lookup a call makes, with any toolchain's build
-    when it could not compile (offline, no compiler)."""
+def lookup(job: Job) -> tuple[Any, bool]:
+    """The kernel's cache key and whether a call would find it in the cache: the lookup a call makes, with any
+    toolchain's build when it could not compile (offline, no compiler)."""
     key, can_compile = runtime.key_for(job.request, job.target)
-    return runtime.find_entry(key, any_toolchain=config.offline or not can_compile) is not None
+    return key, runtime.find_entry(key, any_toolchain=config.offline or not can_compile) is not None
+
+
+def is_cached(job: Job) -> bool:
+    return lookup(job)[1]
 
 
 # ---- prune ---------------------------------------------------------------------------------------------------
