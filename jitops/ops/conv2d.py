@@ -67,7 +67,8 @@ from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _geometry, _pair, _plan_fold, _prewarm_items,
-                          _uses_im2col, output_size, plan_gemm, plan_wgrad, round_up, takes_patches, wgrad_direct)
+                          _uses_im2col, cached_class, output_size, plan_gemm, plan_wgrad, round_up, takes_patches,
+                          wgrad_direct)
 from .conv2d_run import (_channels_last_like, native_conv2d, patchify_calls, run_cpu, run_cuda, run_input_grad_cpu,
                          run_input_grad_cuda, run_patchify, run_weight_grad_cpu, run_weight_grad_cuda)
 
@@ -91,35 +92,6 @@ def _check_dtype(op_name: str, pairs) -> None:
     for name, t in pairs[1:]:
         if t is not None and t.dtype != first.dtype:
             shapes.check_same_dtype(op_name, (first_name, first), (name, t))
-
-
-# Shape classes run on every call; validating and picking a tile costs ~10 us of Python, so each distinct
-# combination of argument shapes, dtypes, device kind and geometry is classified once.  Errors are not cached.
-_CLASS_CACHE: dict = {}
-
-
-def _hashable(value):
-    if isinstance(value, torch.Tensor):
-        return (value.shape, value.dtype)
-    return tuple(value) if type(value) is list else value
-
-
-def _cached(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> ConvClass:
-    """compute(op_name, a, b, *rest), memoised on the shapes, dtypes and device kind of the tensors and the
-    values of everything else."""
-    try:
-        # Benchmarks and tests force a plan with config.scope(conv2d_tile=..., conv2d_splits=..., conv2d_fold=...):
-        # config.generation changes with every scope, so a class planned under other knobs is not reused.
-        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest), config.generation)
-        cls = _CLASS_CACHE.get(key)
-    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
-        return compute(op_name, a, b, *rest)
-    if cls is None:
-        cls = compute(op_name, a, b, *rest)
-        if len(_CLASS_CACHE) > 4096:
-            _CLASS_CACHE.clear()
-        _CLASS_CACHE[key] = cls
-    return cls
 
 
 # ---- kernels -----------------------------------------------------------------------------------------------
@@ -217,8 +189,8 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
 
 
 def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) -> ConvClass:
-    return _cached(_grad_class, "conv2d_input_grad", grad, weight, "weight", input_size, stride, padding, dilation,
-                   "input")
+    return cached_class(_grad_class, "conv2d_input_grad", grad, weight, "weight", input_size, stride, padding,
+                        dilation, "input")
 
 
 def input_grad_cuda_kernels(cls: ConvClass, target: Target):
@@ -248,7 +220,8 @@ conv2d_input_grad = op(
 
 # ---- jitops::conv2d_weight_grad: dw from dy and x ---------------------------------------------------------------
 def weight_grad_shape_class(grad, x, weight_size, stride, padding, dilation) -> ConvClass:
-    return _cached(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation, "weight")
+    return cached_class(_grad_class, "conv2d_weight_grad", grad, x, "x", weight_size, stride, padding, dilation,
+                        "weight")
 
 
 # The split slices' sum, cast to dw's dtype and written into its KRSC memory (kernels/conv/wgrad_reduce.cu),
@@ -285,7 +258,7 @@ conv2d_weight_grad = op(
 
 # ---- jitops::conv2d ----------------------------------------------------------------------------------------------
 def shape_class(x, weight, bias, stride, padding, dilation) -> ConvClass:
-    return _cached(_conv_class, "conv2d", x, weight, bias, stride, padding, dilation)
+    return cached_class(_conv_class, "conv2d", x, weight, bias, stride, padding, dilation)
 
 
 def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClass:

@@ -6,7 +6,8 @@ Pure Python on integers (no GPU, no torch tensors): the shape classes in jitops/
 plan_wgrad and _plan_fold, and tests check the plans on the CPU.  Benchmarks force a plan with
 config.scope(conv2d_tile=..., conv2d_splits=..., conv2d_fold=...) (jitops/config.py).  The fitters of the cost
 models are tools/fit_conv_gemm_cost.py and tools/fit_wgrad_cost.py, over the sweeps in tools/data/; the op's
-latest figures are in docs/benchmarks.md.
+latest figures are in docs/benchmarks.md.  Last, the memo of the classes conv2d.py computes (cached_class), keyed
+on the tensors' shapes and dtypes.
 """
 from __future__ import annotations
 
@@ -438,3 +439,33 @@ def _prewarm_items(batch: int = 32) -> list[dict]:
         x, wt = [batch, c, size, size], [k, c, kernel, kernel]
         items.append({"op": "conv2d", "dtypes": ["fp16", "bf16"], "shapes": [[x, wt, None]], "kwargs": kwargs})
     return items
+
+
+# ---- memo of the shape classes --------------------------------------------------------------------------------
+# Shape classes run on every call; validating and picking a tile costs ~10 us of Python, so each distinct
+# combination of argument shapes, dtypes, device kind and geometry is classified once.  Errors are not cached.
+_CLASSES: dict = {}
+
+
+def _hashable(value):
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype)
+    return tuple(value) if type(value) is list else value
+
+
+def cached_class(compute, op_name: str, a: torch.Tensor, b: torch.Tensor, *rest) -> ConvClass:
+    """compute(op_name, a, b, *rest), memoised on the shapes, dtypes and device kind of the tensors and the
+    values of everything else."""
+    try:
+        # Benchmarks and tests force a plan with config.scope(conv2d_tile=..., conv2d_splits=..., conv2d_fold=...):
+        # config.generation changes with every scope, so a class planned under other knobs is not reused.
+        key = (op_name, a.shape, b.shape, a.dtype, b.dtype, a.is_cpu, *map(_hashable, rest), config.generation)
+        cls = _CLASSES.get(key)
+    except TypeError:  # symbolic sizes (torch.compile with dynamic shapes) are not hashable: no caching
+        return compute(op_name, a, b, *rest)
+    if cls is None:
+        cls = compute(op_name, a, b, *rest)
+        if len(_CLASSES) > 4096:
+            _CLASSES.clear()
+        _CLASSES[key] = cls
+    return cls
