@@ -586,12 +586,30 @@ class FakeFoldWeightKernel:
             out[:k, tap, 0, :rows.shape[1] * s * c].copy_(rows.reshape(k, -1))
 
 
+class FakeUnfoldKernel:
+    """kernels/conv/wgrad_unfold.cu's launch, computed with ATen: the folded slices [splits][K8][taps][width]
+    summed, and tap j's channels (filter rows j*fold .., each S*C long) written as dw's KRSC rows."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def launch(self, grid, block, partial, dw, splits, slice_elements, k, r, row_elements, fold, taps, width):
+        self.calls.append(dict(splits=splits, fold=fold, taps=taps, width=width))
+        assert grid * block >= k * r * row_elements and taps == -(-r // fold) and fold * row_elements <= width
+        assert partial.is_contiguous() and partial.dtype == torch.float32 and partial.shape[0] == splits
+        assert partial[0].numel() == slice_elements == partial.shape[1] * taps * width and partial.shape[1] >= k
+        assert dw.is_contiguous(memory_format=torch.channels_last) and dw.numel() == k * r * row_elements
+        summed = partial.reshape(splits, -1, taps, width).double().sum(0)[:k, :, :fold * row_elements]
+        krsc = dw.permute(0, 2, 3, 1).reshape(k, r, row_elements)  # a view: dw's own memory
+        krsc.copy_(summed.reshape(k, taps * fold, row_elements)[:, :r])
+
+
 # A stand-in per kernel name the conv ops request (conv2d.py: _request, _with_im2col, the weight gradient's
 # reduction, the input gradient's col2im).
 STAND_INS = {"fprop": lambda: FakeConvLibrary(0), "dgrad": lambda: FakeConvLibrary(1),
              "wgrad": lambda: FakeConvLibrary(2), "wgrad_direct": lambda: FakeConvLibrary(2),
              "reduce": FakeReduceKernel, "im2col": FakeIm2colKernel, "col2im": FakeCol2imKernel,
-             "fold_weight": FakeFoldWeightKernel}
+             "fold_weight": FakeFoldWeightKernel, "unfold": FakeUnfoldKernel}
 
 
 @pytest.fixture
@@ -644,9 +662,14 @@ def test_cuda_run_functions_on_a_cpu_stand_in(case, layout, splits, cuda_path_on
     dw = conv_run.run_weight_grad_cuda(kern, *args)
     assert dw.stride() == channels_last_strides(w.shape)
     torch.testing.assert_close(dw, dw_want, rtol=1e-4, atol=1e-4)
-    reduced = kern.reduce.calls if hasattr(kern, "reduce") else []
     library = getattr(kern, "wgrad", None) or kern.wgrad_direct
-    assert [call["splits"] for call in reduced] == [call["splits"] for call in library.calls if call["splits"] > 1]
+    if kern.shape_class.fold:  # a folded wgrad: one kernel sums and unfolds every slice count, one included
+        assert not hasattr(kern, "reduce")
+        assert [call["splits"] for call in kern.unfold.calls] == [call["splits"] for call in library.calls]
+    else:
+        reduced = kern.reduce.calls if hasattr(kern, "reduce") else []
+        assert [call["splits"] for call in reduced] == [call["splits"] for call in library.calls
+                                                        if call["splits"] > 1]
     # one slice of aligned channels: the kernel writes dw itself (no slice, no copy)
     (c, k), (r, s) = (x.shape[1], w.shape[0]), w.shape[2:]
     im2col = c <= conv_plan.IM2COL_MAX_CHANNELS and r * s > 1

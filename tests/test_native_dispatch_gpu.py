@@ -210,12 +210,12 @@ def test_conv2d_operators_run_in_cpp_with_the_same_bits(host):
 
 
 # (N, C, H, W), (K, R, S), stride, padding, and which of fprop, dgrad, wgrad the Python path offers: a strided
-# dgrad is one launch of the light kernel (its phases in the kernel), the stem's dgrad and wgrad copy through
-# torch (padded and folded channels).
+# dgrad is one launch of the light kernel (its phases in the kernel), the stem's wgrad unfolds its slices into dw
+# in one kernel (kernels/conv/wgrad_unfold.cu), its dgrad copies through torch (padded channels).
 REPLAYED = {"3x3": (((4, 64, 14, 14), (128, 3, 3), 1, 1), (1, 1, 1)),
             "3x3-stride2": (((8, 64, 28, 28), (128, 3, 3), 2, 1), (1, 1, 1)),
             "1x1-stride2": (((32, 256, 56, 56), (512, 1, 1), 2, 0), (1, 1, 1)),  # ResNet-50's first downsample
-            "stem": (((8, 3, 64, 64), (64, 7, 7), 2, 3), (1, 0, 0))}            # 3 channels: im2col matrix
+            "stem": (((8, 3, 64, 64), (64, 7, 7), 2, 3), (1, 0, 1))}            # 3 channels: im2col matrix
 
 
 @pytest.mark.parametrize("name", list(REPLAYED))

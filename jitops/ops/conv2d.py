@@ -233,10 +233,19 @@ WGRAD_REDUCE = CudaKernel("conv2d_wgrad_reduce", Source.file("conv/wgrad_reduce.
                           "jitops::conv2d_wgrad_reduce<{T}>", "ptr ptr i32 i64 i32 i32 i32")
 
 
+# A folded wgrad's slices (any number, one included) summed and unfolded into dw's KRSC memory in one kernel
+# (kernels/conv/wgrad_unfold.cu): the run is then launches only, which the C++ host path replays.
+WGRAD_UNFOLD = CudaKernel("conv2d_wgrad_unfold", Source.file("conv/wgrad_unfold.cu"),
+                          "jitops::conv2d_wgrad_unfold<{T}>", "ptr ptr i32 i64 i32 i32 i32 i32 i32 i32")
+
+
 def weight_grad_cuda_kernels(cls: ConvClass, target: Target):
     kernels = _request("wgrad", cls, target)
-    if kernels and cls.splits > 1:  # a single slice needs no reduction kernel (_reduce_into)
-        kernels["reduce"] = WGRAD_REDUCE.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype])
+    dtype, T = shapes.dtype_name(cls.dtype), shapes.CUDA_TYPES[cls.dtype]
+    if kernels and cls.im2col and cls.fold:
+        kernels["unfold"] = WGRAD_UNFOLD.bind(dtype, T=T)
+    elif kernels and cls.splits > 1:  # a single slice needs no reduction kernel (_reduce_into)
+        kernels["reduce"] = WGRAD_REDUCE.bind(dtype, T=T)
     return _with_im2col(kernels, cls)
 
 

@@ -46,9 +46,9 @@ def _call(library, op_name: str, a, b, d, bias, *args) -> None:
 
 # ---- offers to the C++ host path (jitops/native.py, kernels/host/conv2d.h) -------------------------------------
 # An operator's run is recorded the first time its problem runs (once the extension is loaded) and offered if it
-# only allocated, viewed and launched (one CUTLASS library call, and a split wgrad's reduction kernel): a copy or
-# a reduction through torch (padded channels, CUTLASS's strided dgrad phases, split fprops, the stem's wgrad) keeps
-# the problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
+# only allocated, viewed and launched (one CUTLASS library call, a split wgrad's reduction kernel, a folded wgrad's
+# unfolding kernel): a copy or a reduction through torch (padded channels, CUTLASS's strided dgrad phases, split
+# fprops) keeps the problem on the Python path.  Slots: conv2d.h's FpropSlot, DgradSlot and WgradSlot.
 _FPROP, _DGRAD, _WGRAD = 0, 1, 2
 _LIBRARIES = {_FPROP: ("fprop",), _DGRAD: ("dgrad",), _WGRAD: ("wgrad", "wgrad_direct")}
 _offers = native.Offers()
@@ -356,9 +356,17 @@ def _weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> 
         _call(kern.wgrad, "conv2d_weight_grad", _nhwc(grad, k8), columns, partial, None, n, columns.shape[1], q,
               width, k8, taps, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, splits, device, sms, stream)
         # [K][tap][fold*S*C]: tap j's channels are filter rows j*fold .. (row, s, c); rows past R are dropped
-        folded = _channels_last_like((k, fold * s * c, taps, 1), grad)
-        _reduce_into(kern, partial, folded, taps, width)
-        dw.permute(0, 2, 3, 1).copy_(folded.permute(0, 2, 3, 1).reshape(k, taps * fold, s, c)[:, :r])
+        if config.conv2d_wgrad_reduce_kernel:
+            if dw.numel() >= 2**31:
+                raise ValueError(f"jitops.conv2d_weight_grad: the weight gradient has {dw.numel()} elements; the "
+                                 "unfolding kernel indexes it with 32 bits (at most 2**31 - 1)")
+            kern.unfold.launch(-(-dw.numel() // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits,
+                               k8 * taps * width, k, r, s * c, fold, taps, width)
+            return dw
+        slices = partial.view(splits, k8, taps, width)
+        total = slices[0] if splits == 1 else slices.sum(0)
+        folded = total[:k, :, :fold * s * c].reshape(k, taps * fold, s, c)[:, :r]
+        dw.permute(0, 2, 3, 1).copy_(folded)
         return dw
     if cls.im2col:  # dw as a 1x1 wgrad over the im2col matrix: [K, R*S*C] -> KRSC
         columns = _im2col(kern, x, r, s, cls.stride, cls.padding, cls.dilation, p, q)

@@ -4,10 +4,10 @@
 // The launches are the Python path's, recorded for one exact problem (recipe.h): jitops/ops/conv2d_run.py offers
 // an operator's run (fprop, dgrad or wgrad) when it only allocated, viewed and launched (native.Recording's watch):
 // one kernel or CUTLASS library call (a light strided dgrad: all its phases in one), and for a split wgrad its
-// reduction kernel.  Keyed by device, dtype, operator, the sizes of x and the filter, stride, padding, dilation and
-// whether a bias is added.  Operators whose Python path copies or reduces through torch (padded channels, CUTLASS's
-// strided dgrad phases, split fprops, the stem's wgrad) are never offered: a call that needs one returns None and
-// takes the Python path.
+// reduction kernel (a folded one, the stem's: its im2col and unfolding kernels).  Keyed by device, dtype, operator,
+// the sizes of x and the filter, stride, padding, dilation and whether a bias is added.  Operators whose Python
+// path copies or reduces through torch (padded channels, CUTLASS's strided dgrad phases, split fprops) are never
+// offered: a call that needs one returns None and takes the Python path.
 #pragma once
 
 #include "common.h"
