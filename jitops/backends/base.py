@@ -31,10 +31,16 @@ class Backend(abc.ABC):
     def toolchain(self, request: BuildRequest) -> dict[str, Any] | None:
         """Compiler identity for the key, or None if this machine cannot compile `request`."""
 
+    def load_identity(self) -> dict[str, Any]:
+        """The parts of this process that a build must share to load here (the torch it links against, its
+        ABI...), each under the name toolchain() gives it.  Device code needs none: a cubin does not depend on
+        which compiler made it."""
+        return {}
+
     def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
         """Whether a build of the same request by another toolchain (a shipped image's, the fleet's) can load in
-        this process.  Device code can: a cubin does not depend on which compiler made it."""
-        return True
+        this process: its toolchain has every part of load_identity() as this process has it."""
+        return all(toolchain.get(name) == value for name, value in self.load_identity().items())
 
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         """Why `request` cannot be compiled here (prewarm reports it by name), or None."""

@@ -42,24 +42,17 @@ class CxxBackend(Backend):
     name = "cxx"
 
     def toolchain(self, request: BuildRequest) -> dict[str, Any] | None:
-        import torch
-
         cxx = toolkit.host_compiler_identity()
         if cxx is None:
             return None
         # ATen/Parallel.h's inline code calls into libtorch_cpu: its version and C++ ABI are part of the binary.
-        return {"cxx": cxx, "torch": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-                "platform": sysconfig.get_platform()}
+        return {"cxx": cxx, **self.load_identity()}
 
-    def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
+    def load_identity(self) -> dict[str, Any]:
         # A library linked against another torch fails to load here (built under torch 2.13 on the dev box, the
         # host path met "undefined symbol: _ZN5torch8autograd4NodeD2Ev" under 2.11 on the GPU machine); another
         # compiler's build of the same torch, ABI and platform loads.
-        import torch
-
-        return toolchain.get("torch") == torch.__version__ and \
-            toolchain.get("cxx11_abi") == bool(torch._C._GLIBCXX_USE_CXX11_ABI) and \
-            toolchain.get("platform") == sysconfig.get_platform()
+        return {**toolkit.torch_link_identity(), "platform": sysconfig.get_platform()}
 
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         if toolkit.host_compiler_identity() is None:

@@ -34,11 +34,7 @@ class LoadInlineBackend(Backend):
         cxx = toolkit.host_compiler_identity()
         if cxx is None:
             return None
-        identity: dict[str, Any] = {
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-            # The .so is a CPython extension: its ABI is the interpreter's.
-            "python_ext": sysconfig.get_config_var("EXT_SUFFIX"), "cxx": cxx}
+        identity: dict[str, Any] = {**self.load_identity(), "cxx": cxx}
         if request.cuda:
             nvcc = toolkit.nvcc_identity()
             if nvcc is None or torch.version.cuda is None:
@@ -46,13 +42,12 @@ class LoadInlineBackend(Backend):
             identity["nvcc"] = nvcc
         return identity
 
-    def loads_builds_by(self, toolchain: dict[str, Any]) -> bool:
-        # a CPython extension linked against torch (and CUDA's runtime): another torch's or Python's will not load
+    def load_identity(self) -> dict[str, Any]:
+        # A CPython extension linked against torch (and CUDA's runtime): another torch's or Python's will not load.
         import torch
 
-        return toolchain.get("torch") == torch.__version__ and toolchain.get("torch_cuda") == torch.version.cuda \
-            and toolchain.get("cxx11_abi") == bool(torch._C._GLIBCXX_USE_CXX11_ABI) and \
-            toolchain.get("python_ext") == sysconfig.get_config_var("EXT_SUFFIX")
+        return {**toolkit.torch_link_identity(), "torch_cuda": torch.version.cuda,
+                "python_ext": sysconfig.get_config_var("EXT_SUFFIX")}
 
     def unavailable_reason(self, request: BuildRequest) -> str | None:
         import torch

@@ -218,6 +218,13 @@ def host_compiler_identity(compiler: str | None = None) -> str | None:
     return _version_line(path, last=False) if path else None
 
 
+def torch_link_identity() -> dict[str, object]:
+    """What a library linked against libtorch depends on: torch's version and its C++ ABI."""
+    import torch
+
+    return {"torch": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)}
+
+
 # ---- which GPU archs the compilers can target -------------------------------------------------------------------
 def arch_number(arch: str) -> int:
     """'sm_90a' -> 90, 'sm_120' -> 120."""
