@@ -69,6 +69,25 @@ def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bia
     torch.testing.assert_close(cpp_y.float(), reference, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("lead,n,dtype,bias", [
+    ((4, 96), 1001, torch.bfloat16, False),   # a width that is not a multiple of 8: GPT-2's 50257-wide head
+    ((200,), 250, torch.float16, True),
+])
+def test_an_unaligned_width_runs_in_cpp_with_the_same_bits(host, lead, n, dtype, bias):
+    """A Linear of N % 8 != 0 runs padded (weight and dy to N8 rows, the output's first N columns copied out): the
+    C++ node makes the Python path's pads and copies around the same offered GEMMs, so the same bits; a call
+    without a gradient too."""
+    x, w, b = _leaves(lead, 256, n, dtype, bias, False)
+    grad_out = torch.randn(*lead, n, device="cuda", dtype=dtype)
+    cpp_y = _python_then_cpp(lambda: _step(x, w, b, False, grad_out))
+    reference = F.linear(x.detach().float(), w.detach().float(), b.detach().float() if b is not None else None)
+    torch.testing.assert_close(cpp_y.float(), reference, atol=2e-2, rtol=2e-2)
+    with torch.no_grad():
+        before = native.counters()["native_calls"]
+        y = jitops.linear(x, w, b)
+        assert native.counters()["native_calls"] == before + 1 and torch.equal(y, cpp_y)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_a_strided_row_view_runs_in_cpp_with_the_same_bits(host, transposed):
     """A classifier's input x[:, 0] (the class token of each sequence, timm's ViT head: rows 197 * 768 apart) is

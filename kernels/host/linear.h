@@ -240,6 +240,105 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
     return result;
   }
 };
+// A Linear whose width N is not a multiple of 8 (GPT-2's 50257-wide head), as jitops/ops/linear.py's padded path
+// runs it: TMA wants 16-byte rows, so the weight (and bias) are zero-padded to N8 rows, the GEMM writes an (M, N8)
+// buffer, and its first N columns are copied out; the backward pads dy to (M, N8), multiplies by the padded weight
+// and keeps the valid block.  The same ATen pads and copies and the same offered problems as the Python path (its
+// GEMMs on the padded shapes), so the same bits; here they cost a few ATen calls instead of Python autograd.
+int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {  // t (R, ...) zero-padded to `rows` rows
+  return at::constant_pad_nd(t, {0, 0, 0, rows - t.size(0)});
+}
+
+at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                          const Plan& forward, int device) {
+  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
+  const int64_t m = x.numel() / k;
+  const at::Tensor padded_weight = padded_rows(weight, n8);
+  const at::Tensor padded_bias = bias.has_value() ? at::constant_pad_nd(*bias, {0, n8 - n}) : at::Tensor();
+  at::Tensor padded = at::empty({m, n8}, x.options());
+  launch(forward, device, x.data_ptr(), padded_weight.data_ptr(), padded.data_ptr(),
+         padded_bias.defined() ? padded_bias.data_ptr() : nullptr);
+  at::Tensor out = output_like(x, n);
+  out.view({m, n}).copy_(padded.narrow(1, 0, n));
+  return out;
+}
+
+struct PaddedLinearFunction : public torch::autograd::Function<PaddedLinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const c10::optional<at::Tensor>& bias, const Plan* forward, const Plan* grad_x,
+                            const Plan* grad_weight, int64_t device) {
+    at::Tensor out = padded_forward(x, weight, bias, *forward, static_cast<int>(device));
+    ctx->save_for_backward({x, weight});
+    save_plans(ctx, grad_x, grad_weight, device, bias.has_value());
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const int device = static_cast<int>(ctx->saved_data["device"].toInt());
+    const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
+    const at::Tensor grad = dense(grads[0], x.scalar_type());
+    const int64_t m = grad.numel() / n;
+    const at::Tensor g = grad.view({m, n});
+    const at::Tensor padded_grad = at::constant_pad_nd(g, {0, n8 - n});
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K)
+      const at::Tensor padded_weight = padded_rows(weight, n8);
+      grad_x = at::empty(x.sizes(), x.options());
+      launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_x"].toInt()), device, padded_grad.data_ptr(),
+             padded_weight.data_ptr(), grad_x.data_ptr(), nullptr);
+    }
+    if (ctx->needs_input_grad(1)) {  // (N8, M) . (M, K), its first N rows: a contiguous view
+      at::Tensor stored = at::empty({n8, k}, x.options());
+      launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_weight"].toInt()), device, padded_grad.data_ptr(),
+             x.data_ptr(), stored.data_ptr(), nullptr);
+      grad_weight = stored.narrow(0, 0, n);
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);
+    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The padded path's call, or None: a contiguous x, a row-major (N, K) weight with K a multiple of 8 and N not
+// (a K that is not would pad x too: the Python path serves it), no activation.
+py::object padded_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                         int64_t activation) {
+  if (activation != 0 || !x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return miss();
+  const auto dtype = x.scalar_type();
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || weight.scalar_type() != dtype) return miss();
+  const int device = x.get_device();
+  if (weight.get_device() != device || !plain(x) || !plain(weight)) return miss();
+  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
+                   bias->dim() != 1 || bias->size(0) != n || !plain(*bias))) {
+    return miss();
+  }
+  if (x.size(-1) != k || k == 0 || k % 8 || n % 8 == 0 || !x.is_contiguous() || !weight.is_contiguous()) {
+    return miss();
+  }
+  const int64_t m = x.numel() / k;
+  if (m == 0 || m > INT32_MAX || n8 > INT32_MAX || k > INT32_MAX || !aligned(x.data_ptr())) return miss();
+  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return miss();
+  const WeightLayout padded{true, k};  // the padded weight: a fresh (N8, K) row-major tensor
+  const Plan* forward = find(forward_key(device, dtype, m, n8, k, k, padded, 0, has_bias));
+  if (!forward) return miss();
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
+  if (!grad) return hit(padded_forward(x, weight, has_bias ? bias : c10::optional<at::Tensor>(), *forward, device));
+  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, dtype, m, n8, k, padded)) : nullptr;
+  const Plan* grad_weight =
+      weight.requires_grad() ? find(grad_weight_key(device, dtype, m, n8, k, k, false)) : nullptr;
+  if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
+  return hit(PaddedLinearFunction::apply(x, weight, has_bias ? bias : c10::optional<at::Tensor>(), forward, grad_x,
+                                         grad_weight, static_cast<int64_t>(device)));
+}
+
 void clear_linear_tables() {
   table.clear();
   gelu_table.clear();
@@ -331,7 +430,10 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                   int64_t activation, int64_t generation) {
   if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
   LinearCall call;
-  if (!linear_call(x, weight, bias, &call)) return miss();
+  if (!linear_call(x, weight, bias, &call)) {
+    const bool unaligned_width = weight.dim() == 2 && weight.size(0) % 8 && weight.size(1) % 8 == 0;
+    return unaligned_width ? padded_linear(x, weight, bias, activation) : miss();
+  }
   const int device = call.device;
   const auto dtype = call.dtype;
   const int64_t m = call.m, n = call.n, k = call.k;
