@@ -139,7 +139,7 @@ void linear_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   LinearCall call;
   const int activation = activation_code(args[3]);
   if (tables_current() && activation >= 0 && args[0].isTensor() && args[1].isTensor() &&
-      linear_call(args[0].toTensor(), args[1].toTensor(), optional_tensor(args[2]), &call)) {
+      linear_call(args[0].toTensor(), args[1].toTensor(), optional_tensor(args[2]), &call) && !call.padded) {
     const Plan* plan = find(forward_key(call.device, call.dtype, call.m, call.n, call.k, call.lda, call.w, activation,
                                         call.has_bias));
     if (plan) {

@@ -304,41 +304,6 @@ struct PaddedLinearFunction : public torch::autograd::Function<PaddedLinearFunct
   }
 };
 
-// The padded path's call, or None: a contiguous x, a row-major (N, K) weight with K a multiple of 8 and N not
-// (a K that is not would pad x too: the Python path serves it), no activation.
-py::object padded_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                         int64_t activation) {
-  if (activation != 0 || !x.is_cuda() || !weight.is_cuda() || x.dim() < 1 || weight.dim() != 2) return miss();
-  const auto dtype = x.scalar_type();
-  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || weight.scalar_type() != dtype) return miss();
-  const int device = x.get_device();
-  if (weight.get_device() != device || !plain(x) || !plain(weight)) return miss();
-  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias && (!bias->is_cuda() || bias->get_device() != device || bias->scalar_type() != dtype ||
-                   bias->dim() != 1 || bias->size(0) != n || !plain(*bias))) {
-    return miss();
-  }
-  if (x.size(-1) != k || k == 0 || k % 8 || n % 8 == 0 || !x.is_contiguous() || !weight.is_contiguous()) {
-    return miss();
-  }
-  const int64_t m = x.numel() / k;
-  if (m == 0 || m > INT32_MAX || n8 > INT32_MAX || k > INT32_MAX || !aligned(x.data_ptr())) return miss();
-  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return miss();
-  const WeightLayout padded{true, k};  // the padded weight: a fresh (N8, K) row-major tensor
-  const Plan* forward = find(forward_key(device, dtype, m, n8, k, k, padded, 0, has_bias));
-  if (!forward) return miss();
-  const bool grad = at::GradMode::is_enabled() &&
-                    (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
-  if (!grad) return hit(padded_forward(x, weight, has_bias ? bias : c10::optional<at::Tensor>(), *forward, device));
-  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, dtype, m, n8, k, padded)) : nullptr;
-  const Plan* grad_weight =
-      weight.requires_grad() ? find(grad_weight_key(device, dtype, m, n8, k, k, false)) : nullptr;
-  if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
-  return hit(PaddedLinearFunction::apply(x, weight, has_bias ? bias : c10::optional<at::Tensor>(), forward, grad_x,
-                                         grad_weight, static_cast<int64_t>(device)));
-}
-
 void clear_linear_tables() {
   table.clear();
   gelu_table.clear();
@@ -388,6 +353,7 @@ struct LinearCall {
   int64_t lda;  // x's row stride: K when contiguous
   WeightLayout w;
   bool has_bias;
+  bool padded;  // N not a multiple of 8 (GPT-2's 50257-wide head): PaddedLinearFunction
 };
 
 bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
@@ -400,7 +366,11 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = weight.size(0), k = weight.size(1);
   if (has_bias && !bias_vector(*bias, n, dtype, device)) return false;
-  if (x.size(-1) != k || n % 8 || k % 8 || n == 0 || k == 0) return false;
+  if (x.size(-1) != k || k % 8 || n == 0 || k == 0) return false;
+  // A width that is not a multiple of 8 runs padded, for a contiguous x and a row-major weight (a K that is not a
+  // multiple of 8 would pad x too: the Python path serves it).
+  const bool padded = n % 8 != 0;
+  if (padded && (!x.is_contiguous() || !weight.is_contiguous())) return false;
   // x contiguous, or a 2-D view of rows apart (a classifier's x[:, 0], the class token of each sequence: timm's
   // ViT head), read in place as the Python path reads it (linear._rows_view)
   int64_t lda = k;
@@ -409,7 +379,7 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
     lda = x.stride(0);
   }
   const int64_t m = x.numel() / k;
-  if (m == 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
+  if (m == 0 || m > INT32_MAX || round8(n) > INT32_MAX || k > INT32_MAX) return false;
   const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
   WeightLayout w;
   if (s1 == 1 && s0 >= k) {
@@ -421,8 +391,30 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   }
   if (w.ld % 8 || lda % 8 || !aligned(x.data_ptr()) || !aligned(weight.data_ptr())) return false;
   if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device) return false;
-  *call = LinearCall{device, dtype, m, n, k, lda, w, has_bias};
+  *call = LinearCall{device, dtype, m, n, k, lda, w, has_bias, padded};
   return true;
+}
+
+// A padded call (linear_call's `padded`) through PaddedLinearFunction, or None: no activation (a GELU's or ReLU's
+// padded training path stays in Python).
+py::object padded_linear(const LinearCall& call, const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, int64_t activation) {
+  if (activation != 0) return miss();
+  const int device = call.device;
+  const int64_t m = call.m, n8 = round8(call.n), k = call.k;
+  const WeightLayout padded{true, k};  // the padded weight: a fresh (N8, K) row-major tensor
+  const auto maybe_bias = call.has_bias ? bias : c10::optional<at::Tensor>();
+  const Plan* forward = find(forward_key(device, call.dtype, m, n8, k, k, padded, 0, call.has_bias));
+  if (!forward) return miss();
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || weight.requires_grad() || (call.has_bias && bias->requires_grad()));
+  if (!grad) return hit(padded_forward(x, weight, maybe_bias, *forward, device));
+  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, call.dtype, m, n8, k, padded)) : nullptr;
+  const Plan* grad_weight =
+      weight.requires_grad() ? find(grad_weight_key(device, call.dtype, m, n8, k, k, false)) : nullptr;
+  if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
+  return hit(PaddedLinearFunction::apply(x, weight, maybe_bias, forward, grad_x, grad_weight,
+                                         static_cast<int64_t>(device)));
 }
 
 // y = x . weight^T (+ bias) through the offered problems, or None: the caller then takes the Python path.
@@ -430,10 +422,8 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                   int64_t activation, int64_t generation) {
   if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
   LinearCall call;
-  if (!linear_call(x, weight, bias, &call)) {
-    const bool unaligned_width = weight.dim() == 2 && weight.size(0) % 8 && weight.size(1) % 8 == 0;
-    return unaligned_width ? padded_linear(x, weight, bias, activation) : miss();
-  }
+  if (!linear_call(x, weight, bias, &call)) return miss();
+  if (call.padded) return padded_linear(call, x, weight, bias, activation);
   const int device = call.device;
   const auto dtype = call.dtype;
   const int64_t m = call.m, n = call.n, k = call.k;
