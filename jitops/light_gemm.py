@@ -161,6 +161,11 @@ class Problem(NamedTuple):
     ldd: int
     activation: int
     sm_count: int
+    # B's stored rows where B is shorter than the problem (0: as long): its extent along the dimension `ldb`
+    # strides, N for a K-major B, K for an MN-major one.  TMA reads zeros past them, so a Linear whose width is
+    # not a multiple of 8 runs its N8-wide problems on the unpadded weight (GPT-2's head: F.pad of the 100 MB
+    # weight cost 34 us of host time a call on the H200, twice a training step).
+    b_rows: int = 0
 
 
 def grid(problem: Problem, tile_n: int) -> tuple[int, int, int]:
@@ -180,17 +185,25 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     _FIELDS.pack_into(params, FIELDS, bias, p.m, p.n, p.k, p.activation, min(GROUP_ROWS, tiles_m))
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M), a)
-    encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), p.n, p.k, p.ldb, info.tile_n), b)
+    b_n, b_k = p.n, p.k
+    if p.b_rows and info.b_kmajor:
+        b_n = p.b_rows
+    elif p.b_rows:
+        b_k = p.b_rows
+    encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), b_n, b_k, p.ldb, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(p.m, p.n, p.ldd, info.store_cols), d)
     return params, grid(p, info.tile_n)
 
 
-def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int]
-                  ) -> None:
+def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int],
+                  b_rows: int = 0, b_kmajor: bool = True) -> None:
     """What the kernel assumes and the class already guarantees, checked once per packed problem: TMA wants
     16-byte aligned operands and strides (D's too: the epilogue stores by TMA), and column pairs."""
     if min(m, n, k) < 1:
         raise ValueError(f"jitops.gemm (light sm_90a kernel): empty problem {m}x{n}x{k}")
+    if not 0 <= b_rows <= (n if b_kmajor else k):
+        raise ValueError(f"jitops.gemm (light sm_90a kernel): B stores {b_rows} rows, more than the {m}x{n}x{k} "
+                         "problem reads")
     if n % 8 or lda % 8 or ldb % 8 or ldd % 8 or any(address % 16 for address in addresses[:3]):
         raise ValueError(f"jitops.gemm (light sm_90a kernel): N={n}, lda={lda}, ldb={ldb}, ldd={ldd} must be "
                          "multiples of 8 and A, B and D 16-byte aligned; this class should have taken CUTLASS's "
@@ -319,11 +332,11 @@ class LightGemm(LightKernel):
     """The light GEMM kernel's host side: `run(...)` is one GEMM."""
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
-            activation: int, sm_count: int, stream: int) -> "_Packed":
-        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count), (a, b, d, bias), stream)
+            activation: int, sm_count: int, stream: int, b_rows: int = 0) -> "_Packed":
+        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
-        check_problem(*key[:6], addresses)
+        check_problem(*key[:6], addresses, key[8], bool(self.info.b_kmajor))
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
         return pack_params(self.info, Problem(*key), addresses, self._driver.encode_into)
@@ -377,12 +390,14 @@ def host(kernel: CudaFunction) -> LightGemm:
 
 
 def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
-        m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int) -> "_Packed":
+        m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int,
+        b_rows: int = 0) -> "_Packed":
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
-    (row- or column-major each), with leading dimensions lda and ldb.  Returns the packed problem it launched."""
+    (row- or column-major each), with leading dimensions lda and ldb; b_rows (Problem.b_rows) where b is stored
+    shorter than the problem.  Returns the packed problem it launched."""
     return (kernel.__dict__.get("light_host") or host(kernel)).run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
-        activation, sm_count, stream)
+        activation, sm_count, stream, b_rows)
 
 
 __all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",

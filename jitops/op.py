@@ -614,6 +614,16 @@ class Op:
         backward that launches another op's kernels without re-validating inputs it built itself."""
         return self._memo.get((device_index, shape_class))
 
+    def load(self, device_index: int, shape_class: Any, args: tuple[Any, ...]) -> Kernels | None:
+        """The kernels of `shape_class` on a CUDA device, loaded (compiled on a cold cache) and remembered as a
+        call with `args` would load them, without running them; None while they compile in the background.  `args`
+        only describe the call (the miss records and manifests): placeholders will do.  For an op's backward that
+        launches another op's kernels on operands no call of it could take (jitops.linear's unpadded weight)."""
+        kernels = self._memo.get((device_index, shape_class))
+        if kernels is None:
+            kernels = self._load(self.impls["cuda"], shape_class, "cuda", device_index, args)
+        return kernels
+
     def clear_memory(self) -> None:
         self._memo.clear()
         self._pending.clear()

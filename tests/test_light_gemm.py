@@ -220,6 +220,26 @@ def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor):
     assert params[0:4] == b"LTMA" and params[128:132] == b"LTMA" and params[256:260] == b"LTMA"
 
 
+@pytest.mark.parametrize("b_kmajor", [True, False], ids=["forward", "input-gradient"])
+def test_a_short_b_is_described_with_its_stored_rows(b_kmajor):
+    """Problem.b_rows: B stored shorter than the problem (GPT-2's head: its 50257-row weight read by the 50264-wide
+    padded problems).  B's descriptor holds the stored rows, N for a K-major B, K for an MN-major one, so TMA reads
+    zeros past them; the problem's fields and the other descriptors are unchanged."""
+    info = L.expected_info(128, True, b_kmajor)
+    recorder = Recorder()
+    m, n, k = (4096, 50264, 1024) if b_kmajor else (4096, 1024, 50264)
+    ldb = 1024  # the weight's rows: the forward's K, the input gradient's N
+    params, _ = L.pack_params(info, L.Problem(m, n, k, k, ldb, n, 0, 132, 50257), (0xA000, 0xB000, 0xD000, 0),
+                              recorder)
+    short = L.operand_tma(True, 50257, k, ldb, 128) if b_kmajor else L.operand_tma(False, n, 50257, ldb, 128)
+    assert recorder.calls[0] == (0, L.operand_tma(True, m, k, k, 128), 0xA000)
+    assert recorder.calls[1] == (128, short, 0xB000)
+    assert recorder.calls[2] == (256, L.output_tma(m, n, n, 64), 0xD000)
+    assert struct.unpack_from("<Qiiiii", params, 384)[1:4] == (m, n, k)
+    with pytest.raises(ValueError, match="B stores"):
+        L.check_problem(m, n, k, k, ldb, n, (0, 0, 0, 0), (n if b_kmajor else k) + 1, b_kmajor)
+
+
 def test_problems_the_kernel_cannot_take_are_rejected():
     with pytest.raises(ValueError, match="multiples of 8"):
         L.check_problem(64, 100, 64, 64, 64, 100, (0, 0, 0, 0))

@@ -87,6 +87,30 @@ def test_forward_and_gradients_against_float64(case):
                                    rtol=tol, atol=tol * ref.abs().max().item())
 
 
+def test_an_unaligned_width_reads_the_weight_unpadded_with_the_padded_bits():
+    """N % 8 != 0: the padded problems read the (N, K) weight as N8 rows (TMA reads zeros past row N) where they
+    used to copy it zero-padded, forward and input gradient.  The bits of the same GEMMs on the padded weight, and
+    no pad of the weight once the kernels are loaded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    case = CASES[6]
+    assert case.n % 8 and not case.transposed
+    x, w, b = make(case, "cuda")
+    n, k, n8 = case.n, case.k, -(-case.n // 8) * 8
+    grad = torch.randn(*case.lead, n, device="cuda", dtype=case.dtype)
+    wp = F.pad(w.detach(), (0, 0, 0, n8 - n))
+    want_y = jitops.gemm(x.detach(), wp.t(), bias=F.pad(b.detach(), (0, n8 - n)))[:, :n]
+    want_dx = jitops.gemm(F.pad(grad, (0, n8 - n)), wp)[:, :k]
+    torch.autograd.grad(jitops.linear(x, w, b), [x], grad)  # loads (and offers) every kernel of the step
+    for _ in range(2):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            y = jitops.linear(x, w, b)
+            dx, = torch.autograd.grad(y, [x], grad)
+        assert torch.equal(y, want_y) and torch.equal(dx, want_dx)
+        pads = [e.input_shapes[0] for e in prof.events() if e.name == "aten::constant_pad_nd"]
+        assert [n, k] not in pads, pads
+
+
 def test_opcheck_and_compile():
     case = CASES[2]
     x, w, b = make(case, "cuda")

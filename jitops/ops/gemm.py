@@ -62,7 +62,7 @@ from .gemm_plan import (ACTIVATIONS, BUCKET_EXAMPLES, CPU_DTYPES, CUDA_ACCEPTED,
                         INT32_MAX, KERNEL, SM90_CONFIGS, GemmClass, Sm80Config, Sm90Config, _folded_layout, _folds,
                         _layout, allow_tf32, aten_class, batch_shape, class_from_layouts, cuda_route, layout_of,
                         out_shape, sm80_config)
-from .gemm_run import launch, run_cpu, run_cuda, torch_gemm
+from .gemm_run import launch, reads_short_b, run_cpu, run_cuda, torch_gemm
 
 CUTLASS_TYPES = {torch.bfloat16: "cutlass::bfloat16_t", torch.float16: "cutlass::half_t", torch.float32: "float"}
 
@@ -252,17 +252,24 @@ def cuda_kernels(cls: GemmClass, target: Target):
 
 # ---- run: gemm_run.py; here the launch on kernels already loaded, and the CPU's (nothing to compile) ----------
 def product_if_loaded(a: torch.Tensor, la: tuple[bool, int], b: torch.Tensor, lb: tuple[bool, int], m: int, n: int,
-                      k: int, shape: tuple[int, ...]) -> torch.Tensor | None:
+                      k: int, shape: tuple[int, ...], b_rows: int = 0,
+                      load_as: tuple | None = None) -> torch.Tensor | None:
     """a . b as a new tensor of `shape` (M x N elements, row-major), launched straight on the kernels this
     process already loaded for the problem's class; None when they are not loaded (the caller then takes
-    jitops.gemm, which loads them).  For backward passes on real CUDA tensors they made themselves: no views, no
-    input checks, no routing (the linear backward's two GEMMs skip 4 tensor views and two public calls)."""
+    jitops.gemm, which loads them), or when b is stored shorter than the problem (b_rows: gemm_run.launch) and
+    they cannot read it so.  load_as: the arguments of the jitops.gemm call this product stands for
+    (placeholders will do); given, kernels not loaded yet are loaded as that call would load them (Op.load).
+    For backward passes on real CUDA tensors they made themselves: no views, no input checks, no routing (the
+    linear backward's two GEMMs skip 4 tensor views and two public calls)."""
     cls = class_from_layouts(a.dtype, a.dtype, m, n, k, a, la, b, lb, None, False)
-    kernels = _op.op.loaded(a.get_device(), cls)
-    if kernels is None:
+    device = a.get_device()
+    kernels = _op.op.loaded(device, cls)
+    if kernels is None and load_as is not None:
+        kernels = _op.op.load(device, cls, load_as)
+    if kernels is None or (b_rows and not reads_short_b(kernels)):
         return None
     out = a.new_empty(shape)
-    launch(kernels, a, b, out, None, m, n, k, la[1], lb[1], 0)
+    launch(kernels, a, b, out, None, m, n, k, la[1], lb[1], 0, b_rows)
     return out
 
 

@@ -139,19 +139,30 @@ def _run_folded(kernels, a, b, bias, activation) -> torch.Tensor:
     return out.view(out_shape(a, b))
 
 
-def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int, activation: int) -> None:
+def reads_short_b(kernels) -> bool:
+    """Whether the class's kernel can read a b stored shorter than the problem (launch's b_rows): the light
+    kernel, whose TMA loads read zeros past an operand's rows.  CUTLASS's kernels need b padded."""
+    return "sm90_light" in kernels.__dict__ and "sm90" not in kernels.__dict__
+
+
+def launch(kernels, a, b, out, bias, m: int, n: int, k: int, lda: int, ldb: int, activation: int,
+           b_rows: int = 0) -> None:
     """out (M, N) = act(a . b + bias) with the loaded kernels of the class; a and b are read in place with the
-    given leading dimensions (their layouts are the class's)."""
+    given leading dimensions (their layouts are the class's).  b_rows: b's stored rows where it is shorter than
+    the problem (light_gemm.Problem.b_rows), only where reads_short_b(kernels)."""
     cls = kernels.shape_class
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
+    if b_rows and not reads_short_b(kernels):
+        raise ValueError(f"jitops.gemm: b stored with {b_rows} rows is shorter than the problem, and the kernel of "
+                         f"{cls} cannot read past it; pass b zero-padded")
     lib = kernels.__dict__.get("sm90")
     if lib is not None:
         run_sm90(lib, cls, SM90_CONFIGS[cls.bucket], a, b, out, bias, m, n, k, lda, ldb, activation)
     elif "sm90_light" in kernels.__dict__:
         device = out.get_device()
         packed = light_gemm.run(kernels.sm90_light, a, b, out, bias, m, n, k, lda, ldb, activation,
-                                sm_count(device), current_stream(device))
+                                sm_count(device), current_stream(device), b_rows)
         if packed.offered != config.generation:  # jitops.linear's C++ host path runs it from now on
             native.offer_light(cls, packed, device)
     else:

@@ -9,8 +9,10 @@ run in the GEMM's epilogue.
 Features that are not multiples of 8 (an LM head over GPT-2's 50257 tokens) rule out the TMA kernels, whose
 rows must be 16-byte multiples: the CUTLASS 2 kernels that take them, and cuBLAS, run such a layer at a fraction of
 the speed (torch.matmul took 3.46 ms for (4096, 1024) x (1024, 50257) bf16 on the H100, 122 TFLOP/s).  Such
-a call copies weight (and x, bias) into zero-padded operands, runs the TMA kernel on the padded problem and copies
-the valid columns out: three extra passes over the operands and the output, all memory-bound.
+a call runs the TMA kernel on the problem padded to N8 (and K8): the weight's N rows read in place as N8 (the
+light kernel's loads read zeros past them; CUTLASS's kernels take a zero-padded copy), the output written to an
+(M, N8) buffer whose valid columns are copied out, and the backward's dy zero-padded to (M, N8): memory-bound
+passes over the output and its gradient.  A K that is not a multiple of 8 pads x and the weight too.
 
 No views and no copies on the way in: the leading dimensions of a contiguous x are the GEMM's M, and weight^T is
 read in place as the column-major (K, N) operand, so a call lands on the same shape classes (and cached kernels)
@@ -40,7 +42,7 @@ from .gemm import cuda_kernels, product_if_loaded
 from .gemm import gemm as _gemm
 from .gemm_plan import (ACTIVATIONS, CPU_DTYPES, CUDA_ACCEPTED, CUDA_DTYPES, GELU_APPROXIMATE, INT32_MAX, GemmClass,
                         allow_tf32, aten_class, class_from_layouts, cuda_route, layout_of)
-from .gemm_run import activate, epilogue_only, launch
+from .gemm_run import activate, epilogue_only, launch, reads_short_b
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -157,24 +159,40 @@ def run_cuda(kernels, x, weight, bias, activation) -> torch.Tensor:
     return out
 
 
-def _padded_operands(x, weight, n: int, k: int):
-    """(x as (M, K8) rows, weight as a zero-padded (N8, K8) matrix): the padding adds zeros to every dot
-    product and extra output columns that are dropped."""
-    n8, k8 = _round8(n), _round8(k)
+def _padded_x(x, k: int) -> tuple[torch.Tensor, int]:
+    """x as the padded problem's (M, K8) rows and their leading dimension: zero-padded where K is not a multiple
+    of 8 (the padding adds zeros to every dot product)."""
+    k8 = _round8(k)
     a = x.reshape(-1, k)  # a view for a contiguous x: the backward's GEMMs take 2-D operands
     if k8 != k:
-        a = F.pad(a, (0, k8 - k))
-    elif a.stride(1) != 1 or a.stride(0) < k:
+        return F.pad(a, (0, k8 - k)), k8
+    if a.stride(1) != 1 or a.stride(0) < k:
         a = a.contiguous()
-    return a, (a.stride(0) if k8 == k else k8), F.pad(weight, (0, k8 - k, 0, n8 - n))
+    return a, a.stride(0)
+
+
+def _padded_weight(weight, n: int, k: int) -> torch.Tensor:
+    """weight zero-padded to (N8, K8): extra output columns that are dropped."""
+    return F.pad(weight, (0, _round8(k) - k, 0, _round8(n) - n))
+
+
+def _short_weight(weight, k: int) -> bool:
+    """Whether the padded problems can read the weight unpadded, N rows where they read N8 (gemm_run.launch's
+    b_rows; the light kernel's TMA loads read zeros past them): a row-major (N, K) weight whose rows TMA can
+    take.  F.pad of GPT-2's 100 MB head weight cost 34 us of host time (H200), twice a training step."""
+    return k % 8 == 0 and weight.stride(1) == 1 and weight.stride(0) >= k and weight.stride(0) % 8 == 0 and \
+        weight.data_ptr() % 16 == 0
 
 
 def _run_padded(kernels, x, weight, bias, activation, out, m: int, n: int, k: int) -> torch.Tensor:
     n8, k8 = _round8(n), _round8(k)
-    a, lda, wp = _padded_operands(x, weight, n, k)
+    a, lda = _padded_x(x, k)
     bp = F.pad(bias, (0, n8 - n)) if bias is not None else None
     padded = x.new_empty((m, n8))
-    launch(kernels, a, wp, padded, bp, m, n8, k8, lda, k8, ACTIVATIONS[activation])
+    if reads_short_b(kernels) and _short_weight(weight, k):
+        launch(kernels, a, weight, padded, bp, m, n8, k8, lda, weight.stride(0), ACTIVATIONS[activation], n)
+    else:
+        launch(kernels, a, _padded_weight(weight, n, k), padded, bp, m, n8, k8, lda, k8, ACTIVATIONS[activation])
     out.view(m, n).copy_(padded[:, :n])
     return out
 
@@ -243,13 +261,23 @@ def backward(ctx, grad: torch.Tensor):
 
 def _padded_backward(grad, x, weight, n: int, k: int, need_x: bool, need_w: bool, need_b: bool):
     """The backward of a padded problem: the output gradient zero-padded to (M, N8) once, then both GEMMs on
-    padded operands, and the valid block of each result."""
+    padded operands (the weight unpadded where the loaded kernel reads it so: _short_weight), and the valid block
+    of each result."""
     n8 = _round8(n)
     g = grad.reshape(-1, n)
     gp = F.pad(g, (0, n8 - n))
-    a, _, wp = _padded_operands(x, weight, n, k)
-    grad_x = _gemm(gp, wp)[:, :k].reshape(x.shape) if need_x else None     # (M, N8) . (N8, K8)
-    grad_w = None
+    a, _ = _padded_x(x, k)
+    grad_x = grad_w = None
+    if need_x:  # (M, N8) . (N8, K8)
+        if type(grad) is _Tensor and grad.is_cuda and _short_weight(weight, k) and \
+                not torch.compiler.is_compiling():
+            # The call it stands for, jitops.gemm(gp, padded weight): so that a first step loads the kernels
+            # and launches (offers) the problem that later steps run in C++.
+            load_as = (gp, shapes.placeholder(weight, (n8, k)), None, None, None)
+            grad_x = product_if_loaded(gp, (True, n8), weight, (True, weight.stride(0)), gp.shape[0], k, n8,
+                                       x.shape, b_rows=n, load_as=load_as)
+        if grad_x is None:
+            grad_x = _gemm(gp, _padded_weight(weight, n, k))[:, :k].reshape(x.shape)
     if need_w:
         if weight.stride(1) != 1 and weight.stride(0) == 1:  # a (K, N) parameter's view: its layout
             grad_w = _gemm(a.t(), gp)[:k, :n].contiguous().t()              # (K8, M) . (M, N8)

@@ -5,7 +5,7 @@
 // Python offers each packed problem here (`offer`) once; a call whose forward (and, when a gradient is to be
 // recorded, backward) problems were all offered takes this path, any other returns None and the caller takes the
 // Python path, which packs and offers them.  A problem is keyed by everything that picks the kernel and its
-// Params: device, dtypes, operand layouts, M, N, K, leading dimensions, activation, bias.
+// Params: device, dtypes, operand layouts, M, N, K, leading dimensions, B's stored rows, activation, bias.
 #pragma once
 
 #include "common.h"
@@ -18,6 +18,7 @@ constexpr int64_t kGelu = 2, kGeluTanh = 3;  // gemm_plan.ACTIVATIONS
 
 struct Key {
   int64_t m, n, k, lda, ldb, ldd;
+  int64_t b_rows;  // light_gemm.Problem.b_rows: B stored shorter than the problem (0: as long)
   int32_t device;
   int8_t dtype, out_fp32, a_kmajor, b_kmajor, activation, bias;
 };
@@ -36,10 +37,10 @@ Table<Key, Plan*> table;  // under table_guard
 std::vector<std::unique_ptr<Plan>> plans;  // never freed: a backward node may hold one past a config change
 
 Key make_key(int device, at::ScalarType dtype, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n,
-             int64_t k, int64_t lda, int64_t ldb, int64_t ldd, int activation, bool bias) {
+             int64_t k, int64_t lda, int64_t ldb, int64_t ldd, int activation, bool bias, int64_t b_rows = 0) {
   Key key;
   std::memset(&key, 0, sizeof(Key));  // the padding takes part in the comparison and the hash
-  key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+  key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.b_rows = b_rows;
   key.device = device;
   key.dtype = dtype == at::kBFloat16 ? 0 : 1;
   key.out_fp32 = out_fp32, key.a_kmajor = a_kmajor, key.b_kmajor = b_kmajor;
@@ -122,13 +123,15 @@ struct WeightLayout {
 // the strides it reads): a forward (M, K) x (K, N) with x row-major (leading dimension lda: K, or a 2-D view's row
 // stride) and weight^T in place, dx = dy . weight (M, N) x (N, K), dweight = dy^T . x (N, M) x (M, K), or for a
 // transposed weight dweight^T = x^T . dy.
+// weight_rows: the weight's stored rows where the problem's N is padded past them (PaddedLinearFunction), else 0.
 Key forward_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t lda, WeightLayout w,
-                int activation, bool bias) {
-  return make_key(device, dtype, false, true, w.row_major, m, n, k, lda, w.ld, n, activation, bias);
+                int activation, bool bias, int64_t weight_rows = 0) {
+  return make_key(device, dtype, false, true, w.row_major, m, n, k, lda, w.ld, n, activation, bias, weight_rows);
 }
 
-Key grad_x_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w) {
-  return make_key(device, dtype, false, true, !w.row_major, m, k, n, n, w.ld, k, 0, false);
+Key grad_x_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, WeightLayout w,
+               int64_t weight_rows = 0) {
+  return make_key(device, dtype, false, true, !w.row_major, m, k, n, n, w.ld, k, 0, false, weight_rows);
 }
 
 Key grad_weight_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t lda, bool transposed) {
@@ -241,24 +244,20 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
   }
 };
 // A Linear whose width N is not a multiple of 8 (GPT-2's 50257-wide head), as jitops/ops/linear.py's padded path
-// runs it: TMA wants 16-byte rows, so the weight (and bias) are zero-padded to N8 rows, the GEMM writes an (M, N8)
-// buffer, and its first N columns are copied out; the backward pads dy to (M, N8), multiplies by the padded weight
-// and keeps the valid block.  The same ATen pads and copies and the same offered problems as the Python path (its
-// GEMMs on the padded shapes), so the same bits; here they cost a few ATen calls instead of Python autograd.
+// runs it: TMA wants 16-byte rows, so the GEMM writes an (M, N8) buffer (the bias zero-padded to N8) and its first
+// N columns are copied out; the backward pads dy to (M, N8) and keeps the valid block of the weight's gradient.
+// The weight is read unpadded, N rows where the problems read N8 (their b_rows: TMA reads zeros past them).  The
+// same ATen pads and copies and the same offered problems as the Python path, so the same bits; here they cost a
+// few ATen calls instead of Python autograd.
 int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
-
-at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {  // t (R, ...) zero-padded to `rows` rows
-  return at::constant_pad_nd(t, {0, 0, 0, rows - t.size(0)});
-}
 
 at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                           const Plan& forward, int device) {
   const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
   const int64_t m = x.numel() / k;
-  const at::Tensor padded_weight = padded_rows(weight, n8);
   const at::Tensor padded_bias = bias.has_value() ? at::constant_pad_nd(*bias, {0, n8 - n}) : at::Tensor();
   at::Tensor padded = at::empty({m, n8}, x.options());
-  launch(forward, device, x.data_ptr(), padded_weight.data_ptr(), padded.data_ptr(),
+  launch(forward, device, x.data_ptr(), weight.data_ptr(), padded.data_ptr(),
          padded_bias.defined() ? padded_bias.data_ptr() : nullptr);
   at::Tensor out = output_like(x, n);
   out.view({m, n}).copy_(padded.narrow(1, 0, n));
@@ -287,11 +286,10 @@ struct PaddedLinearFunction : public torch::autograd::Function<PaddedLinearFunct
     const at::Tensor g = grad.view({m, n});
     const at::Tensor padded_grad = at::constant_pad_nd(g, {0, n8 - n});
     at::Tensor grad_x, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K)
-      const at::Tensor padded_weight = padded_rows(weight, n8);
+    if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K), the weight's N rows read as N8
       grad_x = at::empty(x.sizes(), x.options());
       launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_x"].toInt()), device, padded_grad.data_ptr(),
-             padded_weight.data_ptr(), grad_x.data_ptr(), nullptr);
+             weight.data_ptr(), grad_x.data_ptr(), nullptr);
     }
     if (ctx->needs_input_grad(1)) {  // (N8, M) . (M, K), its first N rows: a contiguous view
       at::Tensor stored = at::empty({n8, k}, x.options());
@@ -311,7 +309,7 @@ void clear_linear_tables() {
 
 // A packed light-GEMM problem (jitops/light_gemm.py's Params, grid and launch facts) under its key.
 void offer(int64_t device, bool bf16, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n, int64_t k,
-           int64_t lda, int64_t ldb, int64_t ldd, int64_t activation, bool bias, int64_t generation,
+           int64_t lda, int64_t ldb, int64_t ldd, int64_t b_rows, int64_t activation, bool bias, int64_t generation,
            int64_t function, std::array<int64_t, 3> grid, int64_t block, int64_t smem,
            std::array<int64_t, 3> address_at, int64_t bias_at, const std::string& params) {
   TORCH_CHECK(params.size() == kParamsSize, "jitops native offer: Params of ", params.size(), " bytes, expected ",
@@ -327,7 +325,7 @@ void offer(int64_t device, bool bf16, bool out_fp32, bool a_kmajor, bool b_kmajo
   plan->bias_at = static_cast<uint32_t>(bias_at);
   std::memcpy(plan->params, params.data(), kParamsSize);
   const Key key = make_key(static_cast<int>(device), bf16 ? at::kBFloat16 : at::kHalf, out_fp32, a_kmajor, b_kmajor,
-                           m, n, k, lda, ldb, ldd, static_cast<int>(activation), bias);
+                           m, n, k, lda, ldb, ldd, static_cast<int>(activation), bias, b_rows);
   std::lock_guard<std::mutex> hold(table_guard);
   renew(generation);
   table[key] = plan.get();
@@ -402,14 +400,14 @@ py::object padded_linear(const LinearCall& call, const at::Tensor& x, const at::
   if (activation != 0) return miss();
   const int device = call.device;
   const int64_t m = call.m, n8 = round8(call.n), k = call.k;
-  const WeightLayout padded{true, k};  // the padded weight: a fresh (N8, K) row-major tensor
+  const int64_t n = call.n;
   const auto maybe_bias = call.has_bias ? bias : c10::optional<at::Tensor>();
-  const Plan* forward = find(forward_key(device, call.dtype, m, n8, k, k, padded, 0, call.has_bias));
+  const Plan* forward = find(forward_key(device, call.dtype, m, n8, k, k, call.w, 0, call.has_bias, n));
   if (!forward) return miss();
   const bool grad = at::GradMode::is_enabled() &&
                     (x.requires_grad() || weight.requires_grad() || (call.has_bias && bias->requires_grad()));
   if (!grad) return hit(padded_forward(x, weight, maybe_bias, *forward, device));
-  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, call.dtype, m, n8, k, padded)) : nullptr;
+  const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, call.dtype, m, n8, k, call.w, n)) : nullptr;
   const Plan* grad_weight =
       weight.requires_grad() ? find(grad_weight_key(device, call.dtype, m, n8, k, k, false)) : nullptr;
   if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
