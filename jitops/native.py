@@ -111,7 +111,8 @@ def _give_driver(module: Any) -> None:
         return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
 
     module.set_driver(address("cuLaunchKernel"), address("cuCtxGetCurrent"), address("cuCtxSetCurrent"),
-                      address("cuDeviceGet"), address("cuDevicePrimaryCtxRetain"))
+                      address("cuDeviceGet"), address("cuDevicePrimaryCtxRetain"), address("cuMemcpy2DAsync_v2"),
+                      address("cuMemsetD2D16Async"))
 
 
 host = _Host()

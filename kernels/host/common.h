@@ -29,12 +29,35 @@ using CtxSetCurrent = int (*)(void*);
 using DeviceGet = int (*)(int*, int);
 using PrimaryCtxRetain = int (*)(void**, int);
 
+// cuMemcpy2DAsync_v2's CUDA_MEMCPY2D (cuda.h's layout), used device to device only.
+struct Memcpy2D {
+  size_t src_x_bytes, src_y;
+  int src_memory_type;
+  const void* src_host;
+  uint64_t src_device;
+  void* src_array;
+  size_t src_pitch;
+  size_t dst_x_bytes, dst_y;
+  int dst_memory_type;
+  void* dst_host;
+  uint64_t dst_device;
+  void* dst_array;
+  size_t dst_pitch;
+  size_t width_bytes, height;
+};
+static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
+constexpr int kDeviceMemory = 2;  // CU_MEMORYTYPE_DEVICE
+using Memcpy2DAsync = int (*)(const Memcpy2D*, void*);
+using Memset2DD16Async = int (*)(uint64_t, size_t, unsigned short, size_t, size_t, void*);
+
 struct Driver {
   LaunchKernel launch = nullptr;
   CtxGetCurrent ctx_get = nullptr;
   CtxSetCurrent ctx_set = nullptr;
   DeviceGet device_get = nullptr;
   PrimaryCtxRetain primary_retain = nullptr;
+  Memcpy2DAsync memcpy_2d = nullptr;
+  Memset2DD16Async memset_2d_16 = nullptr;
 };
 Driver driver;
 
@@ -105,20 +128,46 @@ void* current_stream(int device) {
       .native_handle();
 }
 
+// One driver call on the device's current torch stream, again after binding the primary context if the thread
+// had none.
+template <typename Call>
+void on_stream(int device, const char* what, Call call) {
+  void* stream = current_stream(device);
+  int status = call(stream);
+  if (status == kInvalidContext) {
+    bind_primary_context(device);
+    status = call(stream);
+  }
+  TORCH_CHECK(status == 0, "jitops (C++ host path): ", what, " failed with CUDA error ", status);
+}
+
 // One launch on the device's current torch stream.
 void launch_kernel(void* function, const unsigned (&grid)[3], const unsigned (&block)[3], unsigned smem, int device,
                    void** args) {
-  void* stream = current_stream(device);
-  auto launch = [&] {
+  on_stream(device, "cuLaunchKernel", [&](void* stream) {
     return driver.launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, args,
                          nullptr);
-  };
-  int status = launch();
-  if (status == kInvalidContext) {
-    bind_primary_context(device);
-    status = launch();
-  }
-  TORCH_CHECK(status == 0, "jitops (C++ host path): cuLaunchKernel failed with CUDA error ", status);
+  });
+}
+
+// `rows` rows of `width` bytes from src to dst, each at its own pitch (bytes), on the current stream: one driver
+// call where ATen's copy_ of a narrowed view sets up a TensorIterator (the padded Linear's output and gradient).
+void copy_rows(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t width, size_t rows,
+               int device) {
+  Memcpy2D copy;
+  std::memset(&copy, 0, sizeof(copy));
+  copy.src_memory_type = copy.dst_memory_type = kDeviceMemory;
+  copy.src_device = reinterpret_cast<uint64_t>(src);
+  copy.dst_device = reinterpret_cast<uint64_t>(dst);
+  copy.src_pitch = src_pitch, copy.dst_pitch = dst_pitch, copy.width_bytes = width, copy.height = rows;
+  on_stream(device, "cuMemcpy2DAsync", [&](void* stream) { return driver.memcpy_2d(&copy, stream); });
+}
+
+// `columns` 16-bit zeros at the start of each of `rows` rows, `pitch` bytes apart.
+void zero_columns_16(void* dst, size_t pitch, size_t columns, size_t rows, int device) {
+  on_stream(device, "cuMemsetD2D16Async", [&](void* stream) {
+    return driver.memset_2d_16(reinterpret_cast<uint64_t>(dst), pitch, 0, columns, rows, stream);
+  });
 }
 
 const void* address_of(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; }

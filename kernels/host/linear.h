@@ -247,8 +247,8 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
 // runs it: TMA wants 16-byte rows, so the GEMM writes an (M, N8) buffer (the bias zero-padded to N8) and its first
 // N columns are copied out; the backward pads dy to (M, N8) and keeps the valid block of the weight's gradient.
 // The weight is read unpadded, N rows where the problems read N8 (their b_rows: TMA reads zeros past them).  The
-// same ATen pads and copies and the same offered problems as the Python path, so the same bits; here they cost a
-// few ATen calls instead of Python autograd.
+// same padded operands and the same offered problems as the Python path, so the same bits; here the output's copy
+// and dy's pad are driver calls (copy_rows, zero_columns_16) instead of ATen's copy_ and F.pad.
 int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
 at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
@@ -260,7 +260,8 @@ at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c
   launch(forward, device, x.data_ptr(), weight.data_ptr(), padded.data_ptr(),
          padded_bias.defined() ? padded_bias.data_ptr() : nullptr);
   at::Tensor out = output_like(x, n);
-  out.view({m, n}).copy_(padded.narrow(1, 0, n));
+  const size_t size = x.element_size();
+  copy_rows(padded.data_ptr(), n8 * size, out.data_ptr(), n * size, n * size, m, device);
   return out;
 }
 
@@ -284,7 +285,12 @@ struct PaddedLinearFunction : public torch::autograd::Function<PaddedLinearFunct
     const at::Tensor grad = dense(grads[0], x.scalar_type());
     const int64_t m = grad.numel() / n;
     const at::Tensor g = grad.view({m, n});
-    const at::Tensor padded_grad = at::constant_pad_nd(g, {0, n8 - n});
+    // dy zero-padded to (M, N8) as F.pad makes it, in two driver calls: at::constant_pad_nd filled the whole
+    // buffer, then copied dy in through a TensorIterator.
+    const size_t size = grad.element_size();
+    at::Tensor padded_grad = at::empty({m, n8}, grad.options());
+    copy_rows(g.data_ptr(), n * size, padded_grad.data_ptr(), n8 * size, n * size, m, device);
+    zero_columns_16(static_cast<char*>(padded_grad.data_ptr()) + n * size, n8 * size, n8 - n, m, device);
     at::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K), the weight's N rows read as N8
       grad_x = at::empty(x.sizes(), x.options());
