@@ -74,9 +74,10 @@ def test_second_call_runs_in_cpp_with_the_same_bits(host, lead, k, n, dtype, bia
     ((200,), 250, torch.float16, True),
 ])
 def test_an_unaligned_width_runs_in_cpp_with_the_same_bits(host, lead, n, dtype, bias):
-    """A Linear of N % 8 != 0 runs padded (weight and dy to N8 rows, the output's first N columns copied out): the
-    C++ node makes the Python path's pads and copies around the same offered GEMMs, so the same bits; a call
-    without a gradient too."""
+    """A Linear of N % 8 != 0 runs padded (the weight's N rows read as N8, dy padded to N8 columns, the output's
+    first N columns copied out): the C++ node makes the Python path's padded operands (its copies through the
+    driver) around the same offered GEMMs, so the same bits; a call without a gradient too.  The first step loads
+    the input gradient's kernel for the unpadded weight (Op.load), so the second runs in C++."""
     x, w, b = _leaves(lead, 256, n, dtype, bias, False)
     grad_out = torch.randn(*lead, n, device="cuda", dtype=dtype)
     cpp_y = _python_then_cpp(lambda: _step(x, w, b, False, grad_out))
@@ -162,10 +163,13 @@ def test_a_config_scope_sends_calls_back_to_python_until_offered_again(host):
     assert after["native_calls"] == before["native_calls"] + 1
 
 
-def test_cpp_path_captures_into_a_cuda_graph(host):
-    x, w, b = _leaves((4, 64), 256, 512, torch.bfloat16, True, False, seed=3)
-    grad_out = torch.randn(4, 64, 512, device="cuda", dtype=torch.bfloat16)
-    check_cuda_graph_capture(lambda: jitops.linear(x, w, b), [x, w, b], grad_out)
+@pytest.mark.parametrize("n,bias", [(512, True), (1001, False), (250, True)])
+def test_cpp_path_captures_into_a_cuda_graph(host, n, bias):
+    """An unaligned width (1001, 250) too: the padded node's output copy and dy's pad are driver calls
+    (cuMemcpy2DAsync, cuMemsetD2D16Async), captured with its GEMMs."""
+    x, w, b = _leaves((4, 64), 256, n, torch.bfloat16, bias, False, seed=3)
+    grad_out = torch.randn(4, 64, n, device="cuda", dtype=torch.bfloat16)
+    check_cuda_graph_capture(lambda: jitops.linear(x, w, b), [t for t in (x, w, b) if t is not None], grad_out)
 
 
 def test_patched_module_steps_run_in_cpp(host):
