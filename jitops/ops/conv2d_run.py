@@ -313,6 +313,13 @@ def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation
 REDUCE_BLOCK = 256
 
 
+def _summed_slices(partial: torch.Tensor, taps: int, width: int) -> torch.Tensor:
+    """The torch reduction (config.conv2d_wgrad_reduce_kernel=False, or one slice): partial's slices
+    [splits][K8][taps][width] (contiguous, any shape) summed into [K8][taps][width]."""
+    slices = partial.view(partial.shape[0], partial.shape[1], taps, width)
+    return slices[0] if partial.shape[0] == 1 else slices.sum(0)
+
+
 def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, width: int) -> None:
     """dw (channels_last [K, C, R, S], i.e. KRSC memory, seen as [K, taps, channels]) = the sum over partial's
     slices [splits][K8][taps][width] (contiguous, any shape) of its first K rows and `channels` channels per tap."""
@@ -320,9 +327,7 @@ def _reduce_into(kern, partial: torch.Tensor, dw: torch.Tensor, taps: int, width
     k = dw.shape[0]
     channels = dw.numel() // (k * taps)
     if not config.conv2d_wgrad_reduce_kernel or splits == 1:
-        slices = partial.view(splits, k8, taps, width)
-        total = slices[0] if splits == 1 else slices.sum(0)
-        dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(total[:k, :, :channels])
+        dw.permute(0, 2, 3, 1).view(k, taps, channels).copy_(_summed_slices(partial, taps, width)[:k, :, :channels])
         return
     rows = k * taps
     if rows * channels >= 2**31:
@@ -363,8 +368,7 @@ def _weight_grad_cuda(kern, grad, x, weight_size, stride, padding, dilation) -> 
             kern.unfold.launch(-(-dw.numel() // REDUCE_BLOCK), REDUCE_BLOCK, partial, dw, splits,
                                k8 * taps * width, k, r, s * c, fold, taps, width)
             return dw
-        slices = partial.view(splits, k8, taps, width)
-        total = slices[0] if splits == 1 else slices.sum(0)
+        total = _summed_slices(partial, taps, width)
         folded = total[:k, :, :fold * s * c].reshape(k, taps * fold, s, c)[:, :r]
         dw.permute(0, 2, 3, 1).copy_(folded)
         return dw
