@@ -400,10 +400,10 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
 }
 
 // A padded call (linear_call's `padded`) through PaddedLinearFunction, or None: no activation (a GELU's or ReLU's
-// padded training path stays in Python).
+// padded training path stays in Python), and the driver's 2-D copy and fill handed over.
 py::object padded_linear(const LinearCall& call, const at::Tensor& x, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias, int64_t activation) {
-  if (activation != 0) return miss();
+  if (activation != 0 || !driver.memcpy_2d || !driver.memset_2d_16) return miss();
   const int device = call.device;
   const int64_t m = call.m, n8 = round8(call.n), k = call.k;
   const int64_t n = call.n;
