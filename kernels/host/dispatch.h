@@ -143,11 +143,8 @@ void linear_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
     const Plan* plan = find(forward_key(call.device, call.dtype, call.m, call.n, call.k, call.lda, call.w, activation,
                                         call.has_bias));
     if (plan) {
-      const at::Tensor& x = args[0].toTensor();
-      at::Tensor out = output_like(x, call.n);
-      launch(*plan, call.device, x.data_ptr(), args[1].toTensor().data_ptr(), out.data_ptr(),
-             call.has_bias ? args[2].toTensor().data_ptr() : nullptr);
-      return served(stack, 4, {out});
+      const auto bias = call.has_bias ? optional_tensor(args[2]) : c10::optional<at::Tensor>();
+      return served(stack, 4, {plain_forward(args[0].toTensor(), args[1].toTensor(), bias, *plan, call.device)});
     }
   }
   pass_on(op, keys, stack, is_cuda_call(args));

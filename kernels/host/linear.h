@@ -123,7 +123,7 @@ struct WeightLayout {
 // the strides it reads): a forward (M, K) x (K, N) with x row-major (leading dimension lda: K, or a 2-D view's row
 // stride) and weight^T in place, dx = dy . weight (M, N) x (N, K), dweight = dy^T . x (N, M) x (M, K), or for a
 // transposed weight dweight^T = x^T . dy.
-// weight_rows: the weight's stored rows where the problem's N is padded past them (PaddedLinearFunction), else 0.
+// weight_rows: the weight's stored rows where the problem's N is padded past them (LinearFunction<true>), else 0.
 Key forward_key(int device, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t lda, WeightLayout w,
                 int activation, bool bias, int64_t weight_rows = 0) {
   return make_key(device, dtype, false, true, w.row_major, m, n, k, lda, w.ld, n, activation, bias, weight_rows);
@@ -185,13 +185,76 @@ at::Tensor output_like(const at::Tensor& x, int64_t n) {
   return at::empty(sizes, x.options());
 }
 
-struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+// A Linear whose width N is not a multiple of 8 (GPT-2's 50257-wide head), as jitops/ops/linear.py's padded path
+// runs it: TMA wants 16-byte rows, so the GEMM writes an (M, N8) buffer (the bias zero-padded to N8) and its first
+// N columns are copied out; the backward pads dy to (M, N8) and keeps the valid block of the weight's gradient.
+// The weight is read unpadded, N rows where the problems read N8 (their b_rows: TMA reads zeros past them).  The
+// same padded operands and the same offered problems as the Python path, so the same bits; here the output's copy
+// and dy's pad are driver calls (copy_rows, zero_columns_16) instead of ATen's copy_ and F.pad.
+int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                          const Plan& forward, int device) {
+  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
+  const int64_t m = x.numel() / k;
+  const at::Tensor padded_bias = bias.has_value() ? at::constant_pad_nd(*bias, {0, n8 - n}) : at::Tensor();
+  at::Tensor padded = at::empty({m, n8}, x.options());
+  launch(forward, device, x.data_ptr(), weight.data_ptr(), padded.data_ptr(),
+         padded_bias.defined() ? padded_bias.data_ptr() : nullptr);
+  at::Tensor out = output_like(x, n);
+  const size_t size = x.element_size();
+  copy_rows(padded.data_ptr(), n8 * size, out.data_ptr(), n * size, n * size, m, device);
+  return out;
+}
+
+// The padded backward: dy zero-padded to (M, N8), dx = (M, N8) . (N8, K) on the weight's N rows read as N8, and
+// dweight the first N rows of (N8, M) . (M, K).
+torch::autograd::variable_list padded_grads(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                            const at::Tensor& weight, const at::Tensor& grad) {
+  const int device = static_cast<int>(ctx->saved_data["device"].toInt());
+  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
+  const int64_t m = grad.numel() / n;
+  const at::Tensor g = grad.view({m, n});
+  // dy zero-padded to (M, N8) as F.pad makes it, in two driver calls: at::constant_pad_nd filled the whole
+  // buffer, then copied dy in through a TensorIterator.
+  const size_t size = grad.element_size();
+  at::Tensor padded_grad = at::empty({m, n8}, grad.options());
+  copy_rows(g.data_ptr(), n * size, padded_grad.data_ptr(), n8 * size, n * size, m, device);
+  zero_columns_16(static_cast<char*>(padded_grad.data_ptr()) + n * size, n8 * size, n8 - n, m, device);
+  at::Tensor grad_x, grad_weight, grad_bias;
+  if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K), the weight's N rows read as N8
+    grad_x = at::empty(x.sizes(), x.options());
+    launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_x"].toInt()), device, padded_grad.data_ptr(),
+           weight.data_ptr(), grad_x.data_ptr(), nullptr);
+  }
+  if (ctx->needs_input_grad(1)) {  // (N8, M) . (M, K), its first N rows: a contiguous view
+    at::Tensor stored = at::empty({n8, k}, x.options());
+    launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_weight"].toInt()), device, padded_grad.data_ptr(),
+           x.data_ptr(), stored.data_ptr(), nullptr);
+    grad_weight = stored.narrow(0, 0, n);
+  }
+  if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);
+  return {grad_x, grad_weight, grad_bias};
+}
+
+// y = x . weight^T (+ bias) on the operands as they are.
+at::Tensor plain_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                         const Plan& forward, int device) {
+  at::Tensor out = output_like(x, weight.size(0));
+  launch(forward, device, x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+         bias.has_value() ? bias->data_ptr() : nullptr);
+  return out;
+}
+
+// A Linear's autograd node: kPadded for a width that is not a multiple of 8 (padded_forward, padded_grads).
+template <bool kPadded>
+struct LinearFunction : public torch::autograd::Function<LinearFunction<kPadded>> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, const Plan* forward, const Plan* grad_x,
                             const Plan* grad_weight, int64_t device) {
-    at::Tensor out = output_like(x, weight.size(0));
-    launch(*forward, static_cast<int>(device), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
-           bias.has_value() ? bias->data_ptr() : nullptr);
+    const int dev = static_cast<int>(device);
+    at::Tensor out = kPadded ? padded_forward(x, weight, bias, *forward, dev)
+                             : plain_forward(x, weight, bias, *forward, dev);
     ctx->save_for_backward({x, weight});
     save_plans(ctx, grad_x, grad_weight, device, bias.has_value());
     return out;
@@ -200,7 +263,9 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto result = linear_grads(ctx, saved[0], saved[1], dense(grads[0], saved[0].scalar_type()));
+    const at::Tensor grad = dense(grads[0], saved[0].scalar_type());
+    auto result = kPadded ? padded_grads(ctx, saved[0], saved[1], grad)
+                          : linear_grads(ctx, saved[0], saved[1], grad);
     result.resize(7);  // one gradient an input; none for the plans and the device
     return result;
   }
@@ -215,8 +280,7 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
                             const Plan* grad_weight, ElementwisePlan gelu, ElementwisePlan gelu_grad,
                             int64_t device) {
     const int dev = static_cast<int>(device);
-    at::Tensor z = output_like(x, weight.size(0));
-    launch(*forward, dev, x.data_ptr(), weight.data_ptr(), z.data_ptr(), bias.has_value() ? bias->data_ptr() : nullptr);
+    at::Tensor z = plain_forward(x, weight, bias, *forward, dev);
     at::Tensor y = at::empty_like(z);
     launch_gelu(gelu, dev, z.numel(), 16 / z.element_size(), {z.data_ptr(), y.data_ptr(), nullptr}, 2);
     ctx->save_for_backward({x, weight, z});
@@ -243,71 +307,6 @@ struct LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction>
     return result;
   }
 };
-// A Linear whose width N is not a multiple of 8 (GPT-2's 50257-wide head), as jitops/ops/linear.py's padded path
-// runs it: TMA wants 16-byte rows, so the GEMM writes an (M, N8) buffer (the bias zero-padded to N8) and its first
-// N columns are copied out; the backward pads dy to (M, N8) and keeps the valid block of the weight's gradient.
-// The weight is read unpadded, N rows where the problems read N8 (their b_rows: TMA reads zeros past them).  The
-// same padded operands and the same offered problems as the Python path, so the same bits; here the output's copy
-// and dy's pad are driver calls (copy_rows, zero_columns_16) instead of ATen's copy_ and F.pad.
-int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
-
-at::Tensor padded_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                          const Plan& forward, int device) {
-  const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
-  const int64_t m = x.numel() / k;
-  const at::Tensor padded_bias = bias.has_value() ? at::constant_pad_nd(*bias, {0, n8 - n}) : at::Tensor();
-  at::Tensor padded = at::empty({m, n8}, x.options());
-  launch(forward, device, x.data_ptr(), weight.data_ptr(), padded.data_ptr(),
-         padded_bias.defined() ? padded_bias.data_ptr() : nullptr);
-  at::Tensor out = output_like(x, n);
-  const size_t size = x.element_size();
-  copy_rows(padded.data_ptr(), n8 * size, out.data_ptr(), n * size, n * size, m, device);
-  return out;
-}
-
-struct PaddedLinearFunction : public torch::autograd::Function<PaddedLinearFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const c10::optional<at::Tensor>& bias, const Plan* forward, const Plan* grad_x,
-                            const Plan* grad_weight, int64_t device) {
-    at::Tensor out = padded_forward(x, weight, bias, *forward, static_cast<int>(device));
-    ctx->save_for_backward({x, weight});
-    save_plans(ctx, grad_x, grad_weight, device, bias.has_value());
-    return out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int device = static_cast<int>(ctx->saved_data["device"].toInt());
-    const int64_t n = weight.size(0), k = weight.size(1), n8 = round8(n);
-    const at::Tensor grad = dense(grads[0], x.scalar_type());
-    const int64_t m = grad.numel() / n;
-    const at::Tensor g = grad.view({m, n});
-    // dy zero-padded to (M, N8) as F.pad makes it, in two driver calls: at::constant_pad_nd filled the whole
-    // buffer, then copied dy in through a TensorIterator.
-    const size_t size = grad.element_size();
-    at::Tensor padded_grad = at::empty({m, n8}, grad.options());
-    copy_rows(g.data_ptr(), n * size, padded_grad.data_ptr(), n8 * size, n * size, m, device);
-    zero_columns_16(static_cast<char*>(padded_grad.data_ptr()) + n * size, n8 * size, n8 - n, m, device);
-    at::Tensor grad_x, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) {  // (M, N8) . (N8, K), the weight's N rows read as N8
-      grad_x = at::empty(x.sizes(), x.options());
-      launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_x"].toInt()), device, padded_grad.data_ptr(),
-             weight.data_ptr(), grad_x.data_ptr(), nullptr);
-    }
-    if (ctx->needs_input_grad(1)) {  // (N8, M) . (M, K), its first N rows: a contiguous view
-      at::Tensor stored = at::empty({n8, k}, x.options());
-      launch(*reinterpret_cast<const Plan*>(ctx->saved_data["grad_weight"].toInt()), device, padded_grad.data_ptr(),
-             x.data_ptr(), stored.data_ptr(), nullptr);
-      grad_weight = stored.narrow(0, 0, n);
-    }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);
-    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 void clear_linear_tables() {
   table.clear();
   gelu_table.clear();
@@ -357,7 +356,7 @@ struct LinearCall {
   int64_t lda;  // x's row stride: K when contiguous
   WeightLayout w;
   bool has_bias;
-  bool padded;  // N not a multiple of 8 (GPT-2's 50257-wide head): PaddedLinearFunction
+  bool padded;  // N not a multiple of 8 (GPT-2's 50257-wide head): LinearFunction<true>
 };
 
 bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
@@ -399,7 +398,7 @@ bool linear_call(const at::Tensor& x, const at::Tensor& weight, const c10::optio
   return true;
 }
 
-// A padded call (linear_call's `padded`) through PaddedLinearFunction, or None: no activation (a GELU's or ReLU's
+// A padded call (linear_call's `padded`) through LinearFunction<true>, or None: no activation (a GELU's or ReLU's
 // padded training path stays in Python), and the driver's 2-D copy and fill handed over.
 py::object padded_linear(const LinearCall& call, const at::Tensor& x, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias, int64_t activation) {
@@ -417,7 +416,7 @@ py::object padded_linear(const LinearCall& call, const at::Tensor& x, const at::
   const Plan* grad_weight =
       weight.requires_grad() ? find(grad_weight_key(device, call.dtype, m, n8, k, k, false)) : nullptr;
   if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
-  return hit(PaddedLinearFunction::apply(x, weight, maybe_bias, forward, grad_x, grad_weight,
+  return hit(LinearFunction<true>::apply(x, weight, maybe_bias, forward, grad_x, grad_weight,
                                          static_cast<int64_t>(device)));
 }
 
@@ -444,11 +443,8 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                                has_bias);
   const Plan* forward = find(fkey);
   if (!forward) return miss();
-  if (!grad) {
-    at::Tensor out = output_like(x, n);
-    launch(*forward, device, x.data_ptr(), weight.data_ptr(), out.data_ptr(), has_bias ? bias->data_ptr() : nullptr);
-    return hit(out);
-  }
+  const auto maybe_bias = has_bias ? bias : c10::optional<at::Tensor>();
+  if (!grad) return hit(plain_forward(x, weight, maybe_bias, *forward, device));
   // The backward's problems, fetched now: a call runs here only if its whole step can.
   const bool transposed = !w.row_major;
   const Plan* grad_x = x.requires_grad() ? find(grad_x_key(device, dtype, m, n, k, w)) : nullptr;
@@ -456,7 +452,6 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                                 ? find(grad_weight_key(device, dtype, m, n, k, call.lda, transposed))
                                 : nullptr;
   if ((x.requires_grad() && !grad_x) || (weight.requires_grad() && !grad_weight)) return miss();
-  const auto maybe_bias = has_bias ? bias : c10::optional<at::Tensor>();
   at::Tensor out;
   if (gelu_pair) {  // fresh z, y and (dense) dy: 16-byte aligned, the widest vectors
     ElementwisePlan gelu, gelu_grad;
@@ -468,7 +463,8 @@ py::object linear(const at::Tensor& x, const at::Tensor& weight, const c10::opti
     out = LinearGeluFunction::apply(x, weight, maybe_bias, forward, grad_x, grad_weight, gelu, gelu_grad,
                                     static_cast<int64_t>(device));
   } else {
-    out = LinearFunction::apply(x, weight, maybe_bias, forward, grad_x, grad_weight, static_cast<int64_t>(device));
+    out = LinearFunction<false>::apply(x, weight, maybe_bias, forward, grad_x, grad_weight,
+                                       static_cast<int64_t>(device));
   }
   return hit(out);
 }
