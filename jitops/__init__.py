@@ -27,7 +27,7 @@ from .ops.gelu import gelu, gelu_backward  # noqa: E402
 from .ops.gemm import gemm  # noqa: E402
 from .ops.grouped_gemm import grouped_gemm  # noqa: E402
 from .ops.layer_norm import (layer_norm, layer_norm_backward, layer_norm_forward,  # noqa: E402
-                             layer_norm_inference)
+                             layer_norm_inference, rms_norm)
 from .ops.linear import linear  # noqa: E402
 
 from .patching import PatchReport, PrefetchReport, patch, prefetch, unpatch  # noqa: E402
@@ -61,7 +61,7 @@ def cuda_type(dtype) -> str:
 
 __all__ = [
     "add", "gelu", "gelu_backward", "layer_norm", "layer_norm_forward", "layer_norm_backward",
-    "layer_norm_inference",
+    "layer_norm_inference", "rms_norm",
     "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "gemm", "grouped_gemm", "linear",
     "patch", "unpatch", "prefetch", "PatchReport", "PrefetchReport",
     "record_calls", "CallRecorder",

@@ -1,6 +1,7 @@
 """jitops.patch(model): swap jitops' ops into a model in place, and jitops.unpatch(model) to restore it.
 
-    report = jitops.patch(model)                    # nn.Linear, transformers' Conv1D, nn.LayerNorm, GELUs, nn.Conv2d
+    report = jitops.patch(model)                    # nn.Linear, transformers' Conv1D, nn.LayerNorm, RMSNorms,
+                                                    # GELUs, nn.Conv2d
     print(report)                                   # what was swapped, what was fused, what was left alone and why
     jitops.unpatch(model)                           # the model as it was
 
@@ -13,7 +14,7 @@ becomes one jitops.linear(..., activation="gelu" | "gelu_tanh") call and the GEL
 A swapped module still accepts every input its torch forward accepts: inputs jitops does not take (a dtype or
 device it has no kernels for, conv2d's groups) run the original forward, and each such combination is logged once.
 Under torch.autocast the inputs are cast as autocast would cast them for the torch op (linear and conv2d to the
-autocast dtype, layer_norm to float32).
+autocast dtype, layer_norm to float32; an RMSNorm runs its own forward under autocast).
 """
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ from .ops.gemm_plan import CUDA_DTYPES as _GEMM_CUDA
 from .ops.layer_norm import CPU_DTYPES as _LAYER_NORM_CPU
 from .ops.layer_norm import CUDA_DTYPES as _LAYER_NORM_CUDA
 from .ops.layer_norm import layer_norm as _layer_norm
+from .ops.layer_norm import rms_norm as _rms_norm
 from .ops.linear import linear as _linear
 
 log = logging.getLogger("jitops")
 
-OPS = ("linear", "layer_norm", "gelu", "conv2d")
+OPS = ("linear", "layer_norm", "rms_norm", "gelu", "conv2d")
 
 # What each op takes, by device kind; anything else runs the module's torch forward.
 _LINEAR_DTYPES = {"cuda": frozenset(_GEMM_CUDA), "cpu": frozenset(_GEMM_CPU)}
@@ -50,6 +52,9 @@ _CONV_DTYPES = {"cuda": frozenset(_CONV_CUDA), "cpu": frozenset(_CONV_CPU)}
 
 
 # ---- the report -----------------------------------------------------------------------------------------------
+_NOTHING = ("jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, RMSNorm, GELU or "
+            "nn.Conv2d modules")
+
 @dataclass
 class Swapped:
     name: str       # the module's name in the model ("" for the model itself)
@@ -83,8 +88,7 @@ class PatchReport:
 
     def __str__(self) -> str:
         if not self.swapped and not self.left_alone:
-            return "jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, GELU or " \
-                   "nn.Conv2d modules"
+            return _NOTHING
         lines = [f"jitops.patch: {len(self.swapped)} modules swapped, {len(self.fused)} Linear+GELU pairs fused, "
                  f"{len(self.left_alone)} left alone"]
         lines += [f"  {n:4d} x {key}" for key, n in sorted(self.counts().items())]
@@ -182,6 +186,24 @@ def _layer_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     return nn.LayerNorm.forward(self, input)
 
 
+def _rms_norm_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    # nn.RMSNorm: F.rms_norm(x, normalized_shape, weight, eps); transformers' LlamaRMSNorm and its copies: the same
+    # over the last dimension, eps in variance_epsilon.  Theirs rounds x * rstd to x's dtype before the weight;
+    # jitops rounds once.
+    # transformers' takes its statistics in float32 whatever x's dtype: a float64 x runs that forward.
+    weight = self.weight
+    dtype = input.dtype
+    if not _any_autocast() and (weight is None or weight.dtype is dtype) and \
+            dtype in _LAYER_NORM_DTYPES.get(_device_kind(input), ()):
+        if not self.__dict__["_jitops_hf"]:
+            return _rms_norm(input, self.normalized_shape, weight, self.eps)
+        if dtype is not torch.float64:
+            return _rms_norm(input, weight.shape, weight, self.variance_epsilon)
+    _fall_back(self, f"input of {dtype} with a weight of {weight.dtype if weight is not None else None} on "
+                     f"{input.device.type}, or autocast", input, weight)
+    return _original_class(type(self)).forward(self, input)
+
+
 def _gelu_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
     if input.dtype in _GELU_DTYPES.get(_device_kind(input), ()):
         return _gelu(input, self.__dict__["_jitops_approximate"])
@@ -238,6 +260,10 @@ _CONV1D = "transformers.pytorch_utils.Conv1D"
 # Subclasses of nn.LayerNorm whose forward is F.layer_norm over the module's own attributes (when the predicate
 # holds): timm's LayerNorm unless its apex "fast norm" path is on.
 _LAYER_NORM_ALIKES = {"timm.layers.norm.LayerNorm": lambda m: not getattr(m, "_fast_norm", False)}
+# transformers' RMSNorms whose forward is LlamaRMSNorm's: weight * (x * rsqrt(mean(x^2) + variance_epsilon)), the
+# statistics in float32.  (Gemma's scales by 1 + weight: not here.)
+_HF_RMS_NORMS = frozenset(f"transformers.models.{m}.modeling_{m}.{c}RMSNorm" for m, c in (
+    ("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("mixtral", "Mixtral")))
 # Blocks whose forward runs `linear` then `act` on its result and nothing else reads the Linear's output.
 _MLP_BLOCKS = {
     "transformers.models.gpt2.modeling_gpt2.GPT2MLP": ("c_fc", "act"),
@@ -420,7 +446,8 @@ def _prefetch_hook(model: nn.Module, args: tuple, kwargs: dict) -> None:
 # ---- patch / unpatch ------------------------------------------------------------------------------------------
 def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True, prefetch: bool = True) -> PatchReport:
     """Swap jitops into `model` in place; returns a PatchReport (print it).  `ops` chooses among "linear"
-    (nn.Linear and transformers' Conv1D), "layer_norm", "gelu" and "conv2d"; fuse=False keeps Linear and GELU
+    (nn.Linear and transformers' Conv1D), "layer_norm", "rms_norm" (nn.RMSNorm and transformers' LlamaRMSNorm and
+    its copies), "gelu" and "conv2d"; fuse=False keeps Linear and GELU
     apart.  prefetch: on the model's first call with each new input shape, compile every kernel of the step at
     once (jitops.prefetch).  Patching twice is harmless; jitops.unpatch(model) restores the model."""
     if not isinstance(model, nn.Module):
@@ -470,9 +497,7 @@ def patch(model: nn.Module, ops: Iterable[str] = OPS, *, fuse: bool = True, pref
     if prefetch and report.swapped and "_jitops_prefetch_hook" not in model.__dict__:
         model.__dict__["_jitops_prefetch_hook"] = model.register_forward_pre_hook(_prefetch_hook, with_kwargs=True)
     if not report.swapped:
-        log.warning("%s", report if report.left_alone else
-                    "jitops.patch: nothing to swap: the model has no nn.Linear, Conv1D, nn.LayerNorm, GELU or "
-                    "nn.Conv2d modules")
+        log.warning("%s", report if report.left_alone else _NOTHING)
     return report
 
 
@@ -502,6 +527,18 @@ def _patch_one(m: nn.Module, ops: tuple[str, ...], fused_away: bool) -> str | No
         return "jitops.layer_norm"
     if isinstance(m, nn.LayerNorm):
         return "a subclass of nn.LayerNorm with its own forward" if "layer_norm" in ops else None
+    hf_rms = _qualname(type(m)) in _HF_RMS_NORMS
+    if hf_rms or _plain(m, nn.RMSNorm):
+        if "rms_norm" not in ops:
+            return None
+        weight = getattr(m, "weight", None)
+        if hf_rms and not (isinstance(weight, torch.Tensor) and weight.dim() == 1 and
+                           isinstance(getattr(m, "variance_epsilon", None), float)):
+            return "an RMSNorm without a 1-D weight and a float variance_epsilon"
+        _swap(m, "RMSNorm", _rms_norm_forward, hf=hf_rms)
+        return "jitops.rms_norm"
+    if isinstance(m, nn.RMSNorm):
+        return "a subclass of nn.RMSNorm with its own forward" if "rms_norm" in ops else None
     approximate = _gelu_approximate(m)
     if approximate is not None:
         if "gelu" not in ops:

@@ -9,6 +9,10 @@
 // A block holds RPB = THREADS / TPR rows at a time and walks row blocks grid-stride (a persistent grid in the
 // backward, so that each block sums dweight/dbias over many rows in registers).
 //
+// RMS (jitops.rms_norm): the same kernels with the mean taken as 0, so rstd = 1/sqrt(mean(x^2) + eps) and the
+// statistics saved for the backward hold a mean of 0; the backward then drops mean(g) from dx, and the dweight
+// kernels, which read the saved mean, need no change.
+//
 // Reductions: a butterfly of warp shuffles, and for TPR > 32 one barrier and a second butterfly over the
 // warps.  Every combine is commutative bit for bit, so all threads of a row get identical statistics; the
 // dweight/dbias partial sums go to a workspace [2][blocks][n] and a second kernel adds them in a fixed order.
@@ -117,7 +121,7 @@ template <int TPR, typename V> __device__ __forceinline__ V group_allreduce(V v,
 }  // namespace ln
 
 // ---- forward: y = (x - mean) * rstd * w + b; stats[row] = mean, stats[rows + row] = rstd (if stats) --------------
-template <typename T, int VEC, int TPR, int ITERS, typename I>
+template <typename T, int VEC, int TPR, int ITERS, typename I, bool RMS>
 __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
     layer_norm_forward(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
                        acc_t<T>* __restrict__ stats, i64 rows_, i64 n_, double eps_) {
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
         }
       }
       if (count > A(0)) {
-        const A mean = sum / count;
+        const A mean = RMS ? A(0) : sum / count;  // RMS: m2 is the sum of squares (combine's delta is 0)
         A m2 = A(0);
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
@@ -214,14 +218,15 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS)
 
 // ---- backward ---------------------------------------------------------------------------------------------------
 // With xhat = (x - mean) * rstd and g = dy * w (g = dy without a weight):
-//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),   dweight = sum_rows dy * xhat,   dbias = sum_rows dy.
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),   dweight = sum_rows dy * xhat,   dbias = sum_rows dy;
+// RMS drops mean(g) (its mean is 0).
 // PARAMS says where this kernel sums dweight/dbias over its rows:
 //   0: it does not (no dweight/dbias wanted, or layer_norm_backward_columns does it);
 //   1: in registers (one-tile rows only: a thread owns the same columns in every row);
 //   2: in dynamic shared memory, [2][RPB][n] of acc_t<T> (rows of any length that fit).
 // Either way the block then writes its sums to partial[0][blockIdx.x][:] (dweight) and partial[1][...] (dbias),
 // adding the RPB row groups of the block in order; layer_norm_reduce_partials adds the blocks in order.
-template <typename T, int VEC, int TPR, int ITERS, typename I, int PARAMS>
+template <typename T, int VEC, int TPR, int ITERS, typename I, int PARAMS, bool RMS>
 __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupancy<T, VEC, TPR, ITERS, PARAMS>::BLOCKS))
     layer_norm_backward(const T* __restrict__ dy, const T* __restrict__ x, const acc_t<T>* __restrict__ stats,
                         const T* __restrict__ w, T* __restrict__ dx, acc_t<T>* __restrict__ partial,
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(ln::Shape<TPR>::THREADS, (ln::BackwardOccupanc
     if (dx == nullptr) continue;  // uniform across the grid: no barrier is skipped by some threads only
     s = ln::group_allreduce<TPR>(s, scratch[parity]);
     parity ^= 1;
-    const A mean_g = s.a * inv_n, mean_gx = s.b * inv_n;
+    const A mean_g = RMS ? A(0) : s.a * inv_n, mean_gx = s.b * inv_n;
     V* dr = reinterpret_cast<V*>(dx) + offset;
     for (I base = 0; base < chunks; base += TILE) {
       if (!one_tile) {

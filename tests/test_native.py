@@ -217,12 +217,13 @@ def test_layer_norm_offers_are_checked_and_cpu_calls_left_to_python(module):
     generation = jitops.config.generation
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="pointer field out of range"):
-        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, generation,
+        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, False, generation,
                                 [(1, (1, 1, 1), (32, 1, 1), 0, bytes(16), [0, 8], [(12, 0)])], [])
     with pytest.raises(RuntimeError, match="bad workspace slot"):
-        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, generation, [], [(1, 64)])
+        module.offer_layer_norm(0, x, 4, 8, False, False, 0, 1e-5, False, False, False, True, generation, [],
+                                [(1, 64)])
     before = native.counters()["native_misses"]
-    assert module.layer_norm(x, 8, None, None, 1e-5, generation) is None
+    assert module.layer_norm(x, 8, None, None, 1e-5, False, generation) is None
     assert native.counters()["native_misses"] == before + 1
     torch.testing.assert_close(jitops.layer_norm(x, 8), torch.nn.functional.layer_norm(x, (8,)))
 

@@ -58,7 +58,7 @@ MODELS = {"gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet}
 EXPECTED = {
     "gpt2": ({"transformers.pytorch_utils.Conv1D", "nn.LayerNorm", "transformers.activations.NewGELUActivation",
               "nn.Linear"}, 2),
-    "llama": ({"nn.Linear"}, 0),
+    "llama": ({"nn.Linear", "transformers.models.llama.modeling_llama.LlamaRMSNorm"}, 0),
     "vit": ({"nn.Linear", "nn.LayerNorm", "nn.Conv2d", "transformers.activations.GELUActivation"}, 2),
     "resnet": ({"nn.Conv2d", "nn.Linear"}, 0),
 }

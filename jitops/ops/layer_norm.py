@@ -1,14 +1,18 @@
-"""jitops.layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5), forward and backward.
+"""jitops.layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5), forward and backward, and
+jitops.rms_norm(x, normalized_shape, weight=None, eps=None).
 
 Like torch.nn.functional.layer_norm: each row of n = prod(normalized_shape) trailing elements is normalized by
 its mean and biased variance, then scaled by weight and shifted by bias (both shaped normalized_shape).
+jitops.rms_norm is torch.nn.functional.rms_norm: each row divided by its root mean square, sqrt(mean(x^2) + eps)
+(eps None: torch.finfo(x.dtype).eps), then scaled by weight.  It is the same ops and kernels with rms=True: the
+mean taken as 0 (and saved as 0 in stats), the backward's dx without its mean(g) term.
 
 Three ops carry it.  The public function calls the first when a gradient is to be recorded (and returns y),
 else the third:
-    jitops::layer_norm_forward(x, normalized_shape, weight, bias, eps) -> (y, stats)
-    jitops::layer_norm_backward(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias)
+    jitops::layer_norm_forward(x, normalized_shape, weight, bias, eps, rms) -> (y, stats)
+    jitops::layer_norm_backward(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias, rms)
         -> (dx, dweight, dbias)
-    jitops::layer_norm_inference(x, normalized_shape, weight, bias, eps) -> y    (same kernel, no stats written)
+    jitops::layer_norm_inference(x, normalized_shape, weight, bias, eps, rms) -> y  (same kernel, no stats written)
 stats is (2, rows): the mean and 1/sqrt(var + eps) of every row, in float32 (float64 for float64 inputs),
 saved for the backward.  The backward computes only the gradients autograd asks for; the ones not asked for
 come back as empty tensors.  dweight and dbias are deterministic: per-block partial sums go to a workspace and
@@ -113,14 +117,14 @@ def _concrete(x: torch.Tensor) -> bool:
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
-def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
+def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False) -> ForwardClass:
     """The forward's class.  Runs on every call, so the common call (a contiguous CUDA x or a CPU x, one
     normalized dimension, weight and bias absent or vectors of x's dtype, contiguous on CUDA) takes a short
     path: a dozen tensor queries where the general checks below make ~30 (1.9-2.8 us against 5.6 on the lent
     H100's hosts).  Anything else, bad inputs included, takes the general path, which gives the same class or
     the error."""
     if type(x) is not _Tensor or len(normalized_shape) != 1:
-        return _checked_shape_class(x, normalized_shape, weight, bias, eps)
+        return _checked_shape_class(x, normalized_shape, weight, bias, eps, rms)
     if x.is_cuda and x.is_contiguous():
         n = normalized_shape[0]
         shape = x.shape
@@ -146,7 +150,8 @@ def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> 
                 width = 16 // itemsize
                 while width > 1 and (n % width or address % (width * itemsize)):
                     width >>= 1
-                return forward_class(dtype, n, width, numel // n, "int" if numel < INT32_LIMIT else "long long")
+                return forward_class(dtype, n, width, numel // n, "int" if numel < INT32_LIMIT else "long long",
+                                     rms)
     elif x.is_cpu:  # the CPU kernel's class is the dtype's: only the checks (1.5 us through _check_inputs)
         n = normalized_shape[0]
         shape = x.shape
@@ -158,28 +163,30 @@ def shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> 
                 (bias is None or ((type(bias) is _Tensor or type(bias) is _Parameter) and
                                   bias.dtype is dtype and bias.shape == (n,))):
             return cls
-    return _checked_shape_class(x, normalized_shape, weight, bias, eps)
+    return _checked_shape_class(x, normalized_shape, weight, bias, eps, rms)
 
 
-# The CPU kernel takes every shape: its class is the dtype's (what _checked_shape_class builds on the CPU).
+# The CPU kernel takes every shape: its class is the dtype's (what _checked_shape_class builds on the CPU); rms is
+# an argument of its calls.
 _CPU_CLASSES = {dtype: ForwardClass(dtype, 0, 0, 0, "") for dtype in CPU_DTYPES}
 
 
-def _checked_shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> ForwardClass:
-    n = _check_inputs("layer_norm", x, normalized_shape, (("weight", weight), ("bias", bias)))
+def _checked_shape_class(x: torch.Tensor, normalized_shape, weight, bias, eps: float,
+                         rms: bool = False) -> ForwardClass:
+    n = _check_inputs("rms_norm" if rms else "layer_norm", x, normalized_shape, (("weight", weight), ("bias", bias)))
     if x.is_cpu or not _concrete(x):
         return ForwardClass(x.dtype, 0, 0, 0, "")
     aligned = [t for t in (x, weight, bias) if t is not None and t.is_contiguous()]
     numel = x.numel()
     return forward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), numel // n if n else 0,
-                         "int" if numel < INT32_LIMIT else "long long")
+                         "int" if numel < INT32_LIMIT else "long long", rms)
 
 
 LN_FORWARD = CudaKernel("layer_norm_forward", Source.file("layer_norm.cu"),
-                        "jitops::layer_norm_forward<{T}, {VEC}, {TPR}, {ITERS}, {I}>",
+                        "jitops::layer_norm_forward<{T}, {VEC}, {TPR}, {ITERS}, {I}, {RMS}>",
                         "ptr ptr ptr ptr ptr i64 i64 f64")
 LN_BACKWARD = CudaKernel("layer_norm_backward", Source.file("layer_norm.cu"),
-                         "jitops::layer_norm_backward<{T}, {VEC}, {TPR}, {ITERS}, {I}, {PARAMS}>",
+                         "jitops::layer_norm_backward<{T}, {VEC}, {TPR}, {ITERS}, {I}, {PARAMS}, {RMS}>",
                          "ptr ptr ptr ptr ptr ptr ptr ptr i64 i64")
 LN_COLUMNS = CudaKernel("layer_norm_backward_columns", Source.file("layer_norm.cu"),
                         "jitops::layer_norm_backward_columns<{T}, {VEC}, {I}>", "ptr ptr ptr ptr i64 i64 i64")
@@ -192,14 +199,14 @@ LN_PARAM_GRADS = CudaKernel("layer_norm_param_grads", Source.file("layer_norm.cu
 # rounding error where the difference is exactly 0 (all of dx when n == 1).  x86-64's baseline has no FMA, but
 # where it is (aarch64, -march=native) GCC fuses by default.
 LN_CPU = CppLibrary("layer_norm_cpu", Source.file("cpu/layer_norm.cpp"), functions={
-    "layer_norm_forward": (("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "f64"), "void"),
-    "layer_norm_backward": (("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64"), "void"),
+    "layer_norm_forward": (("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "f64", "i64"), "void"),
+    "layer_norm_backward": (("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64"), "void"),
 }, options=("-O3", "-ffp-contract=off"))
 
 
 def cuda_kernels(cls: ForwardClass, target: Target):
     return {"forward": LN_FORWARD.bind(shapes.dtype_name(cls.dtype), T=shapes.CUDA_TYPES[cls.dtype], VEC=cls.vec,
-                                       TPR=cls.tpr, ITERS=cls.iters, I=cls.index)}
+                                       TPR=cls.tpr, ITERS=cls.iters, I=cls.index, RMS=_RMS[cls.rms])}
 
 
 def cpu_kernels(cls, target: Target):
@@ -207,7 +214,10 @@ def cpu_kernels(cls, target: Target):
     return {"cpu": LN_CPU.bind(shapes.dtype_name(compute), SCALAR_T=shapes.CPU_TYPES[compute])}
 
 
-def fake(x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+_RMS = {False: "false", True: "true"}
+
+
+def fake(x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False):
     n = math.prod(normalized_shape)
     rows = _rows(x, n, len(normalized_shape))
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
@@ -215,7 +225,7 @@ def fake(x: torch.Tensor, normalized_shape, weight, bias, eps: float):
 
 
 def setup_context(ctx, inputs, output) -> None:
-    x, normalized_shape, weight, bias, eps = inputs
+    x, normalized_shape, weight, bias = inputs[:4]
     _, stats = output
     ctx.mark_non_differentiable(stats)
     # stats never gets a gradient: without this autograd allocates and fills a zero one for every backward.
@@ -224,6 +234,7 @@ def setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, stats, weight)
     ctx.normalized_shape = list(normalized_shape)
     ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+    ctx.rms = len(inputs) > 5 and bool(inputs[5])
 
 
 def backward(ctx, grad: torch.Tensor | None, grad_stats: torch.Tensor | None):
@@ -233,7 +244,8 @@ def backward(ctx, grad: torch.Tensor | None, grad_stats: torch.Tensor | None):
     need_db = ctx.has_bias and ctx.needs_input_grad[3]
     if grad is None or not (need_dx or need_dw or need_db):
         return None, None, None
-    dx, dw, db = layer_norm_backward(grad, x, stats, weight, ctx.normalized_shape, need_dx, need_dw, need_db)
+    dx, dw, db = layer_norm_backward(grad, x, stats, weight, ctx.normalized_shape, need_dx, need_dw, need_db,
+                                     ctx.rms)
     return dx if need_dx else None, dw if need_dw else None, db if need_db else None
 
 
@@ -242,7 +254,7 @@ _CPU_BACKWARD_CLASSES = {dtype: BackwardClass(dtype, 0, 0, 0, "", 0) for dtype i
 
 
 def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                         need_dx: bool, need_dweight: bool, need_dbias: bool) -> BackwardClass:
+                         need_dx: bool, need_dweight: bool, need_dbias: bool, rms: bool = False) -> BackwardClass:
     n = _check_inputs("layer_norm_backward", x, normalized_shape, (("weight", weight),))
     if grad.dtype != x.dtype:
         shapes.check_same_dtype("layer_norm_backward", ("x", x), ("grad", grad))
@@ -255,21 +267,21 @@ def backward_shape_class(grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
     if x.is_cpu:
         return _CPU_BACKWARD_CLASSES[x.dtype]  # (the dtype was checked above)
     if not _concrete(x):
-        return BackwardClass(x.dtype, 0, 0, 0, "", 0)
+        return BackwardClass(x.dtype, 0, 0, 0, "", 0, rms)
     aligned = [t for t in (grad, x, weight) if t is not None and t.is_contiguous()]
     return backward_class(x.dtype, n, _vector_width(n, x.element_size(), aligned), rows < SMALL_ROWS,
-                          "int" if numel < INT32_LIMIT else "long long", 1 < rows <= FEW_ROWS)
+                          "int" if numel < INT32_LIMIT else "long long", 1 < rows <= FEW_ROWS, rms)
 
 
 def backward_cuda_kernels(cls: BackwardClass, target: Target):
-    dtype, ctype = shapes.dtype_name(cls.dtype), shapes.CUDA_TYPES[cls.dtype]
+    dtype, ctype, rms = shapes.dtype_name(cls.dtype), shapes.CUDA_TYPES[cls.dtype], _RMS[cls.rms]
     if cls.params == 3:  # the row kernel computes dx only; layer_norm_param_grads does dweight/dbias
         return {"backward": LN_BACKWARD.bind(dtype, T=ctype, VEC=cls.vec, TPR=cls.tpr, ITERS=cls.iters, I=cls.index,
-                                             PARAMS=0),
+                                             PARAMS=0, RMS=rms),
                 "param_grads": LN_PARAM_GRADS.bind(dtype, T=ctype)}
     kernels = {
         "backward": LN_BACKWARD.bind(dtype, T=ctype, VEC=cls.vec, TPR=cls.tpr, ITERS=cls.iters, I=cls.index,
-                                     PARAMS=cls.params),
+                                     PARAMS=cls.params, RMS=rms),
         "reduce": LN_REDUCE.bind(dtype, T=ctype),
     }
     if cls.params == 0:
@@ -277,7 +289,7 @@ def backward_cuda_kernels(cls: BackwardClass, target: Target):
     return kernels
 
 
-def backward_fake(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias):
+def backward_fake(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias, rms=False):
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty((0,)),
             x.new_empty(normalized_shape) if need_dweight else x.new_empty((0,)),
             x.new_empty(normalized_shape) if need_dbias else x.new_empty((0,)))
@@ -285,7 +297,7 @@ def backward_fake(grad, x, stats, weight, normalized_shape, need_dx, need_dweigh
 
 layer_norm_backward = op(
     "jitops::layer_norm_backward(Tensor grad, Tensor x, Tensor stats, Tensor? weight, int[] normalized_shape, "
-    "bool need_dx=True, bool need_dweight=True, bool need_dbias=True) -> (Tensor, Tensor, Tensor)",
+    "bool need_dx=True, bool need_dweight=True, bool need_dbias=True, bool rms=False) -> (Tensor, Tensor, Tensor)",
     shape_class=backward_shape_class,
     cuda=Impl(backward_cuda_kernels, run_backward_cuda),
     cpu=Impl(cpu_kernels, run_backward_cpu),
@@ -295,7 +307,7 @@ layer_norm_backward = op(
 )
 
 
-def companions(x, normalized_shape, weight, bias, eps, *, needs):
+def companions(x, normalized_shape, weight, bias, eps, rms=False, *, needs):
     """The backward's call (see backward above), for manifests and prefetching: dy like y (contiguous), the
     saved statistics."""
     need_dx, need_dw, need_db = needs[0], needs[1] and weight is not None, needs[2] and bias is not None
@@ -304,12 +316,12 @@ def companions(x, normalized_shape, weight, bias, eps, *, needs):
     n = math.prod(normalized_shape)
     stats = shapes.placeholder(x, (2, x.numel() // n if n else 0), dtype=STATS_DTYPE.get(x.dtype, torch.float32))
     return [(layer_norm_backward, (shapes.placeholder(x, x.shape), x, stats, weight, list(normalized_shape),
-                                   need_dx, need_dw, need_db))]
+                                   need_dx, need_dw, need_db, rms))]
 
 
 layer_norm_forward = op(
     "jitops::layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
-    "float eps=1e-05) -> (Tensor, Tensor)",
+    "float eps=1e-05, bool rms=False) -> (Tensor, Tensor)",
     shape_class=shape_class,
     cuda=Impl(cuda_kernels, run_cuda),
     cpu=Impl(cpu_kernels, run_cpu),
@@ -323,32 +335,39 @@ layer_norm_forward = op(
 
 
 # ---- jitops::layer_norm_inference: the forward when no gradient is recorded --------------------------------------
-def run_inference_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> torch.Tensor:
-    return forward_offered(k, x, normalized_shape, weight, bias, eps, False)[0]
+def run_inference_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float,
+                       rms: bool = False) -> torch.Tensor:
+    return forward_offered(k, x, normalized_shape, weight, bias, eps, False, rms)[0]
 
 
-def run_inference_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float) -> torch.Tensor:
-    return run_cpu(k, x, normalized_shape, weight, bias, eps)[0]
+def run_inference_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float,
+                      rms: bool = False) -> torch.Tensor:
+    return run_cpu(k, x, normalized_shape, weight, bias, eps, rms)[0]
+
+
+def torch_inference(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False):
+    if rms:
+        return torch.nn.functional.rms_norm(x, list(normalized_shape), weight, eps).contiguous()
+    return torch.nn.functional.layer_norm(x, list(normalized_shape), weight, bias, eps).contiguous()
 
 
 layer_norm_inference = op(
     "jitops::layer_norm_inference(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
-    "float eps=1e-05) -> Tensor",
+    "float eps=1e-05, bool rms=False) -> Tensor",
     shape_class=shape_class,
     cuda=Impl(cuda_kernels, run_inference_cuda),
     cpu=Impl(cpu_kernels, run_inference_cpu),
-    fake=lambda x, normalized_shape, weight, bias, eps: torch.empty_like(x, memory_format=torch.contiguous_format),
+    fake=lambda x, normalized_shape, weight, bias, eps, rms=False: torch.empty_like(
+        x, memory_format=torch.contiguous_format),
     doc="jitops.layer_norm when no gradient is recorded: y only (the CUDA kernel skips the statistics).",
-    fallback=lambda k, x, normalized_shape, weight, bias, eps: torch.nn.functional.layer_norm(
-        x, list(normalized_shape), weight, bias, eps).contiguous(),
+    fallback=torch_inference,
 )
 
 
 _native = native.host
 
 
-def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+def _normalize(x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool) -> torch.Tensor:
     if type(normalized_shape) is int:
         normalized_shape = (normalized_shape,)
     # The C++ host path first (jitops/native.py): it serves a plain CUDA call over the last dimension whose
@@ -357,7 +376,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     host = _native.module
     if host is not None and getattr(x, "is_cuda", False) and len(normalized_shape) == 1 and not dispatcher_wanted():
         try:
-            y = host.layer_norm(x, normalized_shape[0], weight, bias, eps, config.generation)
+            y = host.layer_norm(x, normalized_shape[0], weight, bias, eps, rms, config.generation)
         except TypeError:  # not tensors, or a shape that is not an int: the Python path says so
             y = None
         if y is not None:
@@ -367,18 +386,33 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     # bytes a row fewer.
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)
                                     or getattr(bias, "requires_grad", False)):
-        return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
-    return layer_norm_inference(x, normalized_shape, weight, bias, eps)
+        return layer_norm_forward(x, normalized_shape, weight, bias, eps, rms)[0]
+    return layer_norm_inference(x, normalized_shape, weight, bias, eps, rms)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    return _normalize(x, normalized_shape, weight, bias, eps, False)
+
+
+def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+             eps: float | None = None) -> torch.Tensor:
+    """torch.nn.functional.rms_norm through jitops.layer_norm's ops and kernels (rms=True); see the module's
+    docstring.  eps None is torch's default, torch.finfo(x.dtype).eps."""
+    if eps is None:
+        dtype = getattr(x, "dtype", None)
+        eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 0.0
+    return _normalize(x, normalized_shape, weight, None, eps, True)
 
 
 layer_norm.__doc__ = __doc__
 layer_norm.op = layer_norm_forward.op  # type: ignore[attr-defined]
 
 
-# One public name for the three ops: what the function above calls with a gradient recorded and without one.
-def _bind(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+# One public name for the three ops: what the functions above call with a gradient recorded and without one.
+def _bind(x, normalized_shape, weight=None, bias=None, eps=1e-5, rms=False):
     shape = [normalized_shape] if type(normalized_shape) is int else list(normalized_shape)
-    return layer_norm_forward, (x, shape, weight, bias, eps)
+    return layer_norm_forward, (x, shape, weight, bias, eps, rms)
 
 
 public("layer_norm", layer_norm, entries=(layer_norm_forward, layer_norm_inference), parts=(layer_norm_backward,),
@@ -390,4 +424,8 @@ PREWARM = [
     {"op": "layer_norm", "dtypes": ["fp32", "fp16", "bf16"],
      "shapes": [[[4096, n], [n], [n]]], "kwargs": {"normalized_shape": [n], "eps": 1e-5}}
     for n in (768, 1024, 2048, 4096, 8192)
+] + [  # rms_norm (Llama-style models: a weight, no bias)
+    {"op": "layer_norm", "dtypes": ["fp32", "fp16", "bf16"],
+     "shapes": [[[4096, n], [n], None]], "kwargs": {"normalized_shape": [n], "eps": 1e-6, "rms": True}}
+    for n in (1024, 2048, 4096, 8192)
 ]

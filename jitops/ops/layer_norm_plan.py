@@ -51,6 +51,7 @@ class ForwardClass(NamedTuple):
     tpr: int      # threads per row
     iters: int    # vectors per thread per row tile
     index: str    # "int" or "long long"
+    rms: bool = False  # jitops.rms_norm: the mean taken as 0 (the kernels' RMS)
 
 
 class BackwardClass(NamedTuple):
@@ -61,6 +62,7 @@ class BackwardClass(NamedTuple):
     index: str
     params: int   # where dweight/dbias are summed: 1 registers, 2 shared memory, 0 layer_norm_backward_columns
     #               (all three + layer_norm_reduce_partials), 3 layer_norm_param_grads (few rows)
+    rms: bool = False
 
 
 def _threads(tpr: int) -> int:
@@ -85,24 +87,25 @@ _FORWARD_CLASSES: dict[tuple, tuple["ForwardClass", "ForwardClass"]] = {}
 _BACKWARD_CLASSES: dict[tuple, "BackwardClass"] = {}
 
 
-def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str) -> ForwardClass:
+def forward_class(dtype: torch.dtype, n: int, vec: int, rows: int, index: str, rms: bool = False) -> ForwardClass:
     """The class for `rows` rows of n: fewer than SMALL_ROWS rows take the few-rows bucket; otherwise 128-byte
     tiles when that leaves enough threads (FORWARD_BUSY_THREADS, FORWARD_MIN_WIDE_TPR), else 64-byte tiles."""
     small = rows < SMALL_ROWS
-    key = (dtype, n, vec, small, index)
+    key = (dtype, n, vec, small, index, rms)
     pair = _FORWARD_CLASSES.get(key)
     if pair is None:
         itemsize = _ITEMSIZE[dtype]
         wide_tile = config.layer_norm_tuning.get("forward_tile_bytes", FORWARD_TILE_BYTES)
         pair = _FORWARD_CLASSES[key] = tuple(
-            ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, tile, FORWARD_MAX_TPR, small), index)
+            ForwardClass(dtype, vec, *_bucket(n, vec, itemsize, tile, FORWARD_MAX_TPR, small), index, rms)
             for tile in (wide_tile, wide_tile // 2))
     wide = small or (pair[0].tpr >= FORWARD_MIN_WIDE_TPR and rows * pair[0].tpr >= FORWARD_BUSY_THREADS)
     return pair[0] if wide else pair[1]
 
 
-def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str, few: bool = False) -> BackwardClass:
-    key = (dtype, n, vec, small, index, few)
+def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str, few: bool = False,
+                   rms: bool = False) -> BackwardClass:
+    key = (dtype, n, vec, small, index, few, rms)
     cls = _BACKWARD_CLASSES.get(key)
     if cls is None:
         tile = config.layer_norm_tuning.get("backward_tile_bytes", BACKWARD_TILE_BYTES)
@@ -116,7 +119,7 @@ def backward_class(dtype: torch.dtype, n: int, vec: int, small: bool, index: str
             params = 2
         else:
             params = 0
-        cls = _BACKWARD_CLASSES[key] = BackwardClass(dtype, vec, tpr, iters, index, params)
+        cls = _BACKWARD_CLASSES[key] = BackwardClass(dtype, vec, tpr, iters, index, params, rms)
     return cls
 
 

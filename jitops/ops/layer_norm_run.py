@@ -87,7 +87,8 @@ def _alignment(tensors) -> int:
     return address & 15
 
 
-def forward_offered(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool):
+def forward_offered(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, save_stats: bool,
+                    rms: bool = False):
     """_forward_cuda, recorded and offered to the C++ host path the first time its problem runs (once the
     extension is loaded)."""
     module = _host.module
@@ -96,21 +97,21 @@ def forward_offered(k, x: torch.Tensor, normalized_shape, weight, bias, eps: flo
     elif len(normalized_shape) == 1 and x.numel() and normalized_shape[0] and _offerable((x, weight, bias)):
         stage, n = (_FORWARD if save_stats else _INFERENCE), normalized_shape[0]
         key = (stage, x.get_device(), x.dtype, x.numel() // n, n, weight is not None, bias is not None,
-               _alignment((x, weight, bias)), eps)
+               _alignment((x, weight, bias)), eps, rms)
         (y, stats), recording = native.run_recorded_once(_offers, key, k, _forward_cuda, x, normalized_shape,
                                                            weight, bias, eps, save_stats)
         if recording is not None:
             native.offer_recording(module.offer_layer_norm, recording, (x, weight, bias, y, stats), stage, x,
-                                   key[3], n, key[5], key[6], key[7], eps, False, False, False)
+                                   key[3], n, key[5], key[6], key[7], eps, False, False, False, rms)
         return y, stats
     return _forward_cuda(k, x, normalized_shape, weight, bias, eps, save_stats)
 
 
-def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
-    return forward_offered(k, x, normalized_shape, weight, bias, eps, True)
+def run_cuda(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False):
+    return forward_offered(k, x, normalized_shape, weight, bias, eps, True, rms)
 
 
-def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False):
     dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
     x, weight, bias = _cpu_operand(x, compute), _cpu_operand(weight, compute), _cpu_operand(bias, compute)
     n = _row_length_unchecked(normalized_shape)
@@ -118,12 +119,17 @@ def run_cpu(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
     y = torch.empty_like(x)
     stats = x.new_empty((2, rows), dtype=STATS_DTYPE[dtype])
     if rows and n:
-        k.cpu.layer_norm_forward(x, weight, bias, y, stats, rows, n, eps)
+        k.cpu.layer_norm_forward(x, weight, bias, y, stats, rows, n, eps, int(rms))
     return (y if dtype is compute else y.to(dtype)), stats
 
 
-def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float):
+def torch_forward(k, x: torch.Tensor, normalized_shape, weight, bias, eps: float, rms: bool = False):
     """(y, stats) through ATen, stats laid out as the kernels write them: background mode's fallback."""
+    if rms:
+        dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+        rstd = torch.rsqrt(x.to(STATS_DTYPE[x.dtype]).square().mean(dims) + eps)
+        y = torch.nn.functional.rms_norm(x, list(normalized_shape), weight, eps)
+        return y.contiguous(), torch.stack((torch.zeros_like(rstd).reshape(-1), rstd.reshape(-1)))
     y, mean, rstd = torch.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
     stats = torch.stack((mean.reshape(-1), rstd.reshape(-1))).to(STATS_DTYPE[x.dtype])
     return y.contiguous(), stats
@@ -149,7 +155,7 @@ def _blocks_per_sm(kernel, threads: int, shared_mem: int) -> int:
 
 
 def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                      need_dx: bool, need_dweight: bool, need_dbias: bool):
+                      need_dx: bool, need_dweight: bool, need_dbias: bool, rms: bool = False):
     """The backward's launches; recorded and offered to the C++ host path the first time its problem runs (once
     the extension is loaded)."""
     module = _host.module
@@ -157,13 +163,13 @@ def run_backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tenso
             _offerable((grad, x, stats, weight)):
         n = normalized_shape[0]
         key = (_BACKWARD, x.get_device(), x.dtype, x.numel() // n, n, weight is not None,
-               _alignment((grad, x, weight)), need_dx, need_dweight, need_dbias)
+               _alignment((grad, x, weight)), need_dx, need_dweight, need_dbias, rms)
         (dx, dw, db), recording = native.run_recorded_once(_offers, key, k, _backward_cuda, grad, x, stats, weight,
                                                              normalized_shape, need_dx, need_dweight, need_dbias)
         if recording is not None:
             native.offer_recording(module.offer_layer_norm, recording, (grad, x, stats, weight, dx, dw, db),
                                    _BACKWARD, x, key[3], n, key[5], False, key[6], 0.0, need_dx, need_dweight,
-                                   need_dbias)
+                                   need_dbias, rms)
         return dx, dw, db
     return _backward_cuda(k, grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias)
 
@@ -219,7 +225,7 @@ def _backward_cuda(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, 
 
 
 def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                     need_dx: bool, need_dweight: bool, need_dbias: bool):
+                     need_dx: bool, need_dweight: bool, need_dbias: bool, rms: bool = False):
     dtype, compute = x.dtype, CPU_COMPUTE[x.dtype]
     grad, x, weight = _cpu_operand(grad, compute), _cpu_operand(x, compute), _cpu_operand(weight, compute)
     if not stats.is_contiguous():
@@ -229,7 +235,7 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor
     dx, dw, db = _grad_outputs(x, normalized_shape, need_dx, need_dweight, need_dbias)
     if rows and n:
         k.cpu.layer_norm_backward(grad, x, stats, weight, dx if need_dx else None, dw if need_dweight else None,
-                                  db if need_dbias else None, rows, n)
+                                  db if need_dbias else None, rows, n, int(rms))
     elif need_dweight or need_dbias:
         dw.zero_()
         db.zero_()
@@ -239,7 +245,7 @@ def run_backward_cpu(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor
 
 
 def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, weight, normalized_shape,
-                   need_dx: bool, need_dweight: bool, need_dbias: bool):
+                   need_dx: bool, need_dweight: bool, need_dbias: bool, rms: bool = False):
     """The backward through torch ops from the saved statistics, in their precision: background mode's
     fallback."""
     dims = len(normalized_shape)
@@ -255,6 +261,7 @@ def torch_backward(k, grad: torch.Tensor, x: torch.Tensor, stats: torch.Tensor, 
     dx = empty
     if need_dx:
         gw = g * weight.to(stats.dtype) if weight is not None else g
-        dx = (rstd * (gw - gw.mean(norm_dims, keepdim=True) - xhat * (gw * xhat).mean(norm_dims, keepdim=True)))
+        centred = gw if rms else gw - gw.mean(norm_dims, keepdim=True)  # rms: the mean is 0
+        dx = rstd * (centred - xhat * (gw * xhat).mean(norm_dims, keepdim=True))
         dx = dx.to(x.dtype).contiguous()
     return dx, dw, db

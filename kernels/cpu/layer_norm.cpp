@@ -2,6 +2,7 @@
 // SCALAR_T comes from the shape class (float or double); every sum is taken in double.  stats holds the mean
 // of every row, then its rstd (2 x rows, SCALAR_T).
 // weight, bias, dx, dweight and dbias may be null (absent or not wanted).
+// rms (jitops.rms_norm): the mean is taken as 0 (and saved as 0), and dx has no mean(g) term.
 // dweight/dbias: each column is summed over the rows in row order by one task, whatever the thread count,
 // so the result is deterministic.
 #include <ATen/Parallel.h>
@@ -18,14 +19,16 @@ constexpr int64_t kColumnGrain = 256;
 
 JITOPS_CPU_EXPORT
 void layer_norm_forward(const SCALAR_T* px, const SCALAR_T* pw, const SCALAR_T* pb, SCALAR_T* py,
-                        SCALAR_T* stats, int64_t rows, int64_t n, double eps) {
+                        SCALAR_T* stats, int64_t rows, int64_t n, double eps, int64_t rms) {
   SCALAR_T* mean_out = stats;
   SCALAR_T* rstd_out = mean_out + rows;
   at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const SCALAR_T* xr = px + r * n;
       double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += xr[i];
+      if (!rms) {
+        for (int64_t i = 0; i < n; ++i) sum += xr[i];
+      }
       const double mean = sum / n;
       double m2 = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -48,7 +51,7 @@ void layer_norm_forward(const SCALAR_T* px, const SCALAR_T* pw, const SCALAR_T* 
 
 JITOPS_CPU_EXPORT
 void layer_norm_backward(const SCALAR_T* pg, const SCALAR_T* px, const SCALAR_T* stats, const SCALAR_T* pw,
-                         SCALAR_T* pdx, SCALAR_T* pdw, SCALAR_T* pdb, int64_t rows, int64_t n) {
+                         SCALAR_T* pdx, SCALAR_T* pdw, SCALAR_T* pdb, int64_t rows, int64_t n, int64_t rms) {
   const SCALAR_T* mean = stats;
   const SCALAR_T* rstd = mean + rows;
   if (pdx) {
@@ -63,7 +66,7 @@ void layer_norm_backward(const SCALAR_T* pg, const SCALAR_T* px, const SCALAR_T*
           sum_g += g;
           sum_gx += g * ((xr[i] - m) * s);
         }
-        const double mean_g = sum_g / n, mean_gx = sum_gx / n;
+        const double mean_g = rms ? 0.0 : sum_g / n, mean_gx = sum_gx / n;
         SCALAR_T* dr = pdx + r * n;
         for (int64_t i = 0; i < n; ++i) {
           const double g = pw ? double(gr[i]) * pw[i] : double(gr[i]);

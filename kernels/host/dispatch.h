@@ -219,11 +219,11 @@ uintptr_t address_bits(std::initializer_list<const void*> addresses) {
   return bits;
 }
 
-// layer_norm_forward(x, normalized_shape, weight, bias, eps) -> (y, stats), and layer_norm_inference (-> y).
+// layer_norm_forward(x, normalized_shape, weight, bias, eps, rms) -> (y, stats), and layer_norm_inference (-> y).
 template <bool kStats>
 void layer_norm_forward_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 5);
-  if (tables_current() && args[4].isDouble()) {
+  Arguments args = torch::jit::last(*stack, 6);
+  if (tables_current() && args[4].isDouble() && args[5].isBool()) {
     const auto weight = optional_tensor(args[2]), bias = optional_tensor(args[3]);
     const int64_t n = layer_norm_width(args[0], args[1], weight, bias);
     if (n) {
@@ -233,27 +233,27 @@ void layer_norm_forward_dispatched(const c10::OperatorHandle& op, c10::DispatchK
       const Recipe* recipe = layer_norm_recipes.find(layer_norm_key(
           kStats ? kForwardWithStats : kInference, device, x.scalar_type(), rows, n, weight.has_value(),
           bias.has_value(), static_cast<int64_t>(address_bits({x.data_ptr(), address_of(weight), address_of(bias)})),
-          args[4].toDouble(), false, false, false));
+          args[4].toDouble(), false, false, false, args[5].toBool()));
       if (recipe) {
         at::Tensor y = at::empty(x.sizes(), x.options());
         at::Tensor stats = kStats ? new_stats(x, rows) : at::Tensor();
         replay(*recipe, device,
                {x.data_ptr(), address_of(weight), address_of(bias), y.data_ptr(), kStats ? stats.data_ptr() : nullptr},
                x.options());
-        if (kStats) return served(stack, 5, {y, stats});
-        return served(stack, 5, {y});
+        if (kStats) return served(stack, 6, {y, stats});
+        return served(stack, 6, {y});
       }
     }
   }
   pass_on(op, keys, stack, is_cuda_call(args));
 }
 
-// layer_norm_backward(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias) -> (dx, dweight,
-// dbias), an empty tensor for each gradient not asked for.
+// layer_norm_backward(grad, x, stats, weight, normalized_shape, need_dx, need_dweight, need_dbias, rms) -> (dx,
+// dweight, dbias), an empty tensor for each gradient not asked for.
 void layer_norm_backward_dispatched(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  Arguments args = torch::jit::last(*stack, 8);
+  Arguments args = torch::jit::last(*stack, 9);
   if (tables_current() && args[0].isTensor() && args[2].isTensor() && args[5].isBool() && args[6].isBool() &&
-      args[7].isBool()) {
+      args[7].isBool() && args[8].isBool()) {
     const auto weight = optional_tensor(args[3]);
     const int64_t n = layer_norm_width(args[1], args[4], weight, c10::nullopt);
     const at::Tensor& grad = args[0].toTensor();
@@ -271,7 +271,7 @@ void layer_norm_backward_dispatched(const c10::OperatorHandle& op, c10::Dispatch
         const Recipe* recipe = layer_norm_recipes.find(layer_norm_key(
             kBackward, device, x.scalar_type(), rows, n, weight.has_value(), false,
             static_cast<int64_t>(address_bits({grad.data_ptr(), x.data_ptr(), address_of(weight)})), 0.0, need_dx,
-            need_dweight, need_dbias));
+            need_dweight, need_dbias, args[8].toBool()));
         if (recipe) {
           at::Tensor dx = need_dx ? at::empty(x.sizes(), x.options()) : at::empty({0}, x.options());
           at::Tensor dweight = need_dweight ? at::empty({n}, x.options()) : at::empty({0}, x.options());
@@ -280,7 +280,7 @@ void layer_norm_backward_dispatched(const c10::OperatorHandle& op, c10::Dispatch
                  {grad.data_ptr(), x.data_ptr(), stats.data_ptr(), address_of(weight), dx.data_ptr(),
                   dweight.data_ptr(), dbias.data_ptr()},
                  x.options());
-          return served(stack, 8, {dx, dweight, dbias});
+          return served(stack, 9, {dx, dweight, dbias});
         }
       }
     }

@@ -68,7 +68,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("generation"));
   m.def("offer_layer_norm", &offer_layer_norm);
   m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("n"), py::arg("weight"), py::arg("bias"), py::arg("eps"),
-        py::arg("generation"));
+        py::arg("rms"), py::arg("generation"));
   m.def("offer_conv2d", &offer_conv2d);
   m.def("conv2d", &conv2d, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
         py::arg("dilation"), py::arg("generation"));

@@ -3,7 +3,8 @@
 //
 // The launches are the Python path's, recorded for one exact problem (recipe.h): jitops/ops/layer_norm_run.py
 // offers what it launched, keyed by device, dtype, rows, n, which of weight and bias are given, the pointers'
-// alignment (it picks the vector width), eps, and for the backward which gradients it computes.  A call whose
+// alignment (it picks the vector width), eps, whether it is an RMS norm (jitops.rms_norm: the same kernels with
+// the mean taken as 0), and for the backward which gradients it computes.  A call whose
 // forward (and, when a gradient is to be recorded, backward) problems were offered runs here; anything else (more
 // than one normalized dimension, a non-contiguous tensor, no rows) returns None and takes the Python path.
 #pragma once
@@ -23,12 +24,12 @@ struct LayerNormKey {
   int64_t rows, n;
   double eps;
   int32_t device;
-  int8_t dtype, stage, has_weight, has_bias, align, need_dx, need_dweight, need_dbias;
+  int8_t dtype, stage, has_weight, has_bias, align, need_dx, need_dweight, need_dbias, rms;
 };
 
 LayerNormKey layer_norm_key(LayerNormStage stage, int device, at::ScalarType dtype, int64_t rows, int64_t n,
                             bool has_weight, bool has_bias, int64_t align, double eps, bool need_dx,
-                            bool need_dweight, bool need_dbias) {
+                            bool need_dweight, bool need_dbias, bool rms) {
   LayerNormKey key;
   std::memset(&key, 0, sizeof(LayerNormKey));  // the padding takes part in the comparison and the hash
   key.rows = rows, key.n = n, key.eps = stage == kBackward ? 0.0 : eps;
@@ -37,6 +38,7 @@ LayerNormKey layer_norm_key(LayerNormStage stage, int device, at::ScalarType dty
   key.has_weight = has_weight, key.has_bias = stage != kBackward && has_bias;
   key.align = static_cast<int8_t>(align & 15);
   key.need_dx = need_dx, key.need_dweight = need_dweight, key.need_dbias = need_dbias;
+  key.rms = rms;
   return key;
 }
 
@@ -95,13 +97,13 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 // dtype; `align` is the call's pointers OR-ed, modulo 16.
 void offer_layer_norm(int64_t stage, const at::Tensor& sample, int64_t rows, int64_t n, bool has_weight,
                       bool has_bias, int64_t align, double eps, bool need_dx, bool need_dweight, bool need_dbias,
-                      int64_t generation, const std::vector<OfferedLaunch>& launches,
+                      bool rms, int64_t generation, const std::vector<OfferedLaunch>& launches,
                       const std::vector<std::pair<int64_t, int64_t>>& workspaces) {
   TORCH_CHECK(stage >= kForwardWithStats && stage <= kBackward, "jitops native offer: no layer_norm stage ", stage);
   const auto key_stage = static_cast<LayerNormStage>(stage);
   auto recipe = make_recipe(launches, workspaces, key_stage == kBackward ? kBackwardSlots : kForwardSlots);
   const LayerNormKey key = layer_norm_key(key_stage, sample.get_device(), sample.scalar_type(), rows, n, has_weight,
-                                          has_bias, align, eps, need_dx, need_dweight, need_dbias);
+                                          has_bias, align, eps, need_dx, need_dweight, need_dbias, rms);
   std::lock_guard<std::mutex> hold(table_guard);
   renew(generation);
   layer_norm_recipes.add(key, std::move(recipe));
@@ -112,10 +114,10 @@ bool layer_norm_param(const c10::optional<at::Tensor>& t, const at::Tensor& x, i
                             t->dim() == 1 && t->size(0) == n && t->stride(0) == 1 && plain(*t));
 }
 
-// y = layer_norm(x, (n,), weight, bias, eps) through the offered problems, or None: the caller then takes the
-// Python path.
+// y = layer_norm(x, (n,), weight, bias, eps) (rms: rms_norm(x, (n,), weight, eps)) through the offered problems,
+// or None: the caller then takes the Python path.
 py::object layer_norm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& weight_arg,
-                      const c10::optional<at::Tensor>& bias_arg, double eps, int64_t generation) {
+                      const c10::optional<at::Tensor>& bias_arg, double eps, bool rms, int64_t generation) {
   if (generation != table_generation.load(std::memory_order_relaxed) || !driver.launch) return miss();
   const auto weight = weight_arg.has_value() && weight_arg->defined() ? weight_arg : c10::optional<at::Tensor>();
   const auto bias = bias_arg.has_value() && bias_arg->defined() ? bias_arg : c10::optional<at::Tensor>();
@@ -136,7 +138,7 @@ py::object layer_norm(const at::Tensor& x, int64_t n, const c10::optional<at::Te
   const bool grad = at::GradMode::is_enabled() && (need_dx || need_dweight || need_dbias);
   const Recipe* forward = layer_norm_recipes.find(layer_norm_key(grad ? kForwardWithStats : kInference, device, dtype,
                                                                  rows, n, weight.has_value(), bias.has_value(), align,
-                                                                 eps, false, false, false));
+                                                                 eps, false, false, false, rms));
   if (!forward) return miss();
   if (!grad) {
     at::Tensor y = at::empty(x.sizes(), x.options());
@@ -147,7 +149,7 @@ py::object layer_norm(const at::Tensor& x, int64_t n, const c10::optional<at::Te
   const Recipe* backward = layer_norm_recipes.find(layer_norm_key(
       kBackward, device, dtype, rows, n, weight.has_value(), bias.has_value(),
       static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.data_ptr()) | params_align), eps, need_dx, need_dweight,
-      need_dbias));
+      need_dbias, rms));
   if (!backward) return miss();
   return hit(LayerNormFunction::apply(x, weight, bias, forward, backward, static_cast<int64_t>(device)));
 }
