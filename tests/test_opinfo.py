@@ -36,6 +36,7 @@ OPS = {
     "add": ("add", lambda s: jitops.add(s.input, *s.args, **s.kwargs)),
     "nn.functional.gelu": ("gelu", lambda s: jitops.gelu(s.input, *s.args, **s.kwargs)),
     "nn.functional.layer_norm": ("layer_norm", lambda s: jitops.layer_norm(s.input, *s.args, **s.kwargs)),
+    "nn.functional.rms_norm": ("rms_norm", lambda s: jitops.rms_norm(s.input, *s.args, **s.kwargs)),
     "mm": ("gemm", lambda s: jitops.gemm(s.input, *s.args, **s.kwargs)),
     "matmul": ("gemm", lambda s: jitops.gemm(s.input, *s.args, **s.kwargs)),
     "nn.functional.linear": ("linear", lambda s: jitops.linear(s.input, *s.args, **s.kwargs)),
