@@ -42,6 +42,7 @@ def checks(device: str, dtype: torch.dtype, tensor: Callable[..., torch.Tensor])
         Check("gelu tanh", "gelu", (x, "tanh"), {}, lambda t, approximate: F.gelu(t, approximate=approximate)),
         Check("gelu", "gelu", (x,), {}, F.gelu),
         Check("layer_norm", "layer_norm", (x, (257,), weight, bias), {}, F.layer_norm),
+        Check("rms_norm", "rms_norm", (x, (257,), weight), {}, F.rms_norm),
     ]
     if device == "cpu" or dtype in (torch.float16, torch.bfloat16):
         image, filters = tensor(2, 64, 14, 14), tensor(64, 64, 3, 3)

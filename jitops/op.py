@@ -999,12 +999,15 @@ _PUBLIC: dict[str, Public] = {}
 def public(name: str, function: Callable[..., Any], *, entries: Sequence[Any], parts: Sequence[Any] = (),
            form: Callable[..., tuple[Any, Any, Any]] | None = None,
            calls: Callable[..., Sequence[tuple[Any, tuple[Any, ...]]]] | None = None,
-           bind: Callable[..., tuple[Any, tuple[Any, ...]]] | None = None) -> Public:
-    """Register the public name of a Python function over several ops (see Public)."""
+           bind: Callable[..., tuple[Any, tuple[Any, ...]]] | None = None, shared: bool = False) -> Public:
+    """Register the public name of a Python function over several ops (see Public).  shared: a second name over
+    ops another public name owns (rms_norm over layer_norm's ops, with rms=True): manifests and find_public know
+    it, and the ops keep the owner's name (misses, records and explain say layer_norm)."""
     registered_public = Public(name, function, entries, parts, form, calls, bind)
-    for declared in registered_public.ops:
-        declared.public = name
-        declared.is_entry = declared in registered_public.entries
+    if not shared:
+        for declared in registered_public.ops:
+            declared.public = name
+            declared.is_entry = declared in registered_public.entries
     _PUBLIC[name] = registered_public
     return registered_public
 

@@ -177,3 +177,18 @@ def test_patch_leaves_rms_norm_alone_when_not_asked_and_names_subclasses():
     report = jitops.patch(model, ops=("rms_norm",))
     assert [s.name for s in report.swapped] == ["0"]
     assert [(a.name, a.reason) for a in report.left_alone] == [("1", "a subclass of nn.RMSNorm with its own forward")]
+
+
+def test_rms_norm_is_a_public_name_over_layer_norms_ops():
+    public = jitops.find_public("rms_norm")
+    x, w = torch.empty(64, 32, device="meta"), torch.empty(32, device="meta")
+    item = public.manifest_item(x, [32], w)
+    assert item["op"] == "rms_norm" and item["kwargs"]["rms"] is True
+    assert item["kwargs"]["eps"] == torch.finfo(torch.float32).eps
+    # A hand-written item without rms still builds the RMS kernels.
+    entry, _, kwargs = public.form([[[64, 32], [32], None]], {"normalized_shape": [32]})
+    assert entry is jitops.find("layer_norm_forward") and kwargs["rms"] is True
+    # The ops keep layer_norm's name: misses, records and errors of a layer_norm call say layer_norm.
+    assert jitops.find("layer_norm_backward").public == "layer_norm"
+    assert jitops.find_public("layer_norm_backward").name == "layer_norm"
+    assert "rms_norm" in jitops.public_names()

@@ -415,8 +415,22 @@ def _bind(x, normalized_shape, weight=None, bias=None, eps=1e-5, rms=False):
     return layer_norm_forward, (x, shape, weight, bias, eps, rms)
 
 
+def _bind_rms(x, normalized_shape, weight=None, eps=None):
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    return _bind(x, normalized_shape, weight, None, eps, True)
+
+
+def _calls(entry, args, grad):
+    return [(layer_norm_forward if grad else layer_norm_inference, args)]
+
+
 public("layer_norm", layer_norm, entries=(layer_norm_forward, layer_norm_inference), parts=(layer_norm_backward,),
-       calls=lambda entry, args, grad: [(layer_norm_forward if grad else layer_norm_inference, args)], bind=_bind)
+       calls=_calls, bind=_bind)
+# A manifest item {"op": "rms_norm", ...} is written in layer_norm_forward's arguments, rms=True whatever it says.
+public("rms_norm", rms_norm, entries=(layer_norm_forward, layer_norm_inference), parts=(layer_norm_backward,),
+       calls=_calls, bind=_bind_rms, shared=True,
+       form=lambda shapes, kwargs: (layer_norm_forward, shapes, {**kwargs, "rms": True}))
 
 # Common shape classes, for `cache_tools prewarm --all-builtin` (manifest items; each builds the forward, the
 # backward and the no-grad path).
@@ -425,7 +439,7 @@ PREWARM = [
      "shapes": [[[4096, n], [n], [n]]], "kwargs": {"normalized_shape": [n], "eps": 1e-5}}
     for n in (768, 1024, 2048, 4096, 8192)
 ] + [  # rms_norm (Llama-style models: a weight, no bias)
-    {"op": "layer_norm", "dtypes": ["fp32", "fp16", "bf16"],
-     "shapes": [[[4096, n], [n], None]], "kwargs": {"normalized_shape": [n], "eps": 1e-6, "rms": True}}
+    {"op": "rms_norm", "dtypes": ["fp32", "fp16", "bf16"],
+     "shapes": [[[4096, n], [n], None]], "kwargs": {"normalized_shape": [n], "eps": 1e-6}}
     for n in (1024, 2048, 4096, 8192)
 ]
