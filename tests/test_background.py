@@ -135,7 +135,7 @@ def test_compile_mode_is_validated():
             del os.environ["JITOPS_COMPILE"]
 
 
-@pytest.mark.parametrize("case", ["gemm", "linear", "layer_norm", "gelu"])
+@pytest.mark.parametrize("case", ["gemm", "linear", "layer_norm", "rms_norm", "rms_norm_inference", "gelu"])
 def test_builtin_fallbacks_match_the_ops(case):
     """Each built-in op's fallback computes what the op computes (fp64 on the CPU, where both are exact)."""
     from jitops.op import Kernels
@@ -150,6 +150,10 @@ def test_builtin_fallbacks_match_the_ops(case):
         op, args = jitops.linear.op, (x, w, b, "relu")
     elif case == "layer_norm":
         op, args = jitops.layer_norm_forward.op, (x, [8], w[0], b, 1e-5)
+    elif case == "rms_norm":
+        op, args = jitops.layer_norm_forward.op, (x, [8], w[0], None, 1e-6, True)
+    elif case == "rms_norm_inference":
+        op, args = jitops.layer_norm_inference.op, (x, [8], w[0], None, 1e-6, True)
     else:
         op, args = jitops.gelu.op, (x, "tanh")
     expected = op.overload(*args)  # positional, as the schema lists them
@@ -157,15 +161,16 @@ def test_builtin_fallbacks_match_the_ops(case):
     torch.testing.assert_close(got, expected)
 
 
-def test_layer_norm_backward_fallback_matches_the_kernel():
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_layer_norm_backward_fallback_matches_the_kernel(rms):
     from jitops.op import Kernels
 
     torch.manual_seed(0)
     x = torch.randn(5, 7, dtype=torch.float64)
     w, g = torch.randn(7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
-    _, stats = jitops.layer_norm_forward(x, [7], w, None, 1e-5)
+    _, stats = jitops.layer_norm_forward(x, [7], w, None, 1e-5, rms)
     op = jitops.layer_norm_backward.op
-    args = (g, x, stats, w, [7], True, True, True)
+    args = (g, x, stats, w, [7], True, True, not rms, rms)
     expected = op.function(*args)
     got = op.fallback(Kernels({}, op.shape_class(*args)), *args)
     for a, e in zip(got, expected):
