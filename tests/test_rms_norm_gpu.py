@@ -1,7 +1,8 @@
 """jitops.rms_norm on the GPU: every dtype against torch's F.rms_norm in float64, forward and backward, over
 hidden sizes that take every backward strategy (dweight in registers, in shared memory, in the column kernel,
 few rows), non-contiguous inputs, gradcheck in float64, torch.compile; and on the C++ host path: the second call
-runs in C++ with the Python path's bits, and a LayerNorm of the same shape never replays an RMS recording."""
+runs in C++ with the Python path's bits, a LayerNorm of the same shape never replays an RMS recording, and the C++
+path's forward and backward capture into a CUDA graph."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 import jitops
 from jitops import native
 from jitops.testing import check_op
-from native_helpers import loaded_host_path
+from native_helpers import check_cuda_graph_capture, loaded_host_path
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -92,3 +93,11 @@ def test_second_call_runs_in_cpp_with_the_same_bits(host, rows, n, dtype):
         assert torch.equal(jitops.rms_norm(x, [n], w, 1e-6), first)
         assert native.counters()["native_calls"] >= before + 1
         assert torch.equal(first, python[0])
+
+
+def test_cpp_path_captures_into_a_cuda_graph(host):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 64, 1024, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+    w = (1 + 0.1 * torch.randn(1024, generator=g)).to("cuda", torch.bfloat16).requires_grad_()
+    grad_out = torch.randn(4, 64, 1024, generator=g).to("cuda", torch.bfloat16)
+    check_cuda_graph_capture(lambda: jitops.rms_norm(x, (1024,), w, 1e-6), [x, w], grad_out)
