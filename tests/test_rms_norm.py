@@ -14,24 +14,29 @@ from jitops.runtime import runtime
 from jitops.specs import Target
 from jitops.testing import check_op
 
+from test_layer_norm import CASES  # hidden sizes 1, 7, 1000, 4097, two trailing dims, no rows at all
+
 DTYPES = [torch.float32, torch.float64]
-# (x shape, normalized_shape): hidden sizes 1, 7, 1000, 4097, two trailing dims, no rows at all.
-CASES = [((3, 1), [1]), ((5, 7), [7]), ((4, 1000), [1000]), ((2, 4097), [4097]), ((2, 3, 4, 5), [4, 5]),
-         ((0, 16), [16]), ((6,), [6])]
 
 
 def reference(x, normalized_shape, weight, eps):
     return F.rms_norm(x, normalized_shape, weight, eps)
 
 
-def samples(dtype, device):
+def samples_over(cases, dtype, device, odd_eps_at=None):
+    """(x, normalized_shape, weight, eps) per case: every third without a weight, eps 1e-6 (1e-3 at odd_eps_at).
+    tests/test_rms_norm_gpu.py builds its cases with it too."""
     g = torch.Generator().manual_seed(0)
     out = []
-    for i, (shape, ns) in enumerate(CASES):
-        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 1).to(device, dtype)
-        w = torch.randn(ns, generator=g, dtype=torch.float64).to(device, dtype)
-        out.append((x, ns, w if i % 3 != 1 else None, 1e-6 if i != 3 else 1e-3))
+    for i, (shape, ns) in enumerate(cases):
+        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(device, dtype)
+        w = (1 + 0.1 * torch.randn(ns, generator=g, dtype=torch.float64)).to(device, dtype)
+        out.append((x, ns, w if i % 3 != 1 else None, 1e-3 if i == odd_eps_at else 1e-6))
     return out
+
+
+def samples(dtype, device):
+    return samples_over(CASES, dtype, device, odd_eps_at=3)
 
 
 def test_rms_norm_cpu():

@@ -13,6 +13,7 @@ import jitops
 from jitops import native
 from jitops.testing import check_op
 from native_helpers import check_cuda_graph_capture, loaded_host_path
+from test_rms_norm import reference, samples_over
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -22,18 +23,8 @@ CASES = [((3, 1), [1]), ((9, 7), [7]), ((33, 1001), [1001]), ((300, 1024), [1024
          ((100, 65536), [65536]), ((2, 3, 4, 50), [4, 50]), ((40, 2048), [2048]), ((0, 64), [64])]
 
 
-def reference(x, normalized_shape, weight, eps):
-    return F.rms_norm(x, normalized_shape, weight, eps)
-
-
 def samples(dtype, device):
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i, (shape, ns) in enumerate(CASES):
-        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(device, dtype)
-        w = (1 + 0.1 * torch.randn(ns, generator=g, dtype=torch.float64)).to(device, dtype)
-        out.append((x, ns, w if i % 3 != 1 else None, 1e-6))
-    return out
+    return samples_over(CASES, dtype, device)
 
 
 def test_rms_norm_cuda_all_dtypes():
