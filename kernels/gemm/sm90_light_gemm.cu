@@ -220,20 +220,40 @@ __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tile
 
 // The epilogue is unrolled over a thread's 64-128 accumulators, so the activation's code is repeated that often:
 // with CUDA's erff and tanhf (branches, slow paths) it made ptxas take 3.2 s of a 5.5 s compile of the 128 x 256
-// kernel.  Instead, one branch-free formula for both GELUs, 0.5 v (1 + s), with one fast exp and one fast
-// reciprocal:
-//   gelu:      s = erf(v / sqrt 2) by Abramowitz & Stegun 7.1.26 (absolute error 1.5e-7): with x = |v| / sqrt 2,
-//              t = 1 / (1 + 0.3275911 x), erf = 1 - poly(t) e^(-x^2), signed like v;
-//   gelu_tanh: s = tanh(u) = 1 - 2 / (1 + e^(2u)), u = sqrt(2 / pi) (v + 0.044715 v^3).
-__device__ __forceinline__ float gelu(float v, bool erf_form) {
-    const float x = fabsf(v) * 0.70710678118654752f;
-    const float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-    const float e = __expf(erf_form ? -x * x : 2.f * u);
-    const float t = __fdividef(1.f, erf_form ? 1.f + 0.3275911f * x : 1.f + e);
-    const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t +
-                        0.254829592f) * t;
-    const float s = erf_form ? copysignf(1.f - poly * e, v) : 1.f - 2.f * t;
-    return 0.5f * v * (1.f + s);
+// kernel.  Instead, branch-free formulas with one fast exp and one fast reciprocal each (ex2 and rcp .approx.ftz:
+// a flushed denormal changes no output), the form a template argument so that neither computes the other's terms:
+//   gelu (erf): 0.5 v (1 + erf(v / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (absolute error 1.5e-7): with
+//               x = |v| / sqrt 2, t = 1 / (1 + 0.3275911 x), erf(x) = 1 - poly(t) e^(-x^2).  With q = poly e / 2
+//               (the coefficients halved), that is v (1 - q) for v >= 0 and v q below;
+//   gelu_tanh:  0.5 v (1 + tanh u), u = sqrt(2 / pi) (v + 0.044715 v^3), and 1 + tanh u = 2 - 2 / (1 + e^(2u)),
+//               so v (1 - t) with t = 1 / (1 + e^(2u)).
+// Computing both forms and selecting one per value took 33 instructions a value (SASS, 128 x 128 pingpong kernel)
+// against 14 (erf) and 7 (tanh) now, and its epilogue outlasted the other consumer's mainloop where K is short:
+// 8192x8192x1024 with bias + gelu 268.8 against 221.4 us now, CUTLASS's 245.7 (H200, bf16, kernel time).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float gelu_erf(float v) {
+    const float e = ex2_approx(v * v * -0.72134752044448170f);               // e^(-v^2 / 2)
+    const float t = rcp_approx(fmaf(fabsf(v), 0.23164188826636040f, 1.f));  // 0.3275911 / sqrt 2
+    const float q = ((((0.5307027145f * t - 0.7265760135f) * t + 0.7107068705f) * t - 0.142248368f) * t +
+                     0.127414796f) * t * e;
+    return v * (v >= 0.f ? 1.f - q : q);
+}
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+    // 2u log2(e) = v (2.3022082 + 0.1029432 v^2)
+    const float e = ex2_approx(v * fmaf(v * v, 0.10294323958002350f, 2.3022081981443250f));
+    return fmaf(-v, rcp_approx(1.f + e), v);
 }
 
 // The bias of columns (col, col + 1) as one 4-byte load (col is even; the class's alignment keeps the bias
@@ -271,24 +291,24 @@ __device__ __forceinline__ void stage_pair(u32 buffer, int row, int col, float v
 
 // What the epilogue computes on a value: kPlain the accumulator as it is (LIGHT_FUSED 0); in a fused epilogue,
 // chosen once a chunk from the run-time activation (uniform in the warpgroup), kBiasOnly adds the bias, kRelu
-// clamps, kGelu runs gelu() above (activation 2: erf, 3: tanh).
+// clamps, kGeluErf and kGeluTanh run the GELUs above (activation 2 and 3).
 // Selected value by value instead, the whole GELU formula ran on every output of a bias-only Linear, the forward
 // of every training Linear with a bias (its GELU runs apart, to keep the pre-activation): 4096x4096x1024 with a
 // bias took 83.0 us, the same size without one 49.3, torch.addmm 51.3 (H200, bf16).
-enum EpilogueKind { kPlain, kBiasOnly, kRelu, kGelu };
+enum EpilogueKind { kPlain, kBiasOnly, kRelu, kGeluErf, kGeluTanh };
 
 template <EpilogueKind kKind>
-__device__ __forceinline__ float finish(float v, int activation) {
+__device__ __forceinline__ float finish(float v) {
     if constexpr (kKind == kBiasOnly) return v;
     if constexpr (kKind == kRelu) return fmaxf(v, 0.f);
-    return gelu(v, activation == 2);
+    if constexpr (kKind == kGeluErf) return gelu_erf(v);
+    return gelu_tanh(v);
 }
 
 // One 64 x kStoreCols chunk of a consumer's accumulators (`values`: the chunk's first), bias added and finished
 // (kPlain: as they are, not even + 0, which the compiler must keep for -0), into its staging buffer.
 template <EpilogueKind kKind>
-__device__ __forceinline__ void stage_chunk(u32 buffer, int row, int lane, const float* values, const u32* bias_pairs,
-                                            int activation) {
+__device__ __forceinline__ void stage_chunk(u32 buffer, int row, int lane, const float* values, const u32* bias_pairs) {
 #pragma unroll
     for (int cc = 0; cc < kStoreCols / 8; ++cc) {
         const int col = 8 * cc + 2 * (lane % 4);
@@ -298,9 +318,8 @@ __device__ __forceinline__ void stage_chunk(u32 buffer, int row, int lane, const
             stage_pair(buffer, row + 8, col, v[2], v[3]);
         } else {
             const float b0 = bias_value(bias_pairs[cc], 0), b1 = bias_value(bias_pairs[cc], 1);
-            stage_pair(buffer, row, col, finish<kKind>(v[0] + b0, activation), finish<kKind>(v[1] + b1, activation));
-            stage_pair(buffer, row + 8, col, finish<kKind>(v[2] + b0, activation),
-                       finish<kKind>(v[3] + b1, activation));
+            stage_pair(buffer, row, col, finish<kKind>(v[0] + b0), finish<kKind>(v[1] + b1));
+            stage_pair(buffer, row + 8, col, finish<kKind>(v[2] + b0), finish<kKind>(v[3] + b1));
         }
     }
 }
@@ -883,16 +902,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 if (store_leader) bulk_wait_group_read<kStoreBuffers - 1>();
                 named_barrier_sync(1 + warpgroup, 128);
 #if LIGHT_FUSED
+                const float* values = block + 4 * j * (kStoreCols / 8);
                 if (!kActivation || p.activation == 0) {
-                    stage_chunk<kBiasOnly>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), bias_pairs, 0);
+                    stage_chunk<kBiasOnly>(buffer, row, lane, values, bias_pairs);
                 } else if (p.activation == 1) {
-                    stage_chunk<kRelu>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), bias_pairs, 1);
+                    stage_chunk<kRelu>(buffer, row, lane, values, bias_pairs);
+                } else if (p.activation == 2) {
+                    stage_chunk<kGeluErf>(buffer, row, lane, values, bias_pairs);
                 } else {
-                    stage_chunk<kGelu>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), bias_pairs,
-                                       p.activation);
+                    stage_chunk<kGeluTanh>(buffer, row, lane, values, bias_pairs);
                 }
 #else
-                stage_chunk<kPlain>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), nullptr, 0);
+                stage_chunk<kPlain>(buffer, row, lane, block + 4 * j * (kStoreCols / 8), nullptr);
 #endif
 #if LIGHT_D_ROWS
                 // The buffer is staged again two chunks on, after a barrier that every thread's reads here precede.
