@@ -568,8 +568,8 @@ def main() -> int:
                 r["speedup_vs_compile_blocks"] = block_ratios(compiled, r)
         rows += model_rows
         if not args.tiny and done < len(names):
-            # A run cut off by a time limit (the lent GPU's is 10 minutes a call; all four models with --host-ops
-            # take about 8) still leaves every finished model's four modes, each measured in this one run.
+            # A run cut off by a time limit still leaves every finished model's four modes, each measured in
+            # this one run.
             save_record("models", baseline=BASELINE, rows=rows, summary=notes, variant="partial")
     print(f"\n{'model':10s} {'mode':16s} {'step ms':>9s} {'x eager':>8s} {'host ms':>8s} {'gpu ms':>8s} "
           f"{'first s':>8s} {'compiles':>8s} {'peak GB':>8s} {'loss diff':>10s} {'grad err':>9s}")
@@ -580,11 +580,11 @@ def main() -> int:
               f"{r['first_step_s']:8.2f} {r['first_step_compiles']:8d} {r.get('peak_mem_gb', float('nan')):8.2f} "
               f"{r.get('loss_diff', float('nan')):10.2e} {r.get('grad_rel_err_max', float('nan')):9.2e}")
     for r in rows:  # a median can hide blocks on the wrong side of 1
-        for base in ("eager", "compile"):
-            ratios = r.get(f"speedup_vs_{base}_blocks")
-            if ratios and r["mode"].startswith("patched") and (base == "eager") == (r["mode"] == "patched"):
-                print(f"{r['model']:10s} {r['mode']:16s} against {base}, block by block: "
-                      f"x{min(ratios):.3f} to x{max(ratios):.3f}")
+        base = {"patched": "eager", "patched_compile": "compile"}.get(r["mode"])
+        ratios = r.get(f"speedup_vs_{base}_blocks")
+        if ratios:
+            print(f"{r['model']:10s} {r['mode']:16s} against {base}, block by block: "
+                  f"x{min(ratios):.3f} to x{max(ratios):.3f}")
     if not args.tiny:
         save_record("models", baseline=BASELINE, rows=rows, summary=notes, variant=None if full else "partial")
     return 0
