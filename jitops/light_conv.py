@@ -10,7 +10,8 @@ conv kernel compiles through NVRTC in 0.2-0.7 s, and over ResNet-50's layers run
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns); dgrad
 in one slice, a strided one as its unit-stride phases in one launch, stored by rows (LIGHT_D_ROWS); wgrad into
 fp32 slices or, in one slice of aligned channels, straight into dw.  Each with the tile width of the class's plan
-(64, 128 or 256; 128 rows; the plan's clusters are dropped).  Not covered: split-K fprop and dgrad plans (only ever
+(64, 128 or 256; 128 rows); a 1 x 2 cluster plan runs in clusters of two CTAs that share A's tile (LIGHT_CLUSTER 2,
+cluster_for; not a strided dgrad), other clusters are dropped.  Not covered: split-K fprop and dgrad plans (only ever
 forced through config.conv2d_splits) and wgrad tiles over several taps (plan_wgrad leaves those out under this
 setting): those take CUTLASS's kernels.  The host object takes the CUTLASS library's arguments (conv2d_run._call),
 so the op's launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower,
@@ -67,15 +68,25 @@ def tile_n_for(cls: Any) -> int:
     return int(cls.tile.split("x")[1].split("c")[0].split("t")[0])
 
 
-def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False):
+def cluster_for(name: str, cls: Any) -> int:
+    """2 where the class's plan is CUTLASS's 1 x 2 cluster (128 x 64 tiles: the narrow layers, whose A tiles the
+    pair shares; a strided dgrad's phase kernel takes none), else 1."""
+    strided_dgrad = name == "dgrad" and tuple(cls.stride) != (1, 1)
+    return 2 if "c1x2" in cls.tile and not strided_dgrad else 1
+
+
+def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False, cluster: int | None = None):
     """The kernel of operator `name`; fp32_out: fp32 out (fprop's columns); direct: a wgrad that writes dw itself
-    (one slice), else into fp32 slices."""
+    (one slice), else into fp32 slices; cluster: 1 or 2 CTAs along N (None: cluster_for's)."""
     wgrad = name == "wgrad"  # MN-major operands
+    cluster = cluster_for(name, cls) if cluster is None else cluster
+    extra = {"LIGHT_D_ROWS": 1} if name == "dgrad" and tuple(cls.stride) != (1, 1) else {}
+    if cluster == 2:
+        extra["LIGHT_CLUSTER"] = 2
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=int(fp32_out or (wgrad and not direct)), LIGHT_TILE_N=tile_n_for(cls),
                            LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),
-                           LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name],
-                           **({"LIGHT_D_ROWS": 1} if name == "dgrad" and tuple(cls.stride) != (1, 1) else {}))
+                           LIGHT_B_KMAJOR=int(name == "fprop"), LIGHT_PINGPONG=0, LIGHT_CONV=OPERATORS[name], **extra)
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
@@ -232,12 +243,11 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
         encode(buffer, info.tma_b, activation_tma(g, pixels=TILE_K), b)  # x, 64 pixels a box
         encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
-        tiles = -(-gemm.m // TILE_M) * -(-gemm.n // info.tile_n)
-        return params, (max(1, min(p.sm_count, tiles * splits)), 1, 1)
-    encode(buffer, 0, activation_tma(g), a)
+        return params, grid(gemm, info.tile_n, info.cluster, splits)
+    encode(buffer, 0, activation_tma(g, pixels=TILE_M // info.cluster), a)  # a cluster's CTAs load half each
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
-    return params, grid(gemm, info.tile_n)
+    return params, grid(gemm, info.tile_n, info.cluster)
 
 
 def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
@@ -388,6 +398,6 @@ def host(kernel: Any) -> LightConv:
     return found
 
 
-__all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "dgrad_phases", "filter_tma",
+__all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "cluster_for", "dgrad_phases", "filter_tma",
            "geometry", "host", "pack_params", "pack_phases", "phase_problem", "request", "tile_n_for",
            "unsupported"]

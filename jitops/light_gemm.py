@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 import torch
 
 from . import shapes
-from .cutlass_host import (SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, PackedParams, TmaArgs, _TmaDriver,
-                           cubin_u64_table, patch_descriptor)
+from .cutlass_host import (MAX_SM_PER_GPC, SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, PackedParams, TmaArgs,
+                           _TmaDriver, cubin_u64_table, patch_descriptor)
 from .launch import _CUDA_ERROR_INVALID_CONTEXT, CudaFunction, _bind_context, _Driver
 from .specs import BuildRequest, CudaKernel, Source
 
@@ -56,7 +56,7 @@ STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgro
 EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
-               "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows", "grouped")
+               "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows", "grouped", "cluster")
 
 
 class LightInfo(NamedTuple):
@@ -76,6 +76,7 @@ class LightInfo(NamedTuple):
     conv: int  # 0 the GEMM, 1 conv2d's fprop, 2 its dgrad, 3 its wgrad (jitops/light_conv.py)
     d_rows: int  # 1: D stored by rows at run-time strides (a strided dgrad's phase)
     grouped: int  # 0 one GEMM; 1, 2, 3 grouped_gemm's ragged M, ragged K and list forms (jitops/light_grouped.py)
+    cluster: int  # 1; 2: clusters of two CTAs along N, each loading half of A's tile for both
 
     @staticmethod
     def from_cubin(cubin: bytes) -> "LightInfo":
@@ -84,7 +85,8 @@ class LightInfo(NamedTuple):
 
 
 def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2,
-                  pingpong: bool = False, conv: int = 0, d_rows: bool = False, grouped: int = 0) -> LightInfo:
+                  pingpong: bool = False, conv: int = 0, d_rows: bool = False, grouped: int = 0,
+                  cluster: int = 1) -> LightInfo:
     """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
     stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
     period, plus two mbarriers a stage and the pingpong consumers' two."""
@@ -93,7 +95,7 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     params_size = PHASES_PARAMS_SIZE if d_rows else CONV_PARAMS_SIZE if conv else PARAMS_SIZE
     return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
                      params_size, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
-                     int(b_kmajor), int(pingpong), conv, int(d_rows), grouped)
+                     int(b_kmajor), int(pingpong), conv, int(d_rows), grouped, cluster)
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
@@ -168,10 +170,16 @@ class Problem(NamedTuple):
     b_rows: int = 0
 
 
-def grid(problem: Problem, tile_n: int) -> tuple[int, int, int]:
-    """One persistent CTA an SM, never more CTAs than tiles."""
-    tiles = -(-problem.m // TILE_M) * -(-problem.n // tile_n)
-    return max(1, min(problem.sm_count, tiles)), 1, 1
+def grid(problem: Problem, tile_n: int, cluster: int = 1, splits: int = 1) -> tuple[int, int, int]:
+    """One persistent CTA an SM, never more CTAs than work units (tiles, times a wgrad's splits).  Clusters of two:
+    a unit is a pair of tiles of one tile row, and as many clusters as CUTLASS's rule fits at once (a GPC's SMs in
+    pairs: MAX_SM_PER_GPC, 126 CTAs on the H100's 132 SMs), so that no cluster waits for another to finish."""
+    tiles_m, tiles_n = -(-problem.m // TILE_M), -(-problem.n // tile_n)
+    if cluster == 1:
+        return max(1, min(problem.sm_count, tiles_m * tiles_n * splits)), 1, 1
+    gpcs = max(1, problem.sm_count // MAX_SM_PER_GPC)
+    fit = max(1, min(problem.sm_count, gpcs * MAX_SM_PER_GPC) // cluster)
+    return cluster * max(1, min(fit, tiles_m * -(-tiles_n // cluster) * splits)), 1, 1
 
 
 def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, int, int], encode
@@ -184,7 +192,7 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, p.m, p.n, p.k, p.activation, min(GROUP_ROWS, tiles_m))
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
-    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M), a)
+    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M // info.cluster), a)
     b_n, b_k = p.n, p.k
     if p.b_rows and info.b_kmajor:
         b_n = p.b_rows
@@ -192,7 +200,7 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
         b_k = p.b_rows
     encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), b_n, b_k, p.ldb, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(p.m, p.n, p.ldd, info.store_cols), d)
-    return params, grid(p, info.tile_n)
+    return params, grid(p, info.tile_n, info.cluster)
 
 
 def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int],

@@ -45,7 +45,8 @@ BUILDS = [  # (operator, class tile, fp32 out (wgrad: its slices; else the direc
     ("fprop", "128x64", False, BF16), ("fprop", "128x128", False, FP16), ("fprop", "128x256", False, BF16),
     ("fprop", "128x128", True, BF16), ("dgrad", "128x64c1x2", False, BF16), ("dgrad", "128x128", False, FP16),
     ("dgrad", "128x256", False, BF16), ("wgrad", "64x64", True, BF16), ("wgrad", "128x128", True, FP16),
-    ("wgrad", "128x256", True, BF16), ("wgrad", "128x64", False, FP16), ("wgrad", "128x256", False, BF16)]
+    ("wgrad", "128x256", True, BF16), ("wgrad", "128x64", False, FP16), ("wgrad", "128x256", False, BF16),
+    ("fprop", "128x64c1x2", False, FP16), ("wgrad", "128x64c1x2", True, BF16)]
 
 
 @pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
@@ -67,8 +68,13 @@ def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_o
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group" in ptx) == wgrad
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log, log
+    # A 1 x 2 cluster plan (fprop, unit-stride dgrad): each CTA multicasts its half of A into both
+    cluster = LC.cluster_for(name, cls)
+    assert cluster == (2 if "c1x2" in tile else 1)
+    assert ("multicast::cluster" in ptx) == (cluster == 2) and ("barrier.cluster" in ptx) == (cluster == 2)
     info = L.LightInfo.from_cubin(cubin)
-    assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name])
+    assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name],
+                                   cluster=cluster)
 
 
 def test_a_strided_dgrad_phase_kernel_stores_rows_and_no_spills():
@@ -141,6 +147,35 @@ def test_params_and_descriptors_of_a_strided_fprop():
     assert b == TmaArgs(TMA_UINT16, (64, 9, 256), (128, 9 * 128), (64, 1, 128), SWIZZLE_128B)
     assert d == L.output_tma(m, 256, 256, 64)
     assert launch_grid == (min(132, -(-m // 128) * 2), 1, 1)
+
+
+@pytest.mark.parametrize("images, k, sms, clusters", [(128, 512, 132, 63), (128, 512, 114, 54), (32, 512, 132, 52),
+                                                      (32, 192, 132, 26), (32, 64, 132, 13)])
+def test_a_cluster_plan_loads_half_of_a_and_launches_pairs(images, k, sms, clusters):
+    # ResNet-50's 512->K 14x14 3x3 stride 2 (fprop L18 for K = 512): 49 tile rows of 128 pixels a 7x7 output for
+    # 128 images, 13 for 32; K / 64 columns of 128 x 64 tiles, in pairs (an odd count's last pair has one past N).
+    # As many pairs as fit at once by CUTLASS's rule (a GPC's 18 SMs in pairs: 126 CTAs on 132 SMs, 108 on 114),
+    # never more than there are.
+    p = problem(1, n=images, h=14, w=14, c=512, k=k, r=3, s=3, stride=(2, 2))._replace(sm_count=sms)
+    info = L.expected_info(64, True, True, 2, False, 1, cluster=2)
+    encode = Recorder()
+    _, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), encode)
+    (_, a, _), _, _ = encode.calls
+    assert a.pixels == 64  # each CTA's half of a 128-pixel tile
+    assert launch_grid == (2 * clusters, 1, 1)
+
+
+@pytest.mark.parametrize("splits, clusters", [(1, 8), (4, 32), (33, 63)])
+def test_a_cluster_wgrad_launches_pairs_of_each_split(splits, clusters):
+    # A 512->256 1x1 wgrad at 7x7: M = 256 filters (2 tile rows), N = 512 channels (8 columns of 64, 4 pairs): 8
+    # pairs a split, and never more clusters than fit (63 on 132 SMs).  dy's box stays 64 x 64 either way.
+    p = LC.ConvProblem(3, 32, 7, 7, 512, 256, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 132, splits)
+    info = L.expected_info(64, False, False, 4, False, 3, cluster=2)
+    encode = Recorder()
+    _, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), encode)
+    (_, a, _), _, _ = encode.calls
+    assert a.box == (64, 64)
+    assert launch_grid == (2 * clusters, 1, 1)
 
 
 def test_params_and_descriptors_of_a_dgrad():

@@ -497,3 +497,27 @@ def test_driver_finds_where_rank2_descriptors_keep_the_address(monkeypatch, fiel
     buffer = (ctypes.c_char * 320).from_buffer(params)
     driver.encode_into(buffer, 128, L.operand_tma(True, 64, 64, 64, 128), 0xABC0)  # Params is only 16-byte aligned
     assert params[128 + 100] == 100 and (field is None or struct.unpack_from("<Q", params, 128 + field)[0] == 0xABC0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,a_t", [(6304, 768, 768, False), (4096, 1024, 1088, False), (1024, 4096, 1024, True),
+                                       (300, 512, 320, False)], ids=lambda v: str(v))
+def test_a_cluster_kernel_gives_the_single_cta_kernels_bits(m, k, n, a_t):
+    """LIGHT_CLUSTER 2 (two CTAs along N, each multicasting half of A's tile into both) computes the same products
+    in the same order as one CTA a tile: the same bits, K-major or MN-major A, with an odd count of tile columns
+    (the last pair's second tile past N: 1088 = 8.5 tiles of 128; 320 = 5 of 64) and a last tile row of 44 rows."""
+    _needs_sm90()
+    from jitops.launch import current_stream, sm_count
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randn(k, m, generator=g).to("cuda", BF16).t() if a_t else torch.randn(m, k, generator=g).to("cuda", BF16)
+    b = torch.randn(n, k, generator=g).to("cuda", BF16).t()
+    cls = G.shape_class(a, b, None, None, None)
+    single = L.request(cls)
+    outs = []
+    for request in (single, L.LIGHT_GEMM.bind(single.dtype, LIGHT_CLUSTER=2, **dict(single.params))):
+        kernel = jitops.runtime.get_kernel(request, Target("cuda", torch.cuda.get_device_capability(0)), 0)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=BF16)
+        L.run(kernel, a, b, out, None, m, n, k, m if a_t else k, k, 0, sm_count(0), current_stream(0))
+        outs.append(out)
+    torch.testing.assert_close(outs[0].float(), _reference(a, b, None, None), rtol=1.6e-2, atol=1.6e-2)
+    assert torch.equal(outs[0], outs[1])

@@ -30,7 +30,16 @@
 //   LIGHT_CONV    0: the GEMM above;  1: conv2d's fprop, 2: its unit-stride dgrad, 3: its wgrad, as implicit GEMMs
 //   LIGHT_D_ROWS  1: (dgrad) a strided dgrad's phases in one launch, D stored by rows at dx's strides
 //   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
+//   LIGHT_CLUSTER 1: one CTA;  2: clusters of two CTAs along N sharing A (below)
 //
+// Clusters (LIGHT_CLUSTER 2; the cooperative GEMM, conv fprop, unit-stride dgrad and wgrad).  The two CTAs of a cluster
+// take tiles (m, 2j) and (m, 2j + 1) of one tile row, so they read the same A tile: each loads its 64 rows of it
+// and multicasts them into both CTAs' stages (TMA's .multicast::cluster), halving A's traffic from L2, as
+// CUTLASS's 1 x 2 cluster plans do.  A stage is then written by both producers, so it is free only once the
+// consumers of both CTAs have released it: each consumer warp arrives on the empty barrier of both CTAs, and each
+// producer, done, waits for its last releases (the other CTA's consumers arrive on its barriers until then).
+// Where N has an odd number of tiles, the last pair's second tile lies past N: it loads zeros for B and stores
+// nothing, but still loads and multicasts its half of A.
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
 // for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
 // read at one filter tap, 64 channels a k-block; GEMM-K runs over (tap, channel block).  B is the KRSC filter
@@ -85,6 +94,14 @@
 #ifndef LIGHT_GROUPED
 #define LIGHT_GROUPED 0
 #endif
+#ifndef LIGHT_CLUSTER
+#define LIGHT_CLUSTER 1
+#endif
+#if LIGHT_CLUSTER == 2
+#define LIGHT_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define LIGHT_CLUSTER_DIMS
+#endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "sm90_light_gemm.cu needs sm_90a (wgmma, setmaxnreg)"
@@ -103,6 +120,7 @@ constexpr int kConv = LIGHT_CONV;
 constexpr bool kActivation = kConv == 0;  // a conv's fused epilogue adds its bias only
 constexpr int kGrouped = LIGHT_GROUPED;
 constexpr bool kRowStores = LIGHT_D_ROWS || kGrouped == 1;  // D stored by rows, not by TMA
+constexpr int kCluster = LIGHT_CLUSTER;  // CTAs along N sharing an A tile
 constexpr int kMaxPhases = 4;  // a strided dgrad's phases a launch (stride 2 x 2); more take several launches
 constexpr int kWarpgroupRows = kPingpong ? kTileM : kTileM / kConsumers;  // a consumer's rows of its tiles
 constexpr int kMmaBlocks = kWarpgroupRows / 64;                           // m64 wgmmas a k16 step
@@ -138,6 +156,8 @@ static_assert(!kGrouped || (kConv == 0 && !kPingpong && !LIGHT_FUSED && LIGHT_OU
               "grouped: a plain cooperative GEMM with a 16-bit D");
 static_assert(kGrouped != 1 || kAKMajor, "ragged M: A's rows are the ragged dimension, so K-major");
 static_assert(kGrouped != 2 || (!kAKMajor && !kBKMajor), "ragged K: K is the strided dimension of A and B");
+static_assert(kCluster == 1 || (kCluster == 2 && !kPingpong && !kGrouped && !LIGHT_D_ROWS),
+              "LIGHT_CLUSTER 2: the cooperative GEMM and conv kernels, not a strided dgrad's");
 static_assert(kAccumulators <= 128, "a consumer holds at most 64 x 256 or 128 x 128 fp32 accumulators");
 static_assert(kStages >= 2, "shared memory holds fewer than two stages");
 static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages must keep the 1024-byte swizzle alignment");
@@ -205,7 +225,7 @@ static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && si
 // Read from the cubin by the host (and the tests) without a GPU: what the launch needs.
 extern "C" __constant__ const u64 jitops_light_gemm_info[] = {
     kSmemBytes, kThreads, kTileM, kTileN, kTileK, kStages, sizeof(Params), sizeof(TmaDescriptor),
-    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv, LIGHT_D_ROWS, kGrouped};
+    2 * sizeof(TmaDescriptor), kStoreCols, kAKMajor, kBKMajor, kPingpong, kConv, LIGHT_D_ROWS, kGrouped, kCluster};
 
 __device__ __forceinline__ void tile_coordinates(int tile, int tiles_m, int tiles_n, int group_m, int& m_block,
                                                  int& n_block) {
@@ -528,6 +548,12 @@ __device__ __forceinline__ bool start_unit(const Params& p, UnitCursor& cursor, 
 #elif LIGHT_D_ROWS
     if (!next_phase_unit(p, cursor, tile, tiles_n, at.m_block, at.n_block)) return false;
     at.k_blocks = p.phase[cursor.phase].taps * p.c_blocks;
+#elif LIGHT_CLUSTER == 2
+    // unit: a pair of tiles of one tile row (wgrad: of one split); this CTA's is the pair's (cluster rank)th
+    tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, (tiles_n + 1) / 2, p.group_m, at.m_block,
+                     at.n_block);
+    at.n_block = 2 * at.n_block + static_cast<int>(cluster_ctarank());
+    at.k_blocks = k_blocks;
 #else
     tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, at.m_block, at.n_block);
     at.k_blocks = k_blocks;
@@ -558,6 +584,17 @@ __device__ __forceinline__ void load_tile(const TmaDescriptor* desc, u32 dst, u3
     }
 }
 
+// A consumer warp's release of a stage: to its own CTA's producer, and with LIGHT_CLUSTER 2 to the other CTA's too,
+// which multicasts half of every stage's A into this one.
+__device__ __forceinline__ void release_stage(u32 empty_bar) {
+    if constexpr (kCluster == 2) {
+        mbarrier_arrive_cluster(empty_bar, 0);
+        mbarrier_arrive_cluster(empty_bar, 1);
+    } else {
+        mbarrier_arrive(empty_bar);
+    }
+}
+
 template <bool kKMajor>
 __device__ __forceinline__ u64 tile_descriptor(u32 smem) {
     return kKMajor ? kmajor_sw128_descriptor(smem) : mnmajor_sw128_descriptor(smem);
@@ -568,7 +605,8 @@ __device__ __forceinline__ u64 tile_descriptor(u32 smem) {
 template <bool kKMajor>
 constexpr u64 kStepUnits = kKMajor ? 2 : 128;
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm(const __grid_constant__ Params p) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) LIGHT_CLUSTER_DIMS
+jitops_sm90_light_gemm(const __grid_constant__ Params p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The swizzle pattern follows address bits 4-9, which the wgmma descriptors assume start at 0.
     const u32 raw = smem_address(smem_raw);
@@ -587,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(full + 8 * s, 1);                   // the producer's arrive + TMA bytes
-            mbarrier_init(empty + 8 * s, kStageReaders * 4);  // one arrival per reading consumer warp
+            mbarrier_init(empty + 8 * s, kStageReaders * 4 * kCluster);  // one per reading consumer warp
         }
         mbarrier_init(turn, 1);
         mbarrier_init(turn + 8, 1);
@@ -603,11 +641,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         tma_prefetch_descriptor(&p.d);
 #endif
     }
-    __syncthreads();
+    if constexpr (kCluster == 2) {
+        cluster_sync();  // both CTAs' barriers initialized before either multicasts or arrives on the other's
+    } else {
+        __syncthreads();
+    }
+    // The CTA's (cluster's) place among the grid's: units are tiles (pairs of tiles) taken in turn.
+    const int cta = blockIdx.x / kCluster;
+    const int ctas = gridDim.x / kCluster;
 
     const int tiles_m = (p.m + kTileM - 1) / kTileM;
     const int tiles_n = (p.n + kTileN - 1) / kTileN;
-    const int tiles = tiles_m * tiles_n;
+    // A unit's tiles: one tile, or in a cluster a pair of one tile row (start_unit: the CTA's is the rank-th).
+    const int tiles = tiles_m * (kCluster == 2 ? (tiles_n + 1) / 2 : tiles_n);
     const int k_blocks = (p.k + kTileK - 1) / kTileK;  // a work unit's
 #if LIGHT_CONV == 3
     const int units = tiles * p.splits;  // a unit: one tile of one split (unit / tiles)
@@ -628,6 +674,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         if (threadIdx.x != 128 * kConsumers) return;
         int stage = 0;
         u32 phase = 0;
+        const int a_half = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;  // the rows of A it loads
 #if LIGHT_CONV == 3
         // A k-block moves the pixel (image, oh, ow) of wgrad's B boxes on by 64 pixels: a mixed-radix addition of
         // these steps, so that this one thread divides per tile, not per k-block (with four run-time divisions a
@@ -640,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_GROUPED == 3
         int acquired = -1;  // the list form: the group whose descriptors this thread has acquired
 #endif
-        for (int tile = blockIdx.x; tile < units; tile += gridDim.x) {
+        for (int tile = cta; tile < units; tile += ctas) {
             UnitStart at;
             if (!start_unit(p, cursor, tile, tiles, tiles_m, tiles_n, k_blocks, at)) break;
             const int m_block = at.m_block, n_block = at.n_block, tile_k_blocks = at.k_blocks;
@@ -679,8 +726,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if !LIGHT_D_ROWS
             const Params& g = p;  // the unit's geometry: the conv's own, or its phase's (the same field names)
 #endif
-            // The tile's first output pixel, where its im2col box starts (the box then walks the pixel grid).
-            const int m0 = m_block * kTileM;
+            // The tile's first output pixel, where its im2col box starts (the box then walks the pixel grid); in a
+            // cluster, the first of this CTA's half of the tile's rows.
+            const int m0 = m_block * kTileM + 64 * a_half;
             const int image = m0 / g.out_hw;
             const int oh = (m0 - image * g.out_hw) / g.out_w;
             const int ow = m0 - image * g.out_hw - oh * g.out_w;
@@ -693,8 +741,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 const u32 bar = full + 8 * stage;
                 mbarrier_arrive_expect_tx(bar, kStageBytes);
 #if LIGHT_CONV == 3
-                load_tile<false, kTileM>(&p.a, smem_a + stage * kBytesA, bar, (first_block + kb) * kTileK,
-                                         m_block * kTileM);
+                if constexpr (kCluster == 2) {  // dy's filters: this CTA's 64 of the tile's 128, to both
+                    tma_load_2d_multicast(&p.a, smem_a + stage * kBytesA + a_half * 8192, bar,
+                                          m_block * kTileM + 64 * a_half, (first_block + kb) * kTileK, 0x3);
+                } else {
+                    load_tile<false, kTileM>(&p.a, smem_a + stage * kBytesA, bar, (first_block + kb) * kTileK,
+                                             m_block * kTileM);
+                }
                 const int w0 = p.corner_w + ow * p.stride_w, h0 = p.corner_h + oh * p.stride_h;
 #pragma unroll
                 for (int j = 0; j < kTileN / 64; ++j) {
@@ -714,8 +767,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 }
                 image += step_image;
 #elif LIGHT_CONV
-                tma_load_im2col_4d(&g.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
-                                   static_cast<unsigned short>(s * g.dil_w), static_cast<unsigned short>(r * g.dil_h));
+                if constexpr (kCluster == 2) {
+                    tma_load_im2col_4d_multicast(&g.a, smem_a + stage * kBytesA + a_half * 8192, bar, c_block * kTileK,
+                                                 w0, h0, image, static_cast<unsigned short>(s * g.dil_w),
+                                                 static_cast<unsigned short>(r * g.dil_h), 0x3);
+                } else {
+                    tma_load_im2col_4d(&g.a, smem_a + stage * kBytesA, bar, c_block * kTileK, w0, h0, image,
+                                       static_cast<unsigned short>(s * g.dil_w),
+                                       static_cast<unsigned short>(r * g.dil_h));
+                }
 #if LIGHT_D_ROWS
                 const int filter_tap = g.tap_last - r * g.tap_step_h - s * g.tap_step_w;
 #else
@@ -756,9 +816,28 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
                 load_tile<kAKMajor, kTileM>(&entry->a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
                 load_tile<kBKMajor, kTileN>(&entry->b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
 #else
-                load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                if constexpr (kCluster == 2) {  // this CTA's 64 rows of A (one 64 x 64 box either way), to both
+                    const int row0 = m_block * kTileM + 64 * a_half;
+                    tma_load_2d_multicast(&p.a, smem_a + stage * kBytesA + a_half * 8192, bar,
+                                          kAKMajor ? kb * kTileK : row0, kAKMajor ? row0 : kb * kTileK, 0x3);
+                } else {
+                    load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                }
                 load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
 #endif
+                if (++stage == kStages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        if constexpr (kCluster == 2) {
+            // The other CTA's consumers arrive on this CTA's empty barriers up to their last k-block: wait for every
+            // stage's last release, so that this CTA (its shared memory) outlives those arrivals.  Not unrolled:
+            // unrolled, it made the wgrad producer spill under its 40 registers.
+#pragma unroll 1
+            for (int i = 0; i < kStages; ++i) {
+                mbarrier_wait(empty + 8 * stage, phase ^ 1);
                 if (++stage == kStages) {
                     stage = 0;
                     phase ^= 1;
@@ -789,8 +868,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
 #if LIGHT_GROUPED || LIGHT_D_ROWS
     unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's (a phase's) count varies
 #endif
-    for (int local = first, tile = blockIdx.x + first * gridDim.x; tile < units;
-         local += stride, tile += stride * gridDim.x) {
+    for (int local = first, tile = cta + first * ctas; tile < units; local += stride, tile += stride * ctas) {
         if constexpr (kPingpong) {
             if (local > 0) mbarrier_wait(turn + 8 * warpgroup, ((local - 1) / 2) & 1);  // the other's mainloop
         }
@@ -859,7 +937,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
             wgmma_commit();
             fence_accumulators(acc);
             wgmma_wait<1>();  // the previous k-block's wgmmas are done: release its stage
-            if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
+            if (previous >= 0 && lane == 0) release_stage(empty + 8 * previous);
             previous = stage;
             if (++stage == kStages) {
                 stage = 0;
@@ -871,7 +949,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) jitops_sm90_light_gemm
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        if (previous >= 0 && lane == 0) mbarrier_arrive(empty + 8 * previous);
+        if (previous >= 0 && lane == 0) release_stage(empty + 8 * previous);
 
         // Epilogue: 64 x kStoreCols chunks of this warpgroup's rows through shared memory, one TMA store each.
         // A buffer is refilled only once the store issued from it two chunks ago has read it; the buffers are used

@@ -88,6 +88,48 @@ __device__ __forceinline__ void tma_load_im2col_4d(const TmaDescriptor* desc, u3
            "h"(off_h) : "memory");
 }
 
+// ---- clusters (LIGHT_CLUSTER 2: two CTAs along N share the A tile, each loading half and multicasting it) ----------
+// The loads above with .multicast::cluster: the box lands at the same offset in the shared memory of every CTA in
+// `mask` (bit r: cluster rank r), and each one's mbarrier at `bar`'s offset counts the bytes it received.
+__device__ __forceinline__ void tma_load_2d_multicast(const TmaDescriptor* desc, u32 dst, u32 bar, int c0, int c1,
+                                                      unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;"
+        :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "h"(mask) : "memory");
+}
+
+__device__ __forceinline__ void tma_load_im2col_4d_multicast(const TmaDescriptor* desc, u32 dst, u32 bar, int c, int w,
+                                                             int h, int n, unsigned short off_w,
+                                                             unsigned short off_h, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8}, %9;"
+        :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w),
+           "h"(off_h), "h"(mask) : "memory");
+}
+
+__device__ __forceinline__ u32 cluster_ctarank() {
+    u32 rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+}
+
+// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `rank` (this CTA's own too).
+__device__ __forceinline__ void mbarrier_arrive_cluster(u32 bar, u32 rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+        :: "r"(bar), "r"(rank) : "memory");
+}
+
+// Every thread of every CTA of the cluster (all of them must come): the barriers' initialization is visible
+// cluster-wide after it, before any CTA multicasts into another's shared memory or arrives on its barriers.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // A 2-D box of shared memory to global memory at (c0 inner, c1 outer), in the thread's bulk async-group.
 // Out-of-bounds elements are not written: a partial tile needs no guard.
 __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* desc, u32 src, int c0, int c1) {
