@@ -116,11 +116,13 @@ __device__ __forceinline__ u32 cluster_ctarank() {
 }
 
 // One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `rank` (this CTA's own too).
+// The default .release.cta, as CUTLASS's ClusterBarrier::arrive: .release.cluster made every release wait, and the
+// ring ran one stage at a time (6304x768x768 bf16: 35.7 against 17.3 us; ResNet-50's L8 fprop 64.3 against 19.8).
 __device__ __forceinline__ void mbarrier_arrive_cluster(u32 bar, u32 rank) {
     asm volatile(
         "{\n.reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
         :: "r"(bar), "r"(rank) : "memory");
 }
 
