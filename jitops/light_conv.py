@@ -10,12 +10,12 @@ conv kernel compiles through NVRTC in 0.2-0.7 s, and over ResNet-50's layers run
 Covered: fprop at any stride, padding and dilation (bias fused; or fp32 out, no bias: the stem's columns); dgrad
 in one slice, a strided one as its unit-stride phases in one launch, stored by rows (LIGHT_D_ROWS); wgrad into
 fp32 slices or, in one slice of aligned channels, straight into dw.  Each with the tile width of the class's plan
-(64, 128 or 256; 128 rows); a 1 x 2 cluster plan runs in clusters of two CTAs that share A's tile (LIGHT_CLUSTER 2,
-cluster_for; not a strided dgrad), other clusters are dropped.  Not covered: split-K fprop and dgrad plans (only ever
-forced through config.conv2d_splits) and wgrad tiles over several taps (plan_wgrad leaves those out under this
-setting): those take CUTLASS's kernels.  The host object takes the CUTLASS library's arguments (conv2d_run._call),
-so the op's launch code does not change: (n, h, w, c) describe x or dx, (k, r, s) the filter, padding (lower,
-upper) per dimension.
+(64, 128 or 256; 128 rows; the plan's clusters are dropped); an fprop or unit-stride dgrad on 128 x 64 tiles runs in
+clusters of two CTAs that share A's tile where the pairs fit the grid (LIGHT_CLUSTER 2, conv2d_plan.light_cluster).
+Not covered: split-K fprop and dgrad plans (only ever forced through config.conv2d_splits) and wgrad tiles over
+several taps (plan_wgrad leaves those out under this setting): those take CUTLASS's kernels.  The host object
+takes the CUTLASS library's arguments (conv2d_run._call), so the op's launch code does not change: (n, h, w, c)
+describe x or dx, (k, r, s) the filter, padding (lower, upper) per dimension.
 """
 from __future__ import annotations
 
@@ -69,10 +69,10 @@ def tile_n_for(cls: Any) -> int:
 
 
 def cluster_for(name: str, cls: Any) -> int:
-    """2 where the class's plan is CUTLASS's 1 x 2 cluster (128 x 64 tiles: the narrow layers, whose A tiles the
-    pair shares; a strided dgrad's phase kernel takes none), else 1."""
+    """The class's cluster (conv2d_plan.light_cluster: 2 for an fprop or unit-stride dgrad on 128 x 64 tiles whose
+    pairs fit the grid), 1 for anything else: a wgrad, a strided dgrad's phase kernel, the stem's columns."""
     strided_dgrad = name == "dgrad" and tuple(cls.stride) != (1, 1)
-    return 2 if "c1x2" in cls.tile and not strided_dgrad else 1
+    return cls.cluster if name != "wgrad" and not strided_dgrad else 1
 
 
 def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False, cluster: int | None = None):

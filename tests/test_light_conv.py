@@ -24,7 +24,7 @@ from jitops import light_gemm as L
 from jitops import shapes
 from jitops.cutlass_host import SWIZZLE_128B, TMA_FLOAT32, TMA_UINT16, Im2colArgs, TmaArgs
 from jitops.ops import conv2d as conv_module
-from jitops.ops.conv2d_plan import ConvClass, output_size
+from jitops.ops.conv2d_plan import ConvClass, light_cluster, output_size
 from jitops.ops import conv2d_plan as plan
 from jitops.specs import Target
 
@@ -36,8 +36,8 @@ BF16, FP16 = torch.bfloat16, torch.float16
 
 
 def conv_class(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), tile="128x128", splits=1,
-               dtype=BF16) -> ConvClass:
-    return ConvClass(dtype, kernel, stride, padding, dilation, True, tile, splits)
+               dtype=BF16, cluster=1) -> ConvClass:
+    return ConvClass(dtype, kernel, stride, padding, dilation, True, tile, splits, cluster=cluster)
 
 
 # ---- compiling ----------------------------------------------------------------------------------------------------
@@ -52,9 +52,12 @@ BUILDS = [  # (operator, class tile, fp32 out (wgrad: its slices; else the direc
 @pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
                                                                   f"{str(b[3])[6:]}" for b in BUILDS])
 def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_out, dtype):
-    cls = conv_class(tile=tile, dtype=dtype)
+    # The 1 x 2 builds in clusters of two (a wgrad's only when asked: light_cluster plans none)
+    cluster = 2 if "c1x2" in tile else 1
+    cls = conv_class(tile=tile, dtype=dtype, cluster=cluster)
     wgrad = name == "wgrad"
-    cubin, ptx, log = compile_with_ptx(LC.request(name, cls, fp32_out and not wgrad, direct=wgrad and not fp32_out))
+    cubin, ptx, log = compile_with_ptx(LC.request(name, cls, fp32_out and not wgrad, direct=wgrad and not fp32_out,
+                                                  cluster=cluster))
     tile_n = LC.tile_n_for(cls)
     ab = "bf16" if dtype == BF16 else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{ab}.{ab}" in ptx
@@ -68,13 +71,50 @@ def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_o
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group" in ptx) == wgrad
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log, log
-    # A 1 x 2 cluster plan (fprop, unit-stride dgrad): each CTA multicasts its half of A into both
-    cluster = LC.cluster_for(name, cls)
-    assert cluster == (2 if "c1x2" in tile else 1)
+    # In a cluster, each CTA multicasts its half of A into both
     assert ("multicast::cluster" in ptx) == (cluster == 2) and ("barrier.cluster" in ptx) == (cluster == 2)
     info = L.LightInfo.from_cubin(cubin)
     assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name],
                                    cluster=cluster)
+
+
+# ResNet-50's layers at batch 32 (conv2d_plan.RESNET50; H200 against cluster 1): (operator, C, K, input, filter,
+# stride, its cluster).  A pair of tiles pays on one partial wave (104 tiles: x1.19-1.24), and not where the pairs
+# take a round more than the tiles (392 tiles in 3 rounds, 196 pairs in 4: x0.85-0.94).
+CLUSTER_LAYERS = [("fprop", 512, 512, 14, 3, 2, 2), ("fprop", 512, 512, 7, 3, 1, 2), ("fprop", 2048, 512, 7, 1, 1, 2),
+                  ("dgrad", 512, 512, 7, 3, 1, 2), ("dgrad", 512, 2048, 7, 1, 1, 2), ("fprop", 128, 128, 56, 3, 2, 1),
+                  ("fprop", 128, 128, 28, 3, 1, 1), ("dgrad", 128, 512, 28, 1, 1, 1), ("dgrad", 128, 128, 56, 3, 2, 1),
+                  ("wgrad", 512, 2048, 7, 1, 1, 1), ("wgrad", 128, 512, 28, 1, 1, 1), ("fprop", 256, 256, 56, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("name, c, k, size, r, stride, cluster", CLUSTER_LAYERS)
+def test_the_plan_takes_clusters_where_the_pairs_fit_the_grid(name, c, k, size, r, stride, cluster):
+    pad = r // 2
+    out = (size + 2 * pad - r) // stride + 1
+    x = torch.empty(32, c, size, size, dtype=BF16, device="meta").contiguous(memory_format=torch.channels_last)
+    w = torch.empty(k, c, r, r, dtype=BF16, device="meta").contiguous(memory_format=torch.channels_last)
+    dy = torch.empty(32, k, out, out, dtype=BF16, device="meta").contiguous(memory_format=torch.channels_last)
+    geometry = ((stride, stride), (pad, pad), (1, 1))
+    cls = {"fprop": lambda: jitops.find("conv2d").shape_class(x, w, None, *geometry),
+           "dgrad": lambda: jitops.find("conv2d_input_grad").shape_class(dy, w, x.shape, *geometry),
+           "wgrad": lambda: jitops.find("conv2d_weight_grad").shape_class(dy, x, w.shape, *geometry)}[name]()
+    assert LC.cluster_for(name, cls) == cluster, cls
+    assert (dict(LC.request(name, cls).params).get("LIGHT_CLUSTER") == "2") == (cluster == 2)
+
+
+@pytest.mark.parametrize("operator, tile, splits, stride", [("wgrad", "128x64c1x2", 1, (1, 1)),
+                                                            ("fprop", "128x128", 1, (1, 1)),
+                                                            ("fprop", "128x64", 2, (1, 1)),
+                                                            ("dgrad", "128x64c1x2", 1, (2, 2))])
+def test_no_cluster_for_wgrad_wide_tiles_split_k_or_strided_dgrad(operator, tile, splits, stride):
+    assert light_cluster("fprop", "128x64c1x2", 1, 1568, 512) == 2  # the same GEMM where it pays
+    assert light_cluster(operator, tile, splits, 1568, 512, stride) == 1
+
+
+def test_cluster_for_takes_the_class_cluster_for_fprop_and_unit_stride_dgrad_only():
+    cls = conv_class(tile="128x64c1x2", cluster=2)
+    assert [LC.cluster_for(name, cls) for name in ("fprop", "dgrad", "wgrad")] == [2, 2, 1]
+    assert LC.cluster_for("dgrad", cls._replace(stride=(2, 2))) == 1
 
 
 def test_a_strided_dgrad_phase_kernel_stores_rows_and_no_spills():

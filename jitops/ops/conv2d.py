@@ -67,8 +67,8 @@ from ..config import config
 from ..op import Impl, op, public
 from ..specs import CudaKernel, CudaLibrary, Source, Target
 from .conv2d_plan import (ALIGN, TILE_K, TILES, ConvClass, _ceil, _geometry, _pair, _plan_fold, _prewarm_items,
-                          _uses_im2col, cached_class, output_size, plan_gemm, plan_wgrad, round_up, takes_patches,
-                          wgrad_direct)
+                          _uses_im2col, cached_class, light_cluster, output_size, plan_gemm, plan_wgrad, round_up,
+                          takes_patches, wgrad_direct)
 from .conv2d_run import (_channels_last_like, native_conv2d, patchify_calls, run_cpu, run_cuda, run_input_grad_cpu,
                          run_input_grad_cuda, run_patchify, run_weight_grad_cpu, run_weight_grad_cuda)
 
@@ -175,8 +175,11 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
         tile, _ = plan_gemm("fprop", n * p * q, round_up(c * r * s), _ceil(round_up(k), TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, 1, True)
     if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
-        tile, splits = plan_gemm("dgrad", n * _ceil(h, stride[0]) * _ceil(w, stride[1]), round_up(c),
+        m = n * _ceil(h, stride[0]) * _ceil(w, stride[1])
+        tile, splits = plan_gemm("dgrad", m, round_up(c),
                                  _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
+        return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits,
+                         cluster=light_cluster("dgrad", tile, splits, m, round_up(c), stride))
     else:
         p, q = expected[2], expected[3]
         if _uses_im2col(c, r, s):  # a wgrad over the im2col matrix (_plan_fold)
@@ -185,7 +188,6 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
         tile, splits, flat = plan_wgrad(k, round_up(c), (r, s), _ceil(n * p * q, TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, flat=flat,
                          direct=config.conv2d_wgrad_direct and aligned)
-    return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
 
 
 def input_grad_shape_class(grad, weight, input_size, stride, padding, dilation) -> ConvClass:
@@ -298,7 +300,8 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
         fold, tile, splits, _ = _plan_fold("fprop", n, p, q, k, c, r, s, stride, dilation)
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, fold=fold)
     tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
-    return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits)
+    return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits,
+                     cluster=light_cluster("fprop", tile, splits, n * p * q, round_up(k)))
 
 
 # The conv over a folded matrix (the stem) takes its filter in the matrix's column order, built by one kernel.

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import config
+from ..cutlass_host import MAX_SM_PER_GPC
 from ..shapes import Phase1D, dgrad_residues
 
 
@@ -118,6 +119,7 @@ class ConvClass(NamedTuple):
     flat: bool = False          # wgrad: the kernel stores dw as the flat K x (R*S*C) matrix (wgrad_flat)
     fold: int = 0               # fprop/wgrad over im2col: filter rows per matrix row (0: all, 1x1; _plan_fold)
     direct: bool = False        # wgrad: a one-slice plan writes dw itself (config.conv2d_wgrad_direct)
+    cluster: int = 1            # the light kernel's CTAs a cluster (light_cluster); CUTLASS's take the tile's
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -298,6 +300,22 @@ def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles:
     costs = GEMM_TILE_US[operator]
     step_us, wave_us = costs.get(tile, costs["128x128"])
     return _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS) * (_ceil(k_tiles, splits) * step_us + wave_us)
+
+
+def light_cluster(operator: str, tile: str, splits: int, m: int, n: int, stride: tuple[int, int] = (1, 1)) -> int:
+    """CTAs a cluster of the light kernel's fprop or unit-stride dgrad (jitops/light_conv.py, LIGHT_CLUSTER): 2 on a
+    128 x 64 plan where the pairs of tiles run in no more rounds on 126 CTAs (CUTLASS's rule, 63 clusters) than the
+    tiles alone on 132, else 1.  A pair shares A's tile, each CTA loading half, which pays on a single partial
+    wave with long K and costs a round where the pairs do not fit (H200, bf16, ResNet-50 at batch 32, against
+    cluster 1: L18, L20, L22 fprop and L20, L21 dgrad, 104 tiles, x1.19-1.24; L6, L8, L10 fprop and L8, L9 dgrad,
+    392 tiles in 3 rounds against 196 pairs in 4, x0.85-0.94).  A wgrad's units are tiles times splits planned
+    for 132 CTAs: every 1 x 2 wgrad measured x0.56-0.72, so none."""
+    t = TILES[tile]
+    if operator == "wgrad" or splits > 1 or (t.m, t.n) != (128, 64) or tuple(stride) != (1, 1):
+        return 1
+    clusters = HOPPER_SMS // MAX_SM_PER_GPC * MAX_SM_PER_GPC // 2
+    tiles_m, tiles_n = _ceil(m, t.m), _ceil(n, t.n)
+    return 2 if _ceil(tiles_m * _ceil(tiles_n, 2), clusters) <= _ceil(tiles_m * tiles_n, HOPPER_SMS) else 1
 
 
 def _plan_best(operator: str, candidates, m: int, n: int, k_tiles: int):
