@@ -268,6 +268,15 @@ class SideStreams:
                     check("cuStreamWaitEvent", lib.cuStreamWaitEvent(stream, event, 0))
 
 
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig: a launch's shape, as cuOccupancyMaxActiveClusters asks for it."""
+
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attributes", ctypes.c_void_p),
+                ("attribute_count", ctypes.c_uint)]
+
+
 class CudaFunction:
     """A __global__ function loaded from a cubin into one device's primary context."""
 
@@ -398,6 +407,22 @@ class CudaFunction:
             self._driver.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
                                occupancy(ctypes.byref(count), self.handle, block, shared_mem))
         return count.value
+
+    def max_active_clusters(self, cluster: int, block: int, shared_mem: int) -> int:
+        """Clusters of `cluster` CTAs (the kernel's compiled-in __cluster_dims__) of `block` threads and `shared_mem`
+        bytes that the device runs at once (cuOccupancyMaxActiveClusters): a persistent cluster grid's size.  0
+        where the driver cannot say."""
+        ensure_context(self.device_index)
+        if shared_mem > self._dynamic_smem_limit:
+            self._raise_smem_limit(shared_mem)
+        occupancy = self._driver.lib.cuOccupancyMaxActiveClusters
+        occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
+        occupancy.restype = ctypes.c_int
+        count = ctypes.c_int()
+        config = _LaunchConfig(cluster, 1, 1, block, 1, 1, shared_mem, None, None, 0)
+        with torch.cuda.device(self.device_index):
+            status = occupancy(ctypes.byref(count), self.handle, ctypes.byref(config))
+        return count.value if status == 0 else 0
 
     def attribute(self, name: str) -> int:
         """A function attribute, e.g. attribute('NUM_REGS') or attribute('LOCAL_SIZE_BYTES')."""

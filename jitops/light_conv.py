@@ -218,10 +218,10 @@ def wgrad_output_tma(p: ConvProblem, store_cols: int) -> TmaArgs:
                    SWIZZLE_128B)
 
 
-def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode
+def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode, clusters: int = 0
                 ) -> tuple[bytearray, tuple[int, int, int]]:
     """Params bytes of one conv problem and its grid; `encode(buffer, offset, args, address)` writes a descriptor
-    (a strided dgrad's kernel, info.d_rows: pack_phases)."""
+    (a strided dgrad's kernel, info.d_rows: pack_phases); `clusters`: light_gemm.grid's."""
     g = geometry(p)
     a, b, d, bias = addresses
     pixels = p.n * g["out_h"] * g["out_w"]
@@ -243,11 +243,11 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
         encode(buffer, info.tma_b, activation_tma(g, pixels=TILE_K), b)  # x, 64 pixels a box
         encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
-        return params, grid(gemm, info.tile_n, info.cluster, splits)
+        return params, grid(gemm, info.tile_n, info.cluster, splits, clusters)
     encode(buffer, 0, activation_tma(g, pixels=TILE_M // info.cluster), a)  # a cluster's CTAs load half each
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
-    return params, grid(gemm, info.tile_n, info.cluster)
+    return params, grid(gemm, info.tile_n, info.cluster, clusters=clusters)
 
 
 def pack_phases(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int], encode,
@@ -373,7 +373,7 @@ class LightConv(LightKernel):
 
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
         if not self.info.d_rows:
-            return pack_params(self.info, _problem(key), addresses, self._driver.encode_into)
+            return pack_params(self.info, _problem(key), addresses, self._driver.encode_into, self.clusters)
         return pack_phases(self.info, _problem(key), addresses, self._driver.encode_into,
                            key[_STRIDES_AT:_PHASE_AT], self._launch_phases(key))
 

@@ -189,17 +189,19 @@ def test_params_and_descriptors_of_a_strided_fprop():
     assert launch_grid == (min(132, -(-m // 128) * 2), 1, 1)
 
 
-@pytest.mark.parametrize("images, k, sms, clusters", [(128, 512, 132, 63), (128, 512, 114, 54), (32, 512, 132, 52),
-                                                      (32, 192, 132, 26), (32, 64, 132, 13)])
-def test_a_cluster_plan_loads_half_of_a_and_launches_pairs(images, k, sms, clusters):
+@pytest.mark.parametrize("images, k, sms, fit, clusters", [(128, 512, 132, 0, 63), (128, 512, 114, 0, 54),
+                                                           (128, 512, 132, 66, 66), (128, 512, 132, 70, 66),
+                                                           (128, 512, 132, 60, 60), (32, 512, 132, 66, 52),
+                                                           (32, 192, 132, 0, 26), (32, 64, 132, 66, 13)])
+def test_a_cluster_plan_loads_half_of_a_and_launches_pairs(images, k, sms, fit, clusters):
     # ResNet-50's 512->K 14x14 3x3 stride 2 (fprop L18 for K = 512): 49 tile rows of 128 pixels a 7x7 output for
     # 128 images, 13 for 32; K / 64 columns of 128 x 64 tiles, in pairs (an odd count's last pair has one past N).
-    # As many pairs as fit at once by CUTLASS's rule (a GPC's 18 SMs in pairs: 126 CTAs on 132 SMs, 108 on 114),
-    # never more than there are.
+    # As many pairs as the driver says fit at once (`fit`; never more than half the SMs), or where it cannot say
+    # by CUTLASS's rule (0: a GPC's 18 SMs in pairs, 126 CTAs on 132 SMs, 108 on 114), never more than there are.
     p = problem(1, n=images, h=14, w=14, c=512, k=k, r=3, s=3, stride=(2, 2))._replace(sm_count=sms)
     info = L.expected_info(64, True, True, 2, False, 1, cluster=2)
     encode = Recorder()
-    _, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), encode)
+    _, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), encode, fit)
     (_, a, _), _, _ = encode.calls
     assert a.pixels == 64  # each CTA's half of a 128-pixel tile
     assert launch_grid == (2 * clusters, 1, 1)
