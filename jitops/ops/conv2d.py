@@ -175,11 +175,11 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
         tile, _ = plan_gemm("fprop", n * p * q, round_up(c * r * s), _ceil(round_up(k), TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, 1, True)
     if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
-        m = n * _ceil(h, stride[0]) * _ceil(w, stride[1])
-        tile, splits = plan_gemm("dgrad", m, round_up(c),
-                                 _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1]))
+        m, k_tiles = n * _ceil(h, stride[0]) * _ceil(w, stride[1]), _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) \
+            * _ceil(s, stride[1])
+        tile, splits = plan_gemm("dgrad", m, round_up(c), k_tiles)
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits,
-                         cluster=light_cluster("dgrad", tile, splits, m, round_up(c), stride))
+                         cluster=light_cluster("dgrad", tile, splits, m, round_up(c), k_tiles, stride))
     else:
         p, q = expected[2], expected[3]
         if _uses_im2col(c, r, s):  # a wgrad over the im2col matrix (_plan_fold)
@@ -299,9 +299,10 @@ def _conv_class(op_name, x, weight, bias, stride, padding, dilation) -> ConvClas
     if _uses_im2col(c, r, s):
         fold, tile, splits, _ = _plan_fold("fprop", n, p, q, k, c, r, s, stride, dilation)
         return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits, True, fold=fold)
-    tile, splits = plan_gemm("fprop", n * p * q, round_up(k), _ceil(round_up(c), TILE_K) * r * s)
+    k_tiles = _ceil(round_up(c), TILE_K) * r * s
+    tile, splits = plan_gemm("fprop", n * p * q, round_up(k), k_tiles)
     return ConvClass(x.dtype, (r, s), stride, padding, dilation, aligned, tile, splits,
-                     cluster=light_cluster("fprop", tile, splits, n * p * q, round_up(k)))
+                     cluster=light_cluster("fprop", tile, splits, n * p * q, round_up(k), k_tiles))
 
 
 # The conv over a folded matrix (the stem) takes its filter in the matrix's column order, built by one kernel.

@@ -18,13 +18,13 @@ from typing import NamedTuple
 import torch
 
 from ..config import config
-from ..cutlass_host import MAX_SM_PER_GPC
 from ..shapes import Phase1D, dgrad_residues
 
 
 ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
 TILE_K = 64          # GEMM-K per pipeline stage (kernels/conv/conv2d_sm90.cu)
 HOPPER_SMS = 132     # tile heuristics assume an H100 SXM; the kernels run on any sm_90 part
+LIGHT_CLUSTER_K_TILES = 16  # light_cluster: fewer k-steps a tile gain nothing from sharing A
 
 
 # Tile configurations (TILE_M x TILE_N of the implicit GEMM), per operator, chosen by a cost model (plan_gemm)
@@ -302,20 +302,21 @@ def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles:
     return _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS) * (_ceil(k_tiles, splits) * step_us + wave_us)
 
 
-def light_cluster(operator: str, tile: str, splits: int, m: int, n: int, stride: tuple[int, int] = (1, 1)) -> int:
+def light_cluster(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int,
+                  stride: tuple[int, int] = (1, 1)) -> int:
     """CTAs a cluster of the light kernel's fprop or unit-stride dgrad (jitops/light_conv.py, LIGHT_CLUSTER): 2 on a
-    128 x 64 plan where the pairs of tiles run in no more rounds on 126 CTAs (CUTLASS's rule, 63 clusters) than the
-    tiles alone on 132, else 1.  A pair shares A's tile, each CTA loading half, which pays on a single partial
-    wave with long K and costs a round where the pairs do not fit (H200, bf16, ResNet-50 at batch 32, against
-    cluster 1: L18, L20, L22 fprop and L20, L21 dgrad, 104 tiles, x1.19-1.24; L6, L8, L10 fprop and L8, L9 dgrad,
-    392 tiles in 3 rounds against 196 pairs in 4, x0.85-0.94).  A wgrad's units are tiles times splits planned
-    for 132 CTAs: every 1 x 2 wgrad measured x0.56-0.72, so none."""
+    128 x 64 plan with at least LIGHT_CLUSTER_K_TILES k-steps whose pairs of tiles run in no more rounds on the 66
+    clusters the driver fits on 132 SMs than the tiles alone, else 1.  A pair shares A's tile, each CTA loading half
+    (H200, bf16, ResNet-50 at batch 32, against cluster 1, bit for bit: 18-72 k-steps x1.10-1.29, fprop L6, L8,
+    L18, L20, L22 and dgrad L8, L20, L21; 8 k-steps x0.94-1.00, fprop L10 and dgrad L9; a 64-wide N, whose pair
+    is half empty, x0.51-0.89).  Not a wgrad: its splits are planned for single CTAs, and pairs measured
+    x0.87-1.03."""
     t = TILES[tile]
-    if operator == "wgrad" or splits > 1 or (t.m, t.n) != (128, 64) or tuple(stride) != (1, 1):
+    if operator == "wgrad" or splits > 1 or (t.m, t.n) != (128, 64) or tuple(stride) != (1, 1) \
+            or k_tiles < LIGHT_CLUSTER_K_TILES:
         return 1
-    clusters = HOPPER_SMS // MAX_SM_PER_GPC * MAX_SM_PER_GPC // 2
     tiles_m, tiles_n = _ceil(m, t.m), _ceil(n, t.n)
-    return 2 if _ceil(tiles_m * _ceil(tiles_n, 2), clusters) <= _ceil(tiles_m * tiles_n, HOPPER_SMS) else 1
+    return 2 if _ceil(tiles_m * _ceil(tiles_n, 2), HOPPER_SMS // 2) <= _ceil(tiles_m * tiles_n, HOPPER_SMS) else 1
 
 
 def _plan_best(operator: str, candidates, m: int, n: int, k_tiles: int):
