@@ -376,10 +376,9 @@ def grouped(bench) -> list[float]:
 
 def variant_of(args) -> str | None:
     """A sweep or a partial run names its variant, so its record does not replace the full run's
-    (harness.save_record)."""
+    (harness.save_record).  --light and --cutlass only add the other kernel family's rows to a full run."""
     parts = [part for part, on in (("sweep", args.sweep), ("tiles", args.tiles), ("splits", args.wgrad_splits),
-                                   ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases),
-                                   ("light", args.light), ("cutlass", args.cutlass)) if on]
+                                   ("layers", args.layers), ("serial-dgrad-phases", args.serial_dgrad_phases)) if on]
     if args.operators != "fprop,dgrad,wgrad":
         parts.append(args.operators.replace(",", "-"))
     return "-".join(parts) or None
