@@ -392,12 +392,17 @@ class CudaFunction:
         jitops' C++ host path replays (native.Recording)."""
         return self._struct.pack(*values), self._offsets
 
-    def max_active_blocks(self, block: int, shared_mem: int = 0) -> int:
-        """Blocks of `block` threads and `shared_mem` bytes of dynamic shared memory that one multiprocessor holds
-        at once (the driver's occupancy calculator): a persistent grid is this times the SM count."""
+    def _ready_for_occupancy(self, shared_mem: int) -> None:
+        """The driver's occupancy calculators need a current context and the kernel's dynamic shared memory
+        allowed."""
         ensure_context(self.device_index)  # autograd's device threads start with none (CUDA_ERROR_INVALID_CONTEXT)
         if shared_mem > self._dynamic_smem_limit:
             self._raise_smem_limit(shared_mem)
+
+    def max_active_blocks(self, block: int, shared_mem: int = 0) -> int:
+        """Blocks of `block` threads and `shared_mem` bytes of dynamic shared memory that one multiprocessor holds
+        at once (the driver's occupancy calculator): a persistent grid is this times the SM count."""
+        self._ready_for_occupancy(shared_mem)
         lib = self._driver.lib
         occupancy = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
         occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
@@ -412,9 +417,7 @@ class CudaFunction:
         """Clusters of `cluster` CTAs (the kernel's compiled-in __cluster_dims__) of `block` threads and `shared_mem`
         bytes that the device runs at once (cuOccupancyMaxActiveClusters): a persistent cluster grid's size.  0
         where the driver cannot say."""
-        ensure_context(self.device_index)
-        if shared_mem > self._dynamic_smem_limit:
-            self._raise_smem_limit(shared_mem)
+        self._ready_for_occupancy(shared_mem)
         occupancy = self._driver.lib.cuOccupancyMaxActiveClusters
         occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
         occupancy.restype = ctypes.c_int

@@ -175,8 +175,8 @@ def _grad_class(op_name: str, grad: torch.Tensor, other: torch.Tensor, other_nam
         tile, _ = plan_gemm("fprop", n * p * q, round_up(c * r * s), _ceil(round_up(k), TILE_K))
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, 1, True)
     if which == "input":  # a strided dgrad runs stride_h * stride_w phases of about this size each
-        m, k_tiles = n * _ceil(h, stride[0]) * _ceil(w, stride[1]), _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) \
-            * _ceil(s, stride[1])
+        m = n * _ceil(h, stride[0]) * _ceil(w, stride[1])
+        k_tiles = _ceil(round_up(k), TILE_K) * _ceil(r, stride[0]) * _ceil(s, stride[1])
         tile, splits = plan_gemm("dgrad", m, round_up(c), k_tiles)
         return ConvClass(grad.dtype, (r, s), stride, padding, dilation, aligned, tile, splits,
                          cluster=light_cluster("dgrad", tile, splits, m, round_up(c), k_tiles, stride))
