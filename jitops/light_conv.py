@@ -68,6 +68,12 @@ def tile_n_for(cls: Any) -> int:
     return int(cls.tile.split("x")[1].split("c")[0].split("t")[0])
 
 
+def tile_m_for(name: str, cls: Any) -> int:
+    """The rows of the kernel's tiles: a wgrad's plan's (64 where the layer has at most 64 filters: CUTLASS's
+    plans), else 128."""
+    return 64 if name == "wgrad" and cls.tile.split("x")[0] == "64" else TILE_M
+
+
 def cluster_for(name: str, cls: Any) -> int:
     """The class's cluster (conv2d_plan.light_cluster: 2 for an fprop or unit-stride dgrad on 128 x 64 tiles whose
     pairs fit the grid), 1 for anything else: a wgrad, a strided dgrad's phase kernel, the stem's columns."""
@@ -83,6 +89,8 @@ def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False, c
     extra = {"LIGHT_D_ROWS": 1} if name == "dgrad" and tuple(cls.stride) != (1, 1) else {}
     if cluster == 2:
         extra["LIGHT_CLUSTER"] = 2
+    if tile_m_for(name, cls) != TILE_M:
+        extra["LIGHT_TILE_M"] = tile_m_for(name, cls)
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=int(fp32_out or (wgrad and not direct)), LIGHT_TILE_N=tile_n_for(cls),
                            LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),
@@ -235,7 +243,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
     else:
         gemm = Problem(pixels, g["out_channels"], split_blocks * TILE_K, 0, 0, 0, 0, p.sm_count)
     params = bytearray(info.params_size)
-    _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-gemm.m // TILE_M)))
+    _FIELDS.pack_into(params, FIELDS, bias, gemm.m, gemm.n, gemm.k, 0, min(GROUP_ROWS, -(-gemm.m // info.tile_m)))
     _CONV_FIELDS.pack_into(params, CONV_FIELDS, c_blocks, taps, p.s, g["out_w"], g["out_h"] * g["out_w"],
                            *g["lower"], *g["strides"], p.dil_w, p.dil_h, splits, split_blocks, 0, 0, 0)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
@@ -243,7 +251,7 @@ def pack_params(info: Any, p: ConvProblem, addresses: tuple[int, int, int, int],
         encode(buffer, 0, TmaArgs(TMA_UINT16, (p.k, pixels), (p.k * 2,), (64, TILE_K), SWIZZLE_128B), a)  # dy
         encode(buffer, info.tma_b, activation_tma(g, pixels=TILE_K), b)  # x, 64 pixels a box
         encode(buffer, info.tma_d, wgrad_output_tma(p, info.store_cols), d)
-        return params, grid(gemm, info.tile_n, info.cluster, splits, clusters)
+        return params, grid(gemm, info.tile_n, info.cluster, splits, clusters, info.tile_m)
     encode(buffer, 0, activation_tma(g, pixels=TILE_M // info.cluster), a)  # a cluster's CTAs load half each
     encode(buffer, info.tma_b, filter_tma(p, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(gemm.m, gemm.n, gemm.n, info.store_cols), d)
@@ -399,5 +407,5 @@ def host(kernel: Any) -> LightConv:
 
 
 __all__ = ["ConvProblem", "LightConv", "OPERATORS", "activation_tma", "cluster_for", "dgrad_phases", "filter_tma",
-           "geometry", "host", "pack_params", "pack_phases", "phase_problem", "request", "tile_n_for",
+           "geometry", "host", "pack_params", "pack_phases", "phase_problem", "request", "tile_m_for", "tile_n_for",
            "unsupported"]

@@ -36,8 +36,8 @@ LIGHT_GEMM = CudaKernel(
     "gemm_sm90_light", Source.file("gemm/sm90_light_gemm.cu"), "jitops_light::jitops_sm90_light_gemm", (),
     arch_specific=True, defines=True)
 
-TILE_M, TILE_K = 128, 64
-CONSUMERS = 2                 # consumer warpgroups; one more warpgroup produces
+TILE_M, TILE_K = 128, 64       # a wgrad's tiles may be 64 rows (light_conv.request): LightInfo.tile_m
+CONSUMERS = 2                 # consumer warpgroups, one per 64 rows of a tile; one more warpgroup produces
 THREADS = 128 * (CONSUMERS + 1)
 MAX_SMEM = 232448             # H100: 227 KB of dynamic shared memory per block
 MAX_STAGES = 8
@@ -53,7 +53,6 @@ PHASES_PARAMS_SIZE = 1280     # a strided dgrad's: then four phases of 192 bytes
 TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
 _FIELDS = struct.Struct("<Qiiiii")
 STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
-EPILOGUE_BYTES = CONSUMERS * 2 * STORE_ROWS * 128   # two staging buffers a consumer warpgroup
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
                "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows", "grouped", "cluster")
@@ -86,15 +85,18 @@ class LightInfo(NamedTuple):
 
 def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out_bytes: int = 2,
                   pingpong: bool = False, conv: int = 0, d_rows: bool = False, grouped: int = 0,
-                  cluster: int = 1) -> LightInfo:
-    """What the kernel computes for a tile width: the epilogue's staging buffers, as many 128 x 64 + tile_n x 64
-    stages as fit beside them (at most 8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte
-    period, plus two mbarriers a stage and the pingpong consumers' two."""
-    stage = (TILE_M + tile_n) * TILE_K * 2
-    stages = min((MAX_SMEM - 2048 - EPILOGUE_BYTES) // stage, MAX_STAGES)
+                  cluster: int = 1, tile_m: int = TILE_M) -> LightInfo:
+    """What the kernel computes for a tile: a consumer warpgroup per 64 rows (two for pingpong) and the producer's,
+    the consumers' epilogue staging buffers, as many tile_m x 64 + tile_n x 64 stages as fit beside them (at most
+    8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage and
+    the pingpong consumers' two."""
+    consumers = 2 if pingpong else tile_m // 64
+    epilogue = consumers * 2 * STORE_ROWS * 128
+    stage = (tile_m + tile_n) * TILE_K * 2
+    stages = min((MAX_SMEM - 2048 - epilogue) // stage, MAX_STAGES)
     params_size = PHASES_PARAMS_SIZE if d_rows else CONV_PARAMS_SIZE if conv else PARAMS_SIZE
-    return LightInfo(1024 + stages * stage + EPILOGUE_BYTES + 16 * stages + 16, THREADS, TILE_M, tile_n, TILE_K, stages,
-                     params_size, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
+    return LightInfo(1024 + stages * stage + epilogue + 16 * stages + 16, 128 * (consumers + 1), tile_m, tile_n,
+                     TILE_K, stages, params_size, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
                      int(b_kmajor), int(pingpong), conv, int(d_rows), grouped, cluster)
 
 
@@ -170,13 +172,14 @@ class Problem(NamedTuple):
     b_rows: int = 0
 
 
-def grid(problem: Problem, tile_n: int, cluster: int = 1, splits: int = 1, clusters: int = 0) -> tuple[int, int, int]:
+def grid(problem: Problem, tile_n: int, cluster: int = 1, splits: int = 1, clusters: int = 0,
+         tile_m: int = TILE_M) -> tuple[int, int, int]:
     """One persistent CTA an SM, never more CTAs than work units (tiles, times a wgrad's splits).  Clusters of two:
     a unit is a pair of tiles of one tile row, and `clusters` run at once (the driver's count: 66 on the H200's 132
     SMs; 0, unknown: CUTLASS's rule, a GPC's MAX_SM_PER_GPC SMs in pairs, 63), so that no cluster waits for another
     to finish.  CUTLASS's rule cost a round where the tiles fill 132 SMs: ResNet-50's L8 fprop, 392 tiles, ran 196
     pairs in 4 rounds on 63 clusters against 3 on 66."""
-    tiles_m, tiles_n = -(-problem.m // TILE_M), -(-problem.n // tile_n)
+    tiles_m, tiles_n = -(-problem.m // tile_m), -(-problem.n // tile_n)
     if cluster == 1:
         return max(1, min(problem.sm_count, tiles_m * tiles_n * splits)), 1, 1
     if clusters <= 0:

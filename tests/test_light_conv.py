@@ -46,7 +46,8 @@ BUILDS = [  # (operator, class tile, fp32 out (wgrad: its slices; else the direc
     ("fprop", "128x128", True, BF16), ("dgrad", "128x64c1x2", False, BF16), ("dgrad", "128x128", False, FP16),
     ("dgrad", "128x256", False, BF16), ("wgrad", "64x64", True, BF16), ("wgrad", "128x128", True, FP16),
     ("wgrad", "128x256", True, BF16), ("wgrad", "128x64", False, FP16), ("wgrad", "128x256", False, BF16),
-    ("fprop", "128x64c1x2", False, FP16), ("wgrad", "128x64c1x2", True, BF16)]
+    ("fprop", "128x64c1x2", False, FP16), ("wgrad", "128x64c1x2", True, BF16), ("wgrad", "64x128", False, FP16),
+    ("wgrad", "64x256", True, BF16)]
 
 
 @pytest.mark.parametrize("name,tile,fp32_out,dtype", BUILDS, ids=[f"{b[0]}-{b[1]}{'-fp32' if b[2] else ''}-"
@@ -75,7 +76,10 @@ def test_conv_kernels_compile_with_im2col_loads_and_no_spills(name, tile, fp32_o
     assert ("multicast::cluster" in ptx) == (cluster == 2) and ("barrier.cluster" in ptx) == (cluster == 2)
     info = L.LightInfo.from_cubin(cubin)
     assert info == L.expected_info(tile_n, not wgrad, name == "fprop", 4 if fp32_out else 2, False, LC.OPERATORS[name],
-                                   cluster=cluster)
+                                   cluster=cluster, tile_m=LC.tile_m_for(name, cls))
+    # a wgrad's 64-row plan: one consumer warpgroup, which keeps the registers it is launched with
+    assert (info.tile_m, info.threads) == ((64, 256) if wgrad and tile.startswith("64x") else (128, 384))
+    assert ("setmaxnreg" in ptx) == (info.threads == 384)
 
 
 # ResNet-50's layers at batch 32 (conv2d_plan.RESNET50; H200 against cluster 1): (operator, C, K, input, filter,
@@ -221,6 +225,29 @@ def test_a_cluster_wgrad_launches_pairs_of_each_split(splits, clusters):
     (_, a, _), _, _ = encode.calls
     assert a.box == (64, 64)
     assert launch_grid == (2 * clusters, 1, 1)
+
+
+@pytest.mark.parametrize("k, tile_m, splits, grid_x", [(64, 64, 14, 126), (64, 128, 14, 126), (128, 64, 14, 132),
+                                                        (192, 64, 2, 54), (192, 128, 2, 36)])
+def test_a_64_row_wgrad_counts_its_tiles_by_64_filters(k, tile_m, splits, grid_x):
+    # ResNet-50's L2 wgrad (64->64 3x3 at 56x56, batch 32): N = 9 taps x 64 channels, 9 columns of 64.  64 filters
+    # are one row of 64-row tiles as of 128-row ones, 128 filters two rows of 64; 192 filters three of 64 (54
+    # units in 2 splits) against two of 128 (36).  The grid never exceeds the SMs (132).
+    p = LC.ConvProblem(3, 32, 56, 56, 64, k, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 132, splits)
+    info = L.expected_info(64, False, False, 4, False, 3, tile_m=tile_m)
+    params, launch_grid = LC.pack_params(info, p, (0x1000, 0x2000, 0x3000, 0x4000), Recorder())
+    assert launch_grid == (grid_x, 1, 1)
+    *_, group_m = struct.unpack_from("<Qiiiii", params, L.FIELDS)
+    assert group_m == min(L.GROUP_ROWS, -(-k // tile_m))
+
+
+@pytest.mark.parametrize("tile, tile_m", [("64x64", 64), ("64x128", 64), ("64x256", 64), ("128x64", 128),
+                                          ("128x64c1x2", 128), ("128x256", 128)])
+def test_a_wgrad_takes_its_plans_rows_and_fprop_dgrad_take_128(tile, tile_m):
+    cls = conv_class(tile=tile)
+    assert LC.tile_m_for("wgrad", cls) == tile_m
+    assert dict(LC.request("wgrad", cls).params).get("LIGHT_TILE_M", "128") == str(tile_m)
+    assert LC.tile_m_for("fprop", cls) == LC.tile_m_for("dgrad", cls) == 128
 
 
 def test_params_and_descriptors_of_a_dgrad():

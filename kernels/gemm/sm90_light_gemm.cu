@@ -6,17 +6,17 @@
 //   K-major (A row-major; B column-major, i.e. F.linear's weight (N, K) as w.t()) or MN-major (A column-major,
 //   B row-major): a transposed view is a layout, not a copy.
 //
-// One CTA per SM, persistent over output tiles of 128 x LIGHT_TILE_N (K step 64):
-//   - warpgroup 2, one thread: the producer.  TMA loads A's and B's tiles (128-byte swizzle) into a ring of
-//     kStages shared-memory stages; a "full" mbarrier per stage counts the bytes in, an "empty" one the
-//     consumers' release;
-//   - warpgroups 0 and 1: the consumers, 64 rows of the tile each (LIGHT_PINGPONG 0, "cooperative"), or whole
-//     128 x 128 tiles in turn (LIGHT_PINGPONG 1: one warpgroup's epilogue runs beside the other's mainloop, which
-//     pays where K is short).  wgmma m64nNk16 from shared memory into fp32
-//     registers, one k-block's wgmmas kept in flight; then the epilogue (bias, activation, rounding) writes the
-//     accumulators into shared memory, 64 x 128 bytes at a time in two buffers a warpgroup, each stored by a TMA
-//     store that runs on while the warpgroup goes on to the next chunk and the next tile's mainloop (the producer
-//     is already loading it).
+// One CTA per SM, persistent over output tiles of 128 (or 64) x LIGHT_TILE_N (K step 64):
+//   - the last warpgroup (2; 1 for 64-row tiles), one thread: the producer.  TMA loads A's and B's tiles (128-byte
+//     swizzle) into a ring of kStages shared-memory stages; a "full" mbarrier per stage counts the bytes in, an
+//     "empty" one the consumers' release;
+//   - warpgroups 0 and 1 (0 alone for 64-row tiles): the consumers, 64 rows of the tile each (LIGHT_PINGPONG 0,
+//     "cooperative"), or whole 128 x 128 tiles in turn (LIGHT_PINGPONG 1: one warpgroup's epilogue runs beside the
+//     other's mainloop, which pays where K is short).  wgmma m64nNk16 from shared memory into fp32 registers, one
+//     k-block's wgmmas kept in flight; then the epilogue (bias, activation, rounding) writes the accumulators into
+//     shared memory, 64 x 128 bytes at a time in two buffers a warpgroup, each stored by a TMA store that runs on
+//     while the warpgroup goes on to the next chunk and the next tile's mainloop (the producer is already loading
+//     it).
 // Tiles are visited in groups of `group_m` tile rows (the L2 reuse of a swizzled raster).  The host side is
 // Python's (jitops/light_gemm.py): the three TMA descriptors come from the driver's cuTensorMapEncodeTiled.
 //
@@ -31,6 +31,7 @@
 //   LIGHT_D_ROWS  1: (dgrad) a strided dgrad's phases in one launch, D stored by rows at dx's strides
 //   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
 //   LIGHT_CLUSTER 1: one CTA;  2: clusters of two CTAs along N sharing A (below)
+//   LIGHT_TILE_M  128: two consumer warpgroups of 64 rows;  64 (a wgrad's): one, for layers of 64 filters (below)
 //
 // Clusters (LIGHT_CLUSTER 2; the cooperative GEMM, conv fprop, unit-stride dgrad and wgrad).  The two CTAs of a cluster
 // take tiles (m, 2j) and (m, 2j + 1) of one tile row, so they read the same A tile: each loads its 64 rows of it
@@ -97,6 +98,9 @@
 #ifndef LIGHT_CLUSTER
 #define LIGHT_CLUSTER 1
 #endif
+#ifndef LIGHT_TILE_M
+#define LIGHT_TILE_M 128
+#endif
 #if LIGHT_CLUSTER == 2
 #define LIGHT_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
 #else
@@ -109,13 +113,15 @@
 
 namespace jitops_light {
 
-constexpr int kTileM = 128;
+// 64-row tiles (LIGHT_TILE_M 64, wgrad only): a wgrad's M is the filter count, and on ResNet-50's 64-filter layers
+// a 128-row tile was half zeros: L2's wgrad took 44.3 us against CUTLASS's 64-row plan's 30.4 (H200, fp16).
+constexpr int kTileM = LIGHT_TILE_M;
 constexpr int kTileN = LIGHT_TILE_N;
 constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
 constexpr bool kAKMajor = LIGHT_A_KMAJOR;
 constexpr bool kBKMajor = LIGHT_B_KMAJOR;
-constexpr int kConsumers = 2;
 constexpr bool kPingpong = LIGHT_PINGPONG;
+constexpr int kConsumers = kPingpong ? 2 : kTileM / 64;  // cooperative: a warpgroup per 64 rows
 constexpr int kConv = LIGHT_CONV;
 constexpr bool kActivation = kConv == 0;  // a conv's fused epilogue adds its bias only
 constexpr int kGrouped = LIGHT_GROUPED;
@@ -149,6 +155,8 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
+static_assert(kTileM == 128 || (kTileM == 64 && kConv == 3 && kCluster == 1 && !kPingpong),
+              "LIGHT_TILE_M: 128, or 64 for a wgrad in single CTAs");
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
 static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a strided dgrad's 16-bit dx");
@@ -664,7 +672,8 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
 #endif
 
     if (warpgroup == kConsumers) {
-        registers_decrease<kProducerRegisters>();
+        // One consumer warpgroup has all the registers it needs at launch (256 threads: up to 255 each).
+        if constexpr (kConsumers > 1) registers_decrease<kProducerRegisters>();
 #if LIGHT_D_ROWS
         if (warp > 4 * kConsumers) {  // the warpgroup's warps 1-3
             store_idle_zeros(p, warp - 4 * kConsumers - 1, lane);
@@ -847,7 +856,7 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
         return;
     }
 
-    registers_increase<kConsumerRegisters>();
+    if constexpr (kConsumers > 1) registers_increase<kConsumerRegisters>();
     const bool store_leader = threadIdx.x % 128 == 0;  // issues and waits for the warpgroup's TMA stores
     u32 stores = 0;
     // Cooperative: every tile of the CTA, this warpgroup's 64 rows of each A stage (64 rows of 128 bytes,
