@@ -36,7 +36,7 @@ LIGHT_GEMM = CudaKernel(
     "gemm_sm90_light", Source.file("gemm/sm90_light_gemm.cu"), "jitops_light::jitops_sm90_light_gemm", (),
     arch_specific=True, defines=True)
 
-TILE_M, TILE_K = 128, 64       # a wgrad's tiles may be 64 rows (light_conv.request): LightInfo.tile_m
+TILE_M, TILE_K = 128, 64       # decode GEMMs' and some wgrads' tiles are 64 rows (tile_m_for): LightInfo.tile_m
 CONSUMERS = 2                 # consumer warpgroups, one per 64 rows of a tile; one more warpgroup produces
 THREADS = 128 * (CONSUMERS + 1)
 MAX_SMEM = 232448             # H100: 227 KB of dynamic shared memory per block
@@ -106,8 +106,20 @@ def tile_n_for(bucket: str) -> int:
     kernel: twice the tiles where there are too few for the SMs; a training step's weight gradients, long K: H200,
     bf16, 1024x1024x4096 16.3 us against 22.6 on 128 x 128, 768x768x6304 22.3 against 32.3, torch.mm 13.7 and 15.2),
     128 x 128 elsewhere (the medium bucket's 6304-row ViT-B/16 GEMMs lost on 128 x 64: qkv's dgrad 49.0 us against
-    40.5)."""
-    return 256 if bucket == "large" else 64 if bucket == "small" else 128
+    40.5).  The few-row buckets take 64-row tiles (tile_m_for): 64 x 256 for a decode step's widest weights, 64 x 128
+    for the rest."""
+    return 256 if bucket in ("large", "decode") else 64 if bucket == "small" else 128
+
+
+def tile_m_for(bucket: str) -> int:
+    """64-row tiles for the buckets of at most 256 rows against 4096 or more columns (skinny, decode), where a
+    128-row tile is mostly zeros and there are too few tiles for the SMs.  H200, bf16, kernel time against
+    torch.mm (x: higher is faster), 128 x 128 tiles before:
+      decode (N = 14336, K = 4096; 1-64 rows): 64 x 256 x0.90-0.98, 64 x 128 x0.84-1.02, 128 x 128 x0.38-0.73;
+      decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52 (cuBLAS
+        splits K there; this kernel does not);
+      skinny (128-256 rows, N and K 4096-14336): 64 x 128 x0.91-1.04, 128 x 64 x0.88-1.08, 128 x 128 x0.64-0.98."""
+    return 64 if bucket in ("skinny", "decode", "decode_narrow") else TILE_M
 
 
 def pingpong_for(bucket: str) -> bool:
@@ -131,10 +143,11 @@ def unsupported(cls: Any) -> str | None:
 
 
 def request(cls: Any) -> BuildRequest:
+    extra = {"LIGHT_TILE_M": tile_m_for(cls.bucket)} if tile_m_for(cls.bucket) != TILE_M else {}
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=OUT_TYPES[cls.out_dtype], LIGHT_TILE_N=tile_n_for(cls.bucket),
                            LIGHT_FUSED=int(cls.fused), LIGHT_A_KMAJOR=int(cls.a_kmajor),
-                           LIGHT_B_KMAJOR=int(cls.b_kmajor), LIGHT_PINGPONG=int(pingpong_for(cls.bucket)))
+                           LIGHT_B_KMAJOR=int(cls.b_kmajor), LIGHT_PINGPONG=int(pingpong_for(cls.bucket)), **extra)
 
 
 # ---- Params -------------------------------------------------------------------------------------------------------
@@ -194,11 +207,11 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     (the driver's, or a recorder in tests); `clusters`: grid's."""
     p = problem
     a, b, d, bias = addresses
-    tiles_m = -(-p.m // TILE_M)
+    tiles_m = -(-p.m // info.tile_m)
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, p.m, p.n, p.k, p.activation, min(GROUP_ROWS, tiles_m))
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
-    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, TILE_M // info.cluster), a)
+    encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, info.tile_m // info.cluster), a)
     b_n, b_k = p.n, p.k
     if p.b_rows and info.b_kmajor:
         b_n = p.b_rows
@@ -206,7 +219,7 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
         b_k = p.b_rows
     encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), b_n, b_k, p.ldb, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(p.m, p.n, p.ldd, info.store_cols), d)
-    return params, grid(p, info.tile_n, info.cluster, clusters=clusters)
+    return params, grid(p, info.tile_n, info.cluster, clusters=clusters, tile_m=info.tile_m)
 
 
 def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int],
@@ -419,4 +432,4 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
 
 
 __all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
-           "pack_params", "pingpong_for", "request", "tile_n_for", "unsupported"]
+           "pack_params", "pingpong_for", "request", "tile_m_for", "tile_n_for", "unsupported"]

@@ -414,7 +414,7 @@ TRAINING_LAYOUTS = [(True, True, False), (True, True, True), (True, False, False
 def test_all_builtin_covers_every_bucket_in_every_training_layout():
     """prewarm --all-builtin builds, on sm_90a, every kernel the bucket rules can pick, for bf16 and fp16, in the
     forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer and Conv1D's fused
-    forward: the light kernel's four variants (128x256 tiles, 128x128 pingpong, 128x128, 128x64) by default, each CUTLASS configuration with
+    forward: the light kernel's six tiles (below) by default, each CUTLASS configuration with
     JITOPS_GEMM_SM90_KERNEL=cutlass."""
     from cache_tools import manifest
 
@@ -426,9 +426,11 @@ def test_all_builtin_covers_every_bucket_in_every_training_layout():
     expected_light = {tuple(sorted({"LIGHT_T": str(t), "LIGHT_OUT": "0", "LIGHT_TILE_N": str(L.tile_n_for(bucket)),
                                     "LIGHT_FUSED": str(int(fused)), "LIGHT_A_KMAJOR": str(int(a)),
                                     "LIGHT_B_KMAJOR": str(int(b)),
-                                    "LIGHT_PINGPONG": str(int(L.pingpong_for(bucket)))}.items()))
+                                    "LIGHT_PINGPONG": str(int(L.pingpong_for(bucket))),
+                                    **({"LIGHT_TILE_M": "64"} if L.tile_m_for(bucket) == 64 else {})}.items()))
                       for t in (0, 1) for bucket in P.SM90_CONFIGS for a, b, fused in TRAINING_LAYOUTS}
-    assert variants == expected_light and len(light) == len(expected_light) == 2 * 4 * len(TRAINING_LAYOUTS)
+    # 128 x 256, 128 x 128 pingpong, 128 x 128, 128 x 64, 64 x 128 (skinny, decode_narrow) and 64 x 256 (decode)
+    assert variants == expected_light and len(light) == len(expected_light) == 2 * 6 * len(TRAINING_LAYOUTS)
 
     with jitops.config.scope(gemm_sm90_kernel="cutlass"):
         plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])

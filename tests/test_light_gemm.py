@@ -93,6 +93,37 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
 
+@pytest.mark.parametrize("tile_n,fused,a_kmajor,b_kmajor", [(128, False, True, True), (64, True, True, True),
+                                                         (128, True, True, False), (64, False, False, False),
+                                                         (256, False, True, True)])
+def test_64_row_tiles_compile_with_one_consumer_warpgroup_and_no_spills(tile_n, fused, a_kmajor, b_kmajor):
+    """The decode buckets' tiles (tile_m_for): one consumer warpgroup of 64 rows and the producer's, 256 threads,
+    no register reallocation, the same wgmma shapes and stores."""
+    request = L.LIGHT_GEMM.bind("bf16", LIGHT_T=0, LIGHT_OUT=0, LIGHT_TILE_N=tile_n, LIGHT_FUSED=int(fused),
+                                LIGHT_A_KMAJOR=int(a_kmajor), LIGHT_B_KMAJOR=int(b_kmajor), LIGHT_PINGPONG=0,
+                                LIGHT_TILE_M=64)
+    cubin, ptx, log = compile_with_ptx(request)
+    assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.bf16.bf16" in ptx
+    assert "setmaxnreg" not in ptx
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 255
+    info = L.LightInfo.from_cubin(cubin)
+    assert info == L.expected_info(tile_n, a_kmajor, b_kmajor, 2, False, tile_m=64)
+    assert info.threads == 256 and info.tile_m == 64
+
+
+def test_the_few_row_buckets_take_64_row_tiles():
+    tiles = {}
+    for bucket, (m, n, k) in P.BUCKET_EXAMPLES.items():
+        cls = gemm_class(m, k, n)  # (M, K, N)
+        assert cls.bucket == bucket
+        defines = dict(L.request(cls).defines)
+        tiles[bucket] = (int(defines.get("LIGHT_TILE_M", "128")), int(defines["LIGHT_TILE_N"]))
+        assert tiles[bucket][0] == L.tile_m_for(bucket)
+    assert tiles == {"large": (128, 256), "large_short_k": (128, 128), "medium": (128, 128), "small": (128, 64),
+                     "skinny": (64, 128), "decode": (64, 256), "decode_narrow": (64, 128)}
+
+
 def test_the_route_builds_it_through_the_runtime(fresh_cache):
     """The whole build path with the setting on: request, cache key, NVRTC, entry on disk, lowered name."""
     cls = gemm_class(1000, 1000, 1000, bias=True, activation="gelu")
@@ -106,7 +137,7 @@ def test_the_route_builds_it_through_the_runtime(fresh_cache):
     assert entry.meta["lowered_name"] == "jitops_sm90_light_gemm"
     info = L.LightInfo.from_cubin(entry.file("kernel.cubin").read_bytes())
     assert info == L.expected_info(L.tile_n_for(cls.bucket), cls.a_kmajor, cls.b_kmajor, cls.out_dtype.itemsize,
-                                   L.pingpong_for(cls.bucket))
+                                   L.pingpong_for(cls.bucket), tile_m=L.tile_m_for(cls.bucket))
 
 
 # ---- the route ---------------------------------------------------------------------------------------------------
@@ -133,7 +164,8 @@ def test_light_route_for_every_layout(m, k, n, dtype, out_dtype, fused, tile_n, 
     assert dict(request.defines) == {"LIGHT_T": str(L.IN_TYPES[dtype]), "LIGHT_OUT": str(int(out_dtype == FP32)),
                                      "LIGHT_TILE_N": str(tile_n), "LIGHT_FUSED": str(int(fused)),
                                      "LIGHT_A_KMAJOR": str(int(a_kmajor)), "LIGHT_B_KMAJOR": str(int(b_kmajor)),
-                                     "LIGHT_PINGPONG": str(int(cls.bucket == "large_short_k"))}
+                                     "LIGHT_PINGPONG": str(int(cls.bucket == "large_short_k")),
+                                     **({"LIGHT_TILE_M": "64"} if m <= 256 and n >= 4096 else {})}
 
 
 @pytest.mark.parametrize("case", ["N not a multiple of 8", "K not a multiple of 8", "M of a column-major a"])

@@ -31,7 +31,7 @@
 //   LIGHT_D_ROWS  1: (dgrad) a strided dgrad's phases in one launch, D stored by rows at dx's strides
 //   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
 //   LIGHT_CLUSTER 1: one CTA;  2: clusters of two CTAs along N sharing A (below)
-//   LIGHT_TILE_M  128: two consumer warpgroups of 64 rows;  64 (a wgrad's): one, for layers of 64 filters (below)
+//   LIGHT_TILE_M  128: two consumer warpgroups of 64 rows;  64: one (a wgrad's of 64 filters, a decode GEMM; below)
 //
 // Clusters (LIGHT_CLUSTER 2; the cooperative GEMM, conv fprop, unit-stride dgrad and wgrad).  The two CTAs of a cluster
 // take tiles (m, 2j) and (m, 2j + 1) of one tile row, so they read the same A tile: each loads its 64 rows of it
@@ -113,8 +113,9 @@
 
 namespace jitops_light {
 
-// 64-row tiles (LIGHT_TILE_M 64, wgrad only): a wgrad's M is the filter count, and on ResNet-50's 64-filter layers
-// a 128-row tile was half zeros: L2's wgrad took 44.3 us against CUTLASS's 64-row plan's 30.4 (H200, fp16).
+// 64-row tiles (LIGHT_TILE_M 64: a wgrad or a plain GEMM): a wgrad's M is the filter count, and on ResNet-50's
+// 64-filter layers a 128-row tile was half zeros: L2's wgrad took 44.3 us against CUTLASS's 64-row plan's 30.4
+// (H200, fp16).  A decode GEMM's 1-64 rows are the same case.
 constexpr int kTileM = LIGHT_TILE_M;
 constexpr int kTileN = LIGHT_TILE_N;
 constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
@@ -155,8 +156,9 @@ constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * k
 constexpr u32 kProducerRegisters = 40;
 constexpr u32 kConsumerRegisters = 232;
 static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
-static_assert(kTileM == 128 || (kTileM == 64 && kConv == 3 && kCluster == 1 && !kPingpong),
-              "LIGHT_TILE_M: 128, or 64 for a wgrad in single CTAs");
+static_assert(kTileM == 128 || (kTileM == 64 && (kConv == 0 || kConv == 3) && !kGrouped && kCluster == 1 &&
+                                 !kPingpong),
+              "LIGHT_TILE_M: 128, or 64 for a cooperative GEMM or wgrad in single CTAs");
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
 static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a strided dgrad's 16-bit dx");
