@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def gemm_positional(a, b, bias, activation, out_dtype):
 
 
 def run_case(case: Case, *, grads: bool = True, variants: bool = False) -> None:
-    args = case.args("cuda", seed=hash(case.id) % 1000)
+    args = case.args("cuda", seed=zlib.crc32(case.id.encode()) % 1000)  # str hash() changes per process
     dtype = case.out_dtype or case.dtype
     with jitops.config.scope(gemm_family=case.family):
         out = check_forward(gemm_positional, reference, args, dtype, case.id, _tolerances(case))
