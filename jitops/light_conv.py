@@ -63,15 +63,21 @@ def unsupported(name: str, cls: Any, fp32_out: bool = False) -> str | None:
     return None
 
 
+def _plan_tile(cls: Any) -> tuple[int, int]:
+    """(rows, columns) of the plan's tile, from its name in conv2d_plan.TILES ("128x64c1x2", "64x192t3")."""
+    rows, rest = cls.tile.split("x", 1)
+    return int(rows), int(rest.split("c")[0].split("t")[0])
+
+
 def tile_n_for(cls: Any) -> int:
     """The width of the plan's tile (conv2d_plan.TILES: 128 rows by 64, 128 or 256 for fprop and dgrad)."""
-    return int(cls.tile.split("x")[1].split("c")[0].split("t")[0])
+    return _plan_tile(cls)[1]
 
 
 def tile_m_for(name: str, cls: Any) -> int:
     """The rows of the kernel's tiles: a wgrad's plan's (64 where the layer has at most 64 filters: CUTLASS's
     plans), else 128."""
-    return 64 if name == "wgrad" and cls.tile.split("x")[0] == "64" else TILE_M
+    return 64 if name == "wgrad" and _plan_tile(cls)[0] == 64 else TILE_M
 
 
 def cluster_for(name: str, cls: Any) -> int:
@@ -89,8 +95,9 @@ def request(name: str, cls: Any, fp32_out: bool = False, direct: bool = False, c
     extra = {"LIGHT_D_ROWS": 1} if name == "dgrad" and tuple(cls.stride) != (1, 1) else {}
     if cluster == 2:
         extra["LIGHT_CLUSTER"] = 2
-    if tile_m_for(name, cls) != TILE_M:
-        extra["LIGHT_TILE_M"] = tile_m_for(name, cls)
+    tile_m = tile_m_for(name, cls)
+    if tile_m != TILE_M:
+        extra["LIGHT_TILE_M"] = tile_m
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=int(fp32_out or (wgrad and not direct)), LIGHT_TILE_N=tile_n_for(cls),
                            LIGHT_FUSED=int(name == "fprop" and not fp32_out), LIGHT_A_KMAJOR=int(not wgrad),

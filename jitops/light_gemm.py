@@ -37,8 +37,6 @@ LIGHT_GEMM = CudaKernel(
     arch_specific=True, defines=True)
 
 TILE_M, TILE_K = 128, 64       # decode GEMMs' and some wgrads' tiles are 64 rows (tile_m_for): LightInfo.tile_m
-CONSUMERS = 2                 # consumer warpgroups, one per 64 rows of a tile; one more warpgroup produces
-THREADS = 128 * (CONSUMERS + 1)
 MAX_SMEM = 232448             # H100: 227 KB of dynamic shared memory per block
 MAX_STAGES = 8
 GROUP_ROWS = 8                # tile rows per raster group (L2 reuse of B's tiles)
@@ -143,7 +141,8 @@ def unsupported(cls: Any) -> str | None:
 
 
 def request(cls: Any) -> BuildRequest:
-    extra = {"LIGHT_TILE_M": tile_m_for(cls.bucket)} if tile_m_for(cls.bucket) != TILE_M else {}
+    tile_m = tile_m_for(cls.bucket)
+    extra = {"LIGHT_TILE_M": tile_m} if tile_m != TILE_M else {}
     return LIGHT_GEMM.bind(shapes.dtype_name(cls.dtype), LIGHT_T=IN_TYPES[cls.dtype],
                            LIGHT_OUT=OUT_TYPES[cls.out_dtype], LIGHT_TILE_N=tile_n_for(cls.bucket),
                            LIGHT_FUSED=int(cls.fused), LIGHT_A_KMAJOR=int(cls.a_kmajor),
