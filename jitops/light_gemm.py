@@ -51,6 +51,7 @@ PHASES_PARAMS_SIZE = 1280     # a strided dgrad's: then four phases of 192 bytes
 TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
 _FIELDS = struct.Struct("<Qiiiii")
 STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
+STORE_BYTES = STORE_ROWS * 128
 
 INFO_FIELDS = ("smem", "threads", "tile_m", "tile_n", "tile_k", "stages", "params_size", "tma_b", "tma_d",
                "store_cols", "a_kmajor", "b_kmajor", "pingpong", "conv", "d_rows", "grouped", "cluster")
@@ -87,10 +88,13 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     """What the kernel computes for a tile: a consumer warpgroup per 64 rows (two for pingpong) and the producer's,
     the consumers' epilogue staging buffers, as many tile_m x 64 + tile_n x 64 stages as fit beside them (at most
     8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage and
-    the pingpong consumers' two."""
+    the pingpong consumers' two.  Two staging buffers a consumer, or one where the second would cost the ring its
+    fourth stage (192 x 192)."""
     consumers = 2 if pingpong else tile_m // 64
-    epilogue = consumers * 2 * STORE_ROWS * 128
     stage = (tile_m + tile_n) * TILE_K * 2
+    buffers = 1 if (MAX_SMEM - 2048 - consumers * 2 * STORE_BYTES) // stage < 4 <= (
+        MAX_SMEM - 2048 - consumers * STORE_BYTES) // stage else 2  # a 192 x 192 tile's fourth stage
+    epilogue = consumers * buffers * STORE_BYTES
     stages = min((MAX_SMEM - 2048 - epilogue) // stage, MAX_STAGES)
     params_size = PHASES_PARAMS_SIZE if d_rows else CONV_PARAMS_SIZE if conv else PARAMS_SIZE
     return LightInfo(1024 + stages * stage + epilogue + 16 * stages + 16, 128 * (consumers + 1), tile_m, tile_n,
@@ -105,7 +109,9 @@ def tile_n_for(bucket: str) -> int:
     bf16, 1024x1024x4096 16.3 us against 22.6 on 128 x 128, 768x768x6304 22.3 against 32.3, torch.mm 13.7 and 15.2),
     128 x 128 elsewhere (the medium bucket's 6304-row ViT-B/16 GEMMs lost on 128 x 64: qkv's dgrad 49.0 us against
     40.5).  The few-row buckets take 64-row tiles (tile_m_for): 64 x 256 for a decode step's widest weights, 64 x 128
-    for the rest."""
+    for the rest.  The wave buckets (gemm_plan.WAVE_TILES) take the tile they are named for."""
+    if bucket.startswith("wave_"):
+        return int(bucket.rsplit("x", 1)[1])
     return 256 if bucket in ("large", "decode") else 64 if bucket == "small" else 128
 
 
@@ -117,6 +123,8 @@ def tile_m_for(bucket: str) -> int:
       decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52 (cuBLAS
         splits K there; this kernel does not);
       skinny (128-256 rows, N and K 4096-14336): 64 x 128 x0.91-1.04, 128 x 64 x0.88-1.08, 128 x 128 x0.64-0.98."""
+    if bucket.startswith("wave_"):  # 192 rows: three consumer warpgroups (gemm_plan.WAVE_TILES)
+        return int(bucket[len("wave_"):].split("x")[0])
     return 64 if bucket in ("skinny", "decode", "decode_narrow") else TILE_M
 
 

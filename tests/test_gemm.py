@@ -414,7 +414,7 @@ TRAINING_LAYOUTS = [(True, True, False), (True, True, True), (True, False, False
 def test_all_builtin_covers_every_bucket_in_every_training_layout():
     """prewarm --all-builtin builds, on sm_90a, every kernel the bucket rules can pick, for bf16 and fp16, in the
     forward (plain and fused), input-gradient and weight-gradient layouts of a Linear layer and Conv1D's fused
-    forward: the light kernel's six tiles (below) by default, each CUTLASS configuration with
+    forward: the light kernel's nine tiles (below) by default, each CUTLASS configuration with
     JITOPS_GEMM_SM90_KERNEL=cutlass."""
     from cache_tools import manifest
 
@@ -427,27 +427,34 @@ def test_all_builtin_covers_every_bucket_in_every_training_layout():
                                     "LIGHT_FUSED": str(int(fused)), "LIGHT_A_KMAJOR": str(int(a)),
                                     "LIGHT_B_KMAJOR": str(int(b)),
                                     "LIGHT_PINGPONG": str(int(L.pingpong_for(bucket))),
-                                    **({"LIGHT_TILE_M": "64"} if L.tile_m_for(bucket) == 64 else {})}.items()))
+                                    **({"LIGHT_TILE_M": str(L.tile_m_for(bucket))}
+                                       if L.tile_m_for(bucket) != L.TILE_M else {})}.items()))
                       for t in (0, 1) for bucket in P.SM90_CONFIGS for a, b, fused in TRAINING_LAYOUTS}
-    # 128 x 256, 128 x 128 pingpong, 128 x 128, 128 x 64, 64 x 128 (skinny, decode_narrow) and 64 x 256 (decode)
-    assert variants == expected_light and len(light) == len(expected_light) == 2 * 6 * len(TRAINING_LAYOUTS)
+    # 128 x 256, 128 x 128 pingpong, 128 x 128, 128 x 64, 64 x 128 (skinny, decode_narrow), 64 x 256 (decode),
+    # 192 x 192, 128 x 192 and 192 x 128 (the wave buckets)
+    assert variants == expected_light and len(light) == len(expected_light) == 2 * 9 * len(TRAINING_LAYOUTS)
 
     with jitops.config.scope(gemm_sm90_kernel="cutlass"):
         plan = manifest.plan([c for c in manifest.builtin_calls() if c.op == "gemm"], ["sm_90a"])
     classes = {eval(job.shape_class, {"GemmClass": P.GemmClass, "torch": torch}) for job in plan.jobs}  # noqa: S307
     covered = {(c.dtype, c.bucket, c.a_kmajor, c.b_kmajor, c.fused) for c in classes}
-    expected = {(dtype, bucket, *layout) for dtype in (torch.bfloat16, torch.float16)
-                for bucket in P.SM90_CONFIGS for layout in TRAINING_LAYOUTS}
+    expected = {(dtype, bucket, *layout) for dtype in (torch.bfloat16, torch.float16)  # the wave buckets share
+                for bucket in P.SM90_CONFIGS if not bucket.startswith("wave_")  # medium's kernel
+                for layout in TRAINING_LAYOUTS}
     assert covered == expected and len(plan.jobs) == len(expected)  # one kernel each, nothing else
 
 
 @pytest.mark.parametrize("m, n, expected", [
-    (3072, 3072, "medium"),    # 288 tiles of 128x256 are 2.2 waves (3 run), 576 of 128x128 4.4 (5 run)
     (2048, 2048, "large"),     # 128 tiles of 128x256: one wave
     (512, 4096, "medium"),     # 64 of 128x256 leave half the SMs idle; 128 of 128x128 fill one wave
+    (2304, 768, "medium"),     # 108 of 128x128 in one wave; 48 of 192x192 or 72 of 128x192 leave more idle
     (1024, 1024, "small"),     # 128 tiles of 128x64: one wave
     (16384, 128, "medium"),    # a 256-wide tile would be half empty
-    (4000, 4000, "large")])    # the goal shapes keep the tile they were tuned on
+    (4000, 4000, "large"),     # the goal shapes keep the tile they were tuned on
+    (6304, 768, "wave_192x192"),  # 132 of 192x192: one wave; 300 of 128x128 are 2.3 (3 run)
+    (3072, 3072, "wave_192x192"),  # 256 of 192x192 (2 run); 288 of 128x256 and 576 of 128x128 run 3 and 5
+    (3072, 768, "wave_128x192"),  # 96 of 128x192 (or 192x128: the tie goes to the first) against 72 of 128x256
+    (3072, 1024, "wave_192x128")])  # 128 of 192x128 in one wave; 144 of 128x192 are two
 def test_the_wave_model_picks_the_tile(m, n, expected):
     assert G.shape_class(meta(m, 4096), meta(4096, n), None, None, None).bucket == expected
     costs = {bucket: P._wave_cost(bucket, m, n) for bucket in P.WAVE_TILES}

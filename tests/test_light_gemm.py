@@ -61,7 +61,12 @@ BUILDS = [  # (inputs, output, tile M, tile N, fused, A K-major, B K-major, ping
     # the few-row buckets' 64-row tiles (tile_m_for): one consumer warpgroup, 256 threads, no setmaxnreg
     (BF16, BF16, 64, 128, False, True, True, False), (BF16, BF16, 64, 64, True, True, True, False),
     (BF16, BF16, 64, 128, True, True, False, False), (BF16, BF16, 64, 64, False, False, False, False),
-    (BF16, BF16, 64, 256, False, True, True, False)]
+    (BF16, BF16, 64, 256, False, True, True, False),
+    # the wave buckets' 192-row and 192-column tiles: three consumer warpgroups, 512 threads, 152 registers each
+    (BF16, BF16, 192, 192, False, True, True, False), (BF16, BF16, 192, 192, True, True, True, False),
+    (FP16, FP32, 192, 192, True, False, False, False), (BF16, BF16, 192, 192, False, True, False, False),
+    (BF16, BF16, 192, 128, False, False, False, False), (BF16, BF16, 128, 192, True, True, True, False),
+    (BF16, BF16, 128, 192, False, False, False, False)]
 
 
 @pytest.mark.parametrize("dtype,out_dtype,tile_m,tile_n,fused,a_kmajor,b_kmajor,pingpong", BUILDS,
@@ -86,8 +91,8 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     loads = ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global")
     assert loads and loads % boxes == 0
     assert "mbarrier.try_wait.parity" in ptx
-    # two consumer warpgroups trade registers with the producer; one has all it needs at launch
-    assert ("setmaxnreg.inc" in ptx) == (tile_m == 128) and ("setmaxnreg" in ptx) == (tile_m == 128)
+    # two or three consumer warpgroups trade registers with the producer; one has all it needs at launch
+    assert ("setmaxnreg.inc" in ptx) == (tile_m > 64) and ("setmaxnreg" in ptx) == (tile_m > 64)
     # ptxas: no stack, no spills, no serialized wgmma (C7510: "wgmma ... serialized"), within the threads' share
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in log, log
     assert "C7510" not in log and "serialized" not in log, log
@@ -111,7 +116,8 @@ def test_the_few_row_buckets_take_64_row_tiles():
         tiles[bucket] = (int(defines.get("LIGHT_TILE_M", "128")), int(defines["LIGHT_TILE_N"]))
         assert tiles[bucket][0] == L.tile_m_for(bucket)
     assert tiles == {"large": (128, 256), "large_short_k": (128, 128), "medium": (128, 128), "small": (128, 64),
-                     "skinny": (64, 128), "decode": (64, 256), "decode_narrow": (64, 128)}
+                     "skinny": (64, 128), "decode": (64, 256), "decode_narrow": (64, 128),
+                     "wave_192x192": (192, 192), "wave_128x192": (128, 192), "wave_192x128": (192, 128)}
 
 
 def test_the_route_builds_it_through_the_runtime(fresh_cache):
@@ -534,9 +540,13 @@ def test_a_cluster_kernel_gives_the_single_cta_kernels_bits(m, k, n, a_t):
     a = torch.randn(k, m, generator=g).to("cuda", BF16).t() if a_t else torch.randn(m, k, generator=g).to("cuda", BF16)
     b = torch.randn(n, k, generator=g).to("cuda", BF16).t()
     cls = G.shape_class(a, b, None, None, None)
-    single = L.request(cls)
+    params = dict(L.request(cls).params)
+    if "LIGHT_TILE_M" in params:  # a wave bucket's 192-row tile: the clusters pair 128-row tiles
+        params.pop("LIGHT_TILE_M")
+        params["LIGHT_TILE_N"] = "128"
+    single = L.LIGHT_GEMM.bind(L.request(cls).dtype, **params)
     outs = []
-    for request in (single, L.LIGHT_GEMM.bind(single.dtype, LIGHT_CLUSTER=2, **dict(single.params))):
+    for request in (single, L.LIGHT_GEMM.bind(single.dtype, LIGHT_CLUSTER=2, **params)):
         kernel = jitops.runtime.get_kernel(request, Target("cuda", torch.cuda.get_device_capability(0)), 0)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=BF16)
         L.run(kernel, a, b, out, None, m, n, k, m if a_t else k, k, 0, sm_count(0), current_stream(0))

@@ -91,7 +91,14 @@ WAVE_SMS = 132
 # them; x0.97-1.01 of torch.matmul, 64x64 x0.88-0.94) and N = 8192 on 64x64 (128 tiles; x0.89-0.98, 64x128
 # x0.77-0.87); 64x32 tiles won nowhere (`bench_gemm.py --sweep-decode`, H100).
 DECODE_WIDE_TILES = 99  # 3/4 of WAVE_SMS
-WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66)}
+# The light kernel's 192-row and 192-column tiles (jitops/light_gemm.py) let a tile count fill whole waves where the
+# 64-multiples cannot, as cuBLAS's 192 x 192 and 128 x 192 tiles do: ViT-B/16's 6304 x 768 GEMMs are 132 tiles of
+# 192 x 192 (300 of 128 x 128: 2.3 waves), a 3072 x 768 weight gradient 96 of 128 x 192 (72 of 128 x 256).  On the
+# 33 GEMMs of `bench_gemm.py --training` (H200, bf16, each tile forced in its own process) their time a wave a
+# k-block per output element was within 5% of 128 x 256's (medians 0.95-0.98 of it); speed 1.0 leaves a tie to
+# the older tile.  Listed last, so that a tie between them goes to the first.
+WAVE_TILES = {"large": (128, 256, 1.0), "medium": (128, 128, 0.93), "small": (128, 64, 0.66),
+              "wave_192x192": (192, 192, 1.0), "wave_128x192": (128, 192, 1.0), "wave_192x128": (192, 128, 1.0)}
 
 
 def _wave_cost(bucket: str, m: int, n: int) -> float:
@@ -126,8 +133,9 @@ _memoized_bucket = functools.lru_cache(maxsize=4096)(_choose_bucket)
 # One (M, N, K) per bucket that _choose_bucket sends there (tests/test_gemm.py checks it), so that
 # `cache_tools prewarm --all-builtin` can cover every configuration the rules above can pick.
 BUCKET_EXAMPLES = {"decode": (16, 14336, 4096), "decode_narrow": (16, 4096, 4096), "skinny": (256, 4096, 4096),
-                   "large_short_k": (8192, 4096, 1024), "large": (8192, 4096, 4096), "medium": (3072, 3072, 3072),
-                   "small": (1024, 1024, 1024)}
+                   "large_short_k": (8192, 4096, 1024), "large": (8192, 4096, 4096), "medium": (512, 4096, 4096),
+                   "small": (1024, 1024, 1024), "wave_192x192": (6304, 768, 3072), "wave_128x192": (3072, 768, 6304),
+                   "wave_192x128": (3072, 1024, 4096)}
 
 
 # ---- which implementation runs a CUDA call --------------------------------------------------------------------
@@ -312,6 +320,9 @@ SM90_CONFIGS = {
     "decode": Sm90Config((64, 128, 64), (1, 1), pingpong=True, streamk=False),
     "decode_narrow": Sm90Config((64, 64, 64), (1, 1), pingpong=True, streamk=False),
 }
+# The wave buckets' tiles are the light kernel's; CUTLASS's kernel (JITOPS_GEMM_SM90_KERNEL=cutlass) runs their
+# shapes on the medium bucket's 128 x 128 tiles.
+SM90_CONFIGS.update({bucket: SM90_CONFIGS["medium"] for bucket in ("wave_192x192", "wave_128x192", "wave_192x128")})
 # CUTLASS 2 (sm_80 family): two configurations; the buckets below large share the 128x128 one.
 SM80_LARGE = Sm80Config((128, 256, 32), (64, 64, 32), 3)
 SM80_SMALL = Sm80Config((128, 128, 32), (64, 64, 32), 4)

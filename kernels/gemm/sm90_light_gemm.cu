@@ -23,7 +23,7 @@
 // Configuration (-D macros):
 //   LIGHT_T       0: bf16, 1: fp16 (A, B and bias)
 //   LIGHT_OUT     0: D has the inputs' type, 1: fp32
-//   LIGHT_TILE_N  128 or 256
+//   LIGHT_TILE_N  64, 128, 192 or 256
 //   LIGHT_PINGPONG  0: both consumers on each tile;  1: the consumers take tiles in turn (LIGHT_TILE_N 128)
 //   LIGHT_FUSED   0: D = A.B;  1: D = act(A.B + bias), the bias optional (null) and act a run-time argument
 //   LIGHT_A_KMAJOR, LIGHT_B_KMAJOR   1: K-major, 0: MN-major
@@ -31,7 +31,8 @@
 //   LIGHT_D_ROWS  1: (dgrad) a strided dgrad's phases in one launch, D stored by rows at dx's strides
 //   LIGHT_GROUPED 0: one GEMM;  1, 2, 3: jitops.grouped_gemm's ragged M, ragged K and list forms (below)
 //   LIGHT_CLUSTER 1: one CTA;  2: clusters of two CTAs along N sharing A (below)
-//   LIGHT_TILE_M  128: two consumer warpgroups of 64 rows;  64: one (a wgrad's of 64 filters, a decode GEMM; below)
+//   LIGHT_TILE_M  128: two consumer warpgroups of 64 rows;  64: one (a wgrad's of 64 filters, a decode GEMM; below);
+//                 192: three (a plain GEMM whose tiles then fill the SMs' waves; below)
 //
 // Clusters (LIGHT_CLUSTER 2; the cooperative GEMM, conv fprop, unit-stride dgrad and wgrad).  The two CTAs of a cluster
 // take tiles (m, 2j) and (m, 2j + 1) of one tile row, so they read the same A tile: each loads its 64 rows of it
@@ -116,6 +117,10 @@ namespace jitops_light {
 // 64-row tiles (LIGHT_TILE_M 64: a wgrad or a plain GEMM): a wgrad's M is the filter count, and on ResNet-50's
 // 64-filter layers a 128-row tile was half zeros: L2's wgrad took 44.3 us against CUTLASS's 64-row plan's 30.4
 // (H200, fp16).  A decode GEMM's 1-64 rows are the same case.
+// 192-row and 192-column tiles (plain GEMMs): a tile count that fills whole waves of the SMs, as cuBLAS's 192 x 192
+// and 128 x 192 tiles do.  ViT-B/16's 6304 x 768 GEMMs are 132 tiles of 192 x 192 (one wave) against 300 of
+// 128 x 128 (2.3 waves), where cuBLAS took 13.3 us to this kernel's 17.9 (H200, 6304x768x768).  Three consumer
+// warpgroups of 64 rows then share the registers: 152 each beside the producer's 40.
 constexpr int kTileM = LIGHT_TILE_M;
 constexpr int kTileN = LIGHT_TILE_N;
 constexpr int kTileK = 64;  // one 128-byte swizzle row of 16-bit elements
@@ -143,22 +148,29 @@ constexpr int kOutBytes = LIGHT_OUT == 1 ? 4 : 2;
 constexpr int kStoreCols = 128 / kOutBytes;
 constexpr int kStoreChunks = kTileN / kStoreCols;
 constexpr u32 kStoreBytes = 64 * 128;
-constexpr int kStoreBuffers = 2;
-constexpr u32 kEpilogueBytes = kConsumers * kStoreBuffers * kStoreBytes;
 // H100's 227 KB of shared memory per block, less the epilogue's buffers, 1 KB of alignment slack and the barriers.
+// Three consumers' second buffers (24 KB) would cost a 192 x 192 tile its fourth stage: they keep one each.
 constexpr u32 kMaxSmem = 232448;
+constexpr int kStoreBuffers = (kMaxSmem - 2048 - kConsumers * 2 * kStoreBytes) / kStageBytes < 4 &&
+                                      (kMaxSmem - 2048 - kConsumers * kStoreBytes) / kStageBytes >= 4 ? 1 : 2;
+constexpr u32 kEpilogueBytes = kConsumers * kStoreBuffers * kStoreBytes;
 constexpr int kStagesFit = (kMaxSmem - 2048 - kEpilogueBytes) / kStageBytes;
 constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
 // Barriers: full and empty a stage, and the pingpong consumers' two turn barriers.
 constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8 + 16;
 // Registers: 65536 over 384 threads; the producer gives back all it can (40), the consumers take 232 each
 // (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
+// Three consumers (512 threads): 128 * 40 + 384 * 152 = 63488, room for 64 x 192 (96 a thread).
 constexpr u32 kProducerRegisters = 40;
-constexpr u32 kConsumerRegisters = 232;
-static_assert(kTileN == 64 || kTileN == 128 || kTileN == 256, "LIGHT_TILE_N: 64, 128 or 256");
+constexpr u32 kConsumerRegisters = kConsumers == 3 ? 152 : 232;
+static_assert(kTileN == 64 || kTileN == 128 || kTileN == 192 || kTileN == 256, "LIGHT_TILE_N: 64, 128, 192 or 256");
 static_assert(kTileM == 128 || (kTileM == 64 && (kConv == 0 || kConv == 3) && !kGrouped && kCluster == 1 &&
-                                 !kPingpong),
-              "LIGHT_TILE_M: 128, or 64 for a cooperative GEMM or wgrad in single CTAs");
+                                 !kPingpong) ||
+              (kTileM == 192 && kConv == 0 && !kGrouped && kCluster == 1 && !kPingpong && kTileN <= 192),
+              "LIGHT_TILE_M: 128; 64 for a cooperative GEMM or wgrad in single CTAs; 192 for a cooperative GEMM in "
+              "single CTAs, at most 192 wide");
+static_assert(kTileN != 192 || (kConv == 0 && !kGrouped && !kPingpong),
+              "LIGHT_TILE_N 192: a plain cooperative GEMM");
 static_assert(kConv == 0 || (kConv == 3 ? !kAKMajor && !kBKMajor : kAKMajor && kBKMajor == (kConv == 1)),
               "conv: fprop K-major A and B, dgrad K-major A, wgrad MN-major A and B");
 static_assert(!LIGHT_D_ROWS || (kConv == 2 && LIGHT_OUT == 0), "LIGHT_D_ROWS: a strided dgrad's 16-bit dx");
@@ -575,6 +587,8 @@ template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
     if constexpr (kN == 256) {
         wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
+    } else if constexpr (kN == 192) {
+        wgmma_m64n192k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     } else if constexpr (kN == 64) {
         wgmma_m64n64k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(acc, desc_a, desc_b, scale_d);
     } else {
