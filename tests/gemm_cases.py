@@ -83,6 +83,13 @@ AWKWARD_M = [Case(m, 256, 512) for m in (1, 7, 1000, 4097)]
 LARGE = [Case(4096, 512, 4096, BF16), Case(4096, 512, 4096, FP16, grad=False), Case(4096, 1536, 4096, grad=False),
          Case(512, 1024, 4096), Case(128, 512, 4096), Case(64, 512, 4096), Case(7, 1024, 4096, FP16, b_t=True),
          Case(33, 512, 4096, bias=True, activation="gelu"), Case(16, 256, 16384), Case(5, 384, 13000, FP16)]
+# The wave buckets' 192-row and 192-column tiles, each with a partial last tile row or column (6250 = 32.6 tiles of
+# 192, 760 = 3.96), both dtypes, every layout, the fused epilogue and an fp32 output; their backwards run the other
+# buckets' tiles.  tests/test_gemm.py checks that each bucket is reached.
+WAVE = [Case(6250, 768, 760, BF16, bias=True, activation="gelu"), Case(6250, 384, 760, FP16, a_t=True, b_t=True),
+        Case(6250, 512, 760, BF16, out_dtype=torch.float32, grad=False),
+        Case(3072, 2048, 760, BF16, a_t=True), Case(3072, 1024, 760, FP16, b_t=True, bias=True, activation="gelu"),
+        Case(3000, 1024, 1000, FP16, b_t=True, bias=True, activation="relu"), Case(3000, 2048, 1000, BF16, a_t=True)]
 # Bias and activations in the epilogue, and an fp32 output.
 EPILOGUES = [Case(1000, 256, 384, dtype, bias=bias, activation=act)
              for dtype in (BF16, FP16) for bias in (False, True) for act in (None, "relu", "gelu")
@@ -98,7 +105,7 @@ SM80 = [replace(c, family="sm80") for c in TRANSPOSES] + \
      Case(1000, 256, 384, bias=True, activation="gelu", family="sm80"),
      Case(1000, 256, 384, bias=True, activation="relu", out_dtype=torch.float32, family="sm80")]
 
-ALL = TRANSPOSES + AWKWARD_M + LARGE + EPILOGUES + UNALIGNED + SM80
+ALL = TRANSPOSES + AWKWARD_M + LARGE + WAVE + EPILOGUES + UNALIGNED + SM80
 
 # The bit-for-bit test's cases, ((M, N, K), dtype, fused): benchmarks/bench_gemm.py's shapes in both dtypes, and
 # its fused shapes in bf16 with bias and GELU in the epilogue.  Its nvcc-built references take 1-2 minutes each to

@@ -461,6 +461,15 @@ def test_the_wave_model_picks_the_tile(m, n, expected):
     assert min(costs, key=costs.get) == expected
 
 
+def test_the_gpu_tests_reach_every_wave_bucket():
+    """tests/gemm_cases.py's WAVE calls (run by test_gemm_gpu.py) cover each 192 tile, in both dtypes."""
+    from gemm_cases import WAVE
+
+    reached = {(G.shape_class(*case.args("meta")).bucket, case.dtype) for case in WAVE}
+    assert {bucket for bucket, _ in reached} == {b for b in P.WAVE_TILES if b.startswith("wave_")}
+    assert {dtype for _, dtype in reached} == {torch.bfloat16, torch.float16}
+
+
 def test_epilogue_variants_share_one_fused_kernel():
     a, b, bias = meta(1000, 256), meta(256, 384), torch.empty(384, dtype=torch.bfloat16, device="meta")
     classes = {G.shape_class(a, b, bias_, act, None) for bias_ in (None, bias) for act in (None, "relu", "gelu")}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gemm_cases import ALL, AWKWARD_M, BIT_FOR_BIT, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, Case
+from gemm_cases import ALL, AWKWARD_M, BIT_FOR_BIT, EPILOGUES, LARGE, SM80, TRANSPOSES, UNALIGNED, WAVE, Case
 
 import jitops
 from jitops.testing import check_backward, check_compile, check_forward, noncontiguous
@@ -74,7 +74,7 @@ def test_transpose_combinations(case):
     run_case(case, variants=True)
 
 
-@pytest.mark.parametrize("case", AWKWARD_M + LARGE + EPILOGUES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", AWKWARD_M + LARGE + WAVE + EPILOGUES, ids=lambda c: c.id)
 def test_awkward_m_large_tiles_bias_and_activations(case):
     run_case(case)
 
