@@ -259,7 +259,7 @@ def _light_against_cutlass(bench) -> None:
 
             check_close(call(), torch.matmul(x, b), f"light {m}x{n}x{k} {layout} {name}")
             shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
-            tile = f"128x{light_gemm.tile_n_for(cls.bucket)}x64"
+            tile = f"{light_gemm.tile_m_for(cls.bucket)}x{light_gemm.tile_n_for(cls.bucket)}x64"
             bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=name, ours=call,
                           baseline=lambda x=x, b=b: jitops.gemm(x, b), baseline_name="jitops.gemm (CUTLASS)",
                           flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)

@@ -103,29 +103,30 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
 
 
 # ---- which classes, which tile --------------------------------------------------------------------------------
+# Each bucket's tile (rows, columns); a bucket not listed (a class the kernel does not take) reads 128 x 128.
+#   128 x 256 where CUTLASS's kernel uses it; 128 x 64 for the small bucket, as CUTLASS's kernel (twice the tiles
+#     where there are too few for the SMs; a training step's weight gradients, long K: H200, bf16, 1024x1024x4096
+#     16.3 us against 22.6 on 128 x 128, 768x768x6304 22.3 against 32.3, torch.mm 13.7 and 15.2); 128 x 128 for the
+#     medium bucket (its 6304-row ViT-B/16 GEMMs lost on 128 x 64: qkv's dgrad 49.0 us against 40.5).
+#   64 rows for the few-row buckets (at most 256 rows against 4096 or more columns), where a 128-row tile is mostly
+#     zeros and there are too few tiles for the SMs.  H200, bf16, kernel time against torch.mm (x: higher is
+#     faster), 128 x 128 tiles before:
+#       decode (N = 14336, K = 4096; 1-64 rows): 64 x 256 x0.90-0.98, 64 x 128 x0.84-1.02, 128 x 128 x0.38-0.73;
+#       decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52 (cuBLAS
+#         splits K there; this kernel does not);
+#       skinny (128-256 rows, N and K 4096-14336): 64 x 128 x0.91-1.04, 128 x 64 x0.88-1.08, 128 x 128 x0.64-0.98.
+#   The wave buckets' 192-row (three consumer warpgroups) and 192-column tiles (gemm_plan.WAVE_TILES).
+TILES = {"large": (128, 256), "large_short_k": (128, 128), "medium": (128, 128), "small": (128, 64),
+         "skinny": (64, 128), "decode": (64, 256), "decode_narrow": (64, 128),
+         "wave_192x192": (192, 192), "wave_128x192": (128, 192), "wave_192x128": (192, 128)}
+
+
 def tile_n_for(bucket: str) -> int:
-    """128 x 256 tiles for the buckets where CUTLASS's kernel uses them, 128 x 64 for the small one (as CUTLASS's
-    kernel: twice the tiles where there are too few for the SMs; a training step's weight gradients, long K: H200,
-    bf16, 1024x1024x4096 16.3 us against 22.6 on 128 x 128, 768x768x6304 22.3 against 32.3, torch.mm 13.7 and 15.2),
-    128 x 128 elsewhere (the medium bucket's 6304-row ViT-B/16 GEMMs lost on 128 x 64: qkv's dgrad 49.0 us against
-    40.5).  The few-row buckets take 64-row tiles (tile_m_for): 64 x 256 for a decode step's widest weights, 64 x 128
-    for the rest.  The wave buckets (gemm_plan.WAVE_TILES) take the tile they are named for."""
-    if bucket.startswith("wave_"):
-        return int(bucket.rsplit("x", 1)[1])
-    return 256 if bucket in ("large", "decode") else 64 if bucket == "small" else 128
+    return TILES.get(bucket, (TILE_M, 128))[1]
 
 
 def tile_m_for(bucket: str) -> int:
-    """64-row tiles for the buckets of at most 256 rows against 4096 or more columns (skinny, decode), where a
-    128-row tile is mostly zeros and there are too few tiles for the SMs.  H200, bf16, kernel time against
-    torch.mm (x: higher is faster), 128 x 128 tiles before:
-      decode (N = 14336, K = 4096; 1-64 rows): 64 x 256 x0.90-0.98, 64 x 128 x0.84-1.02, 128 x 128 x0.38-0.73;
-      decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52 (cuBLAS
-        splits K there; this kernel does not);
-      skinny (128-256 rows, N and K 4096-14336): 64 x 128 x0.91-1.04, 128 x 64 x0.88-1.08, 128 x 128 x0.64-0.98."""
-    if bucket.startswith("wave_"):  # 192 rows: three consumer warpgroups (gemm_plan.WAVE_TILES)
-        return int(bucket[len("wave_"):].split("x")[0])
-    return 64 if bucket in ("skinny", "decode", "decode_narrow") else TILE_M
+    return TILES.get(bucket, (TILE_M, 128))[0]
 
 
 def pingpong_for(bucket: str) -> bool:
@@ -439,4 +440,5 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
 
 
 __all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",
-           "pack_params", "pingpong_for", "request", "tile_m_for", "tile_n_for", "unsupported"]
+           "pack_params", "pingpong_for", "request", "TILES", "tile_m_for", "tile_n_for",
+           "unsupported"]

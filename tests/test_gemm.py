@@ -452,7 +452,7 @@ def test_all_builtin_covers_every_bucket_in_every_training_layout():
     (16384, 128, "medium"),    # a 256-wide tile would be half empty
     (4000, 4000, "large"),     # the goal shapes keep the tile they were tuned on
     (6304, 768, "wave_192x192"),  # 132 of 192x192: one wave; 300 of 128x128 are 2.3 (3 run)
-    (3072, 3072, "wave_192x192"),  # 256 of 192x192 (2 run); 288 of 128x256 and 576 of 128x128 run 3 and 5
+    (3072, 3072, "wave_192x192"),  # 256 of 192x192 take 2 waves; 288 of 128x256 take 3, 576 of 128x128 take 5
     (3072, 768, "wave_128x192"),  # 96 of 128x192 (or 192x128: the tie goes to the first) against 72 of 128x256
     (3072, 1024, "wave_192x128")])  # 128 of 192x128 in one wave; 144 of 128x192 are two
 def test_the_wave_model_picks_the_tile(m, n, expected):

@@ -107,7 +107,7 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
 
-def test_the_few_row_buckets_take_64_row_tiles():
+def test_each_bucket_takes_its_tile():
     tiles = {}
     for bucket, (m, n, k) in P.BUCKET_EXAMPLES.items():
         cls = gemm_class(m, k, n)  # (M, K, N)
@@ -118,6 +118,8 @@ def test_the_few_row_buckets_take_64_row_tiles():
     assert tiles == {"large": (128, 256), "large_short_k": (128, 128), "medium": (128, 128), "small": (128, 64),
                      "skinny": (64, 128), "decode": (64, 256), "decode_narrow": (64, 128),
                      "wave_192x192": (192, 192), "wave_128x192": (128, 192), "wave_192x128": (192, 128)}
+    # the wave model's tiles are the kernel's
+    assert all(L.TILES[bucket] == P.WAVE_TILES[bucket][:2] for bucket in P.WAVE_TILES)
 
 
 def test_the_route_builds_it_through_the_runtime(fresh_cache):
