@@ -20,6 +20,7 @@ the cubin without a GPU; tests/test_light_gemm.py checks them against `expected_
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from typing import Any, NamedTuple
@@ -43,13 +44,17 @@ GROUP_ROWS = 8                # tile rows per raster group (L2 reuse of B's tile
 OUT_TYPES = {torch.bfloat16: 0, torch.float16: 0, torch.float32: 1}
 IN_TYPES = {torch.bfloat16: 0, torch.float16: 1}
 
-# Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A, B and D, then bias, m, n, k, activation, group_m.
-# The kernel's static_asserts hold it to these offsets.
+# Params (kernels/gemm/sm90_light_gemm.cu): descriptors of A, B and D, then bias, m, n, k, activation, group_m,
+# and the split tail's split_from, splits, slices and counters.  The kernel's static_asserts hold it to these
+# offsets.
 PARAMS_SIZE = 448
 CONV_PARAMS_SIZE = 512        # a conv kernel's: sixteen ints more (jitops/light_conv.py)
 PHASES_PARAMS_SIZE = 1280     # a strided dgrad's: then four phases of 192 bytes (light_conv.MAX_PHASES)
 TMA_A, TMA_B, TMA_D, FIELDS = 0, 128, 256, 384
 _FIELDS = struct.Struct("<Qiiiii")
+SPLIT_FIELDS = 412            # split_from, splits, then (8-byte aligned) the slices' and the counters' addresses
+WORKSPACE_FIELD, COUNTERS_FIELD = 424, 432
+_SPLIT = struct.Struct("<ii4xQQ")
 STORE_ROWS = 64               # the epilogue's TMA store box: a consumer warpgroup's rows by 128 bytes of D
 STORE_BYTES = STORE_ROWS * 128
 
@@ -88,8 +93,8 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     """What the kernel computes for a tile: a consumer warpgroup per 64 rows (two for pingpong) and the producer's,
     the consumers' epilogue staging buffers, as many tile_m x 64 + tile_n x 64 stages as fit beside them (at most
     8), 1 KB of slack to align the ring to the 128-byte swizzle's 1024-byte period, plus two mbarriers a stage and
-    the pingpong consumers' two.  Two staging buffers a consumer, or one where the second would cost the ring its
-    fourth stage (192 x 192)."""
+    the pingpong consumers' two, and the split tail's flag words (32 bytes).  Two staging buffers a consumer, or one
+    where the second would cost the ring its fourth stage (192 x 192)."""
     consumers = 2 if pingpong else tile_m // 64
     stage = (tile_m + tile_n) * TILE_K * 2
     buffers = 1 if (MAX_SMEM - 2048 - consumers * 2 * STORE_BYTES) // stage < 4 <= (
@@ -97,7 +102,7 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
     epilogue = consumers * buffers * STORE_BYTES
     stages = min((MAX_SMEM - 2048 - epilogue) // stage, MAX_STAGES)
     params_size = PHASES_PARAMS_SIZE if d_rows else CONV_PARAMS_SIZE if conv else PARAMS_SIZE
-    return LightInfo(1024 + stages * stage + epilogue + 16 * stages + 16, 128 * (consumers + 1), tile_m, tile_n,
+    return LightInfo(1024 + stages * stage + epilogue + 16 * stages + 32, 128 * (consumers + 1), tile_m, tile_n,
                      TILE_K, stages, params_size, TMA_B, TMA_D, 128 // out_bytes, int(a_kmajor),
                      int(b_kmajor), int(pingpong), conv, int(d_rows), grouped, cluster)
 
@@ -193,16 +198,69 @@ class Problem(NamedTuple):
     b_rows: int = 0
 
 
+# Split-K under one wave: where a GEMM's tiles leave most SMs idle, each tile becomes `splits` units of consecutive
+# k-blocks, all of them in one round, summed in the kernel by the split that finishes last
+# (kernels/gemm/sm90_light_gemm.cu).  A decode GEMM's 1x4096x4096 is 32 tiles of 64 x 128 for 132 SMs: 17.1 us whole,
+# 12.9-14.2 split four ways, cuBLAS's split-K 10.1 (H200, device time).
+# One round only: a CTA that takes a second unit lost every time it was tried (H200, each count forced):
+# 768x768x6304 on 72 tiles of 128 x 64, 21.3 us whole against 29.8 / 27.2 / 34.0 / 50.9 split 2 / 3 / 5 / 8 ways;
+# 1x4096x4096 split 8 ways (two rounds) 22.5 against 14.2 for four.  Each further unit of a CTA cost about 10 us
+# however few its k-blocks; ncu showed the four-round kernel mostly idle (DRAM 14% busy against 45% in one round) and
+# not spinning (76 against 49 thousand branches).  Why is not known (docs/architecture.md, "Split-K").
+# At most SPLIT_MAX ways: the last split reads every slice of its tile in turn (16 ways on 1x4096x4096: 51.4 us).
+# A split streams at least SPLIT_MIN_BLOCKS k-blocks: with 4 (three ways of 12) ViT-B/16's 6304x768x768 tail lost
+# to its fix-up, 21.9 against 18.0 us (a slice stored and all read back).
+# 64 x 256 tiles never split: decode's 1-16x14336x4096 (56 tiles, split two ways) took 37.8 us against 33.0 whole,
+# where 64 x 128 tiles gained (1x4096x14336: 36.7 against 58.0; H200, device time).
+SPLIT_MIN_BLOCKS = 16
+SPLIT_MAX = 4
+SPLIT_MAX_TILE_N = 192
+SPLIT_GAIN = 0.85  # split only where the model (split_tail) expects at least 15% off the whole tiles' time
+
+
+def split_tail(m: int, n: int, k: int, tile_m: int, tile_n: int, pingpong: bool, cluster: int, sm_count: int
+               ) -> tuple[int, int]:
+    """(split_from, splits) of a plain GEMM: the tiles from split_from on are split `splits` ways; (tiles, 1) for
+    none.  Only a GEMM of fewer tiles than half the SMs splits, every tile (split_from 0), and only as many ways as
+    keep its units in one round (SPLIT_MAX at most); pingpong and cluster builds never split (their units are whole
+    tiles or pairs).  The count minimizes a unit's k-blocks plus each slice's store and read, where that is under
+    SPLIT_GAIN of the whole tile's k-blocks (768x768x6304 on 36 tiles of 128 x 128, 99 k-blocks: three ways)."""
+    tiles = -(-m // tile_m) * -(-n // tile_n)
+    k_blocks = -(-k // TILE_K)
+    if pingpong or cluster > 1 or tile_n > SPLIT_MAX_TILE_N or 2 * tiles > sm_count:
+        return tiles, 1
+    slice_blocks = tile_m * tile_n * 4 / ((tile_m + tile_n) * TILE_K * 2)  # a slice's bytes, in k-blocks' loads
+    best, choice = SPLIT_GAIN * k_blocks, (tiles, 1)
+    for splits in range(2, min(SPLIT_MAX, sm_count // tiles, k_blocks // SPLIT_MIN_BLOCKS) + 1):
+        cost = -(-k_blocks // splits) + (splits + 1) * slice_blocks
+        if cost < best:
+            best, choice = cost, (0, splits)
+    return choice
+
+
+def workspace_bytes(m: int, n: int, tile_m: int, tile_n: int, split_from: int, splits: int) -> tuple[int, int]:
+    """(bytes of the slices, counters) of a split launch: a tile's fp32 accumulators per split, and an int32 counter
+    per split tile and consumer warpgroup; (0, 0) without splits."""
+    if splits < 2:
+        return 0, 0
+    tail = -(-m // tile_m) * -(-n // tile_n) - split_from
+    return tail * splits * tile_m * tile_n * 4, tail * (tile_m // 64)
+
+
 def grid(problem: Problem, tile_n: int, cluster: int = 1, splits: int = 1, clusters: int = 0,
-         tile_m: int = TILE_M) -> tuple[int, int, int]:
-    """One persistent CTA an SM, never more CTAs than work units (tiles, times a wgrad's splits).  Clusters of two:
+         tile_m: int = TILE_M, tail: tuple[int, int] | None = None) -> tuple[int, int, int]:
+    """One persistent CTA an SM, never more CTAs than work units (tiles, times a wgrad's splits; a split tail's
+    tiles counting their splits, `tail`: split_tail's answer).  Clusters of two:
     a unit is a pair of tiles of one tile row, and `clusters` run at once (the driver's count: 66 on the H200's 132
     SMs; 0, unknown: CUTLASS's rule, a GPC's MAX_SM_PER_GPC SMs in pairs, 63), so that no cluster waits for another
     to finish.  CUTLASS's rule cost a round where the tiles fill 132 SMs: ResNet-50's L8 fprop, 392 tiles, ran 196
     pairs in 4 rounds on 63 clusters against 3 on 66."""
     tiles_m, tiles_n = -(-problem.m // tile_m), -(-problem.n // tile_n)
     if cluster == 1:
-        return max(1, min(problem.sm_count, tiles_m * tiles_n * splits)), 1, 1
+        units = tiles_m * tiles_n * splits
+        if tail is not None:
+            units = tail[0] + (tiles_m * tiles_n - tail[0]) * tail[1]
+        return max(1, min(problem.sm_count, units)), 1, 1
     if clusters <= 0:
         clusters = min(problem.sm_count, max(1, problem.sm_count // MAX_SM_PER_GPC) * MAX_SM_PER_GPC) // cluster
     fit = max(1, min(problem.sm_count // cluster, clusters))
@@ -218,6 +276,8 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
     tiles_m = -(-p.m // info.tile_m)
     params = bytearray(info.params_size)
     _FIELDS.pack_into(params, FIELDS, bias, p.m, p.n, p.k, p.activation, min(GROUP_ROWS, tiles_m))
+    split = split_tail(p.m, p.n, p.k, info.tile_m, info.tile_n, bool(info.pingpong), info.cluster, p.sm_count)
+    _SPLIT.pack_into(params, SPLIT_FIELDS, *split, 0, 0)
     buffer = (ctypes.c_char * len(params)).from_buffer(params)
     encode(buffer, TMA_A, operand_tma(bool(info.a_kmajor), p.m, p.k, p.lda, info.tile_m // info.cluster), a)
     b_n, b_k = p.n, p.k
@@ -227,7 +287,7 @@ def pack_params(info: LightInfo, problem: Problem, addresses: tuple[int, int, in
         b_k = p.b_rows
     encode(buffer, info.tma_b, operand_tma(bool(info.b_kmajor), b_n, b_k, p.ldb, info.tile_n), b)
     encode(buffer, info.tma_d, output_tma(p.m, p.n, p.ldd, info.store_cols), d)
-    return params, grid(p, info.tile_n, info.cluster, clusters=clusters, tile_m=info.tile_m)
+    return params, grid(p, info.tile_n, info.cluster, clusters=clusters, tile_m=info.tile_m, tail=split)
 
 
 def check_problem(m: int, n: int, k: int, lda: int, ldb: int, ldd: int, addresses: tuple[int, int, int, int],
@@ -327,9 +387,10 @@ class LightKernel:
         self._attribute_set = False
         self.clusters = 0  # a cluster kernel's clusters that run at once (_prepare; grid)
 
-    def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int) -> "_Packed":
-        """Launch problem `key` with these (A, B, D, bias) addresses: its Params packed the first time (after
-        `_check`), patched with new addresses after."""
+    def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int,
+                workspace: tuple[int, int] = (0, 0)) -> "_Packed":
+        """Launch problem `key` with these (A, B, D, bias) addresses (and a split GEMM's slices and counters): its
+        Params packed the first time (after `_check`), patched with new addresses after."""
         with self._lock:
             packed = self._problems.get(key)
             if packed is None:
@@ -339,7 +400,7 @@ class LightKernel:
                     self._problems.clear()
                 params, launch_grid = self._pack(key, addresses)
                 packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses)
-            packed.launch(*addresses, stream)
+            packed.launch(*addresses, stream, workspace)
         return packed
 
     def _prepare(self) -> None:
@@ -371,8 +432,15 @@ class LightGemm(LightKernel):
     """The light GEMM kernel's host side: `run(...)` is one GEMM."""
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
-            activation: int, sm_count: int, stream: int, b_rows: int = 0) -> "_Packed":
-        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream)
+            activation: int, sm_count: int, stream: int, b_rows: int = 0,
+            workspace: tuple[int, int] = (0, 0)) -> "_Packed":
+        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream,
+                            workspace)
+
+    def workspace(self, m: int, n: int, k: int, sm_count: int) -> tuple[int, int]:
+        """(bytes of the slices, counters) of a call: (0, 0) unless its tail splits (workspace_bytes)."""
+        info = self.info
+        return _workspace(m, n, k, info.tile_m, info.tile_n, bool(info.pingpong), info.cluster, sm_count)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         check_problem(*key[:6], addresses, key[8], bool(self.info.b_kmajor))
@@ -398,9 +466,11 @@ class _Packed(PackedParams):
         self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
         self.a_descriptors = owner.a_descriptors(problem)
 
-    def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
+    def launch(self, a: int, b: int, d: int, bias: int, stream: int, workspace: tuple[int, int] = (0, 0)) -> None:
         if (a, b, d, bias) != self.addresses:
             self._patch(a, b, d, bias)
+        if workspace[0]:  # a split GEMM's slices (new every call) and counters
+            struct.pack_into("<QQ", self.params, WORKSPACE_FIELD, *workspace)
         owner = self.owner
         owner._driver.launch(owner.function, self.grid, owner.info.threads, owner.info.smem, stream,
                              self.kernel_params_address)
@@ -428,15 +498,46 @@ def host(kernel: CudaFunction) -> LightGemm:
     return found
 
 
+@functools.lru_cache(maxsize=4096)
+def _workspace(m: int, n: int, k: int, tile_m: int, tile_n: int, pingpong: bool, cluster: int, sm_count: int
+               ) -> tuple[int, int]:
+    return workspace_bytes(m, n, tile_m, tile_n, *split_tail(m, n, k, tile_m, tile_n, pingpong, cluster, sm_count))
+
+
 def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
         m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int,
         b_rows: int = 0) -> "_Packed":
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
     (row- or column-major each), with leading dimensions lda and ldb; b_rows (Problem.b_rows) where b is stored
-    shorter than the problem.  Returns the packed problem it launched."""
-    return (kernel.__dict__.get("light_host") or host(kernel)).run(
-        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
-        activation, sm_count, stream, b_rows)
+    shorter than the problem.  Returns the packed problem it launched.  A split tail's slices come from torch's
+    caching allocator and go back to it once the launch is queued (stream-ordered reuse); its counters are
+    split_counters'."""
+    light = kernel.__dict__.get("light_host") or host(kernel)
+    nbytes, count = light.workspace(m, n, k, sm_count)
+    workspace = (0, 0)
+    if nbytes:
+        slices = torch.empty(nbytes, dtype=torch.uint8, device=out.device)
+        workspace = (slices.data_ptr(), split_counters(out.device, stream, count).data_ptr())
+    return light.run(a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k,
+                     lda, ldb, n, activation, sm_count, stream, b_rows, workspace)
+
+
+# A split launch's counters, per device and stream: zero at launch, and the kernel leaves them zero (the last split of
+# a tile resets its own), so one buffer serves every launch queued on its stream in turn.
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_COUNTERS_LOCK = threading.Lock()
+COUNTERS_MIN = 1024  # ints: a split tail is at most half the SMs' tiles, times three consumer warpgroups
+
+
+def split_counters(device: torch.device, stream: int, count: int) -> torch.Tensor:
+    """At least `count` zeroed int32 counters for a split launch on `stream` (the current one), kept for the process
+    (the C++ host path keeps its own the same way): a CUDA graph that captured a launch keeps reading its stream's."""
+    key = (device.index, stream)
+    with _COUNTERS_LOCK:
+        found = _COUNTERS.get(key)
+        if found is None or found.numel() < count:
+            found = _COUNTERS[key] = torch.zeros(max(count, COUNTERS_MIN), dtype=torch.int32, device=device)
+        return found
 
 
 __all__ = ["LIGHT_GEMM", "LightGemm", "LightInfo", "LightKernel", "expected_info", "operand_tma", "output_tma",

@@ -101,8 +101,11 @@ def test_kernel_compiles_for_sm90a_with_wgmma_and_no_spills(dtype, out_dtype, ti
     assert registers <= min(255, 65536 // info.threads)
     assert info == L.expected_info(tile_n, a_kmajor, b_kmajor, out_dtype.itemsize, pingpong, tile_m=tile_m)
     assert info.threads == 128 * (tile_m // 64 + 1) and info.tile_m == tile_m
-    # the epilogue: one TMA store a 128-byte column chunk of a warpgroup's rows, through swizzled shared memory
-    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx and "st.global" not in ptx
+    # the epilogue: one TMA store a 128-byte column chunk of a warpgroup's rows, through swizzled shared memory;
+    # the only other global stores are a split tail's fp32 slices, its counters counted and reset by atomics
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx
+    assert set(re.findall(r"\tst\.global\.(\S+)", ptx)) == (set() if pingpong else {"f32"})
+    assert ("atom.global.add" in ptx) == ("atom.global.exch" in ptx) == (not pingpong)
     assert elf_symbol(cubin, "jitops_sm90_light_gemm")  # the entry, unmangled: extern "C"
     assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
@@ -198,8 +201,8 @@ def test_expected_info_fills_shared_memory_with_whole_stages(tile_n, out_bytes):
     info = L.expected_info(tile_n, out_bytes=out_bytes)
     stage = (128 + tile_n) * 64 * 2
     epilogue = 2 * 2 * 64 * 128  # two staging buffers of 64 rows x 128 bytes a consumer warpgroup
-    assert info.smem == 1024 + info.stages * stage + epilogue + 16 * info.stages + 16 <= L.MAX_SMEM
-    assert info.stages == L.MAX_STAGES or 1024 + (info.stages + 1) * (stage + 16) + epilogue + 16 > L.MAX_SMEM
+    assert info.smem == 1024 + info.stages * stage + epilogue + 16 * info.stages + 32 <= L.MAX_SMEM
+    assert info.stages == L.MAX_STAGES or 1024 + (info.stages + 1) * (stage + 16) + epilogue + 32 > L.MAX_SMEM
     assert info.stages >= 4 and info.threads == 384 and (info.tile_m, info.tile_n, info.tile_k) == (128, tile_n, 64)
     assert info.store_cols * out_bytes == 128 and (info.tma_b, info.tma_d) == (128, 256)
 
@@ -232,11 +235,13 @@ class Recorder:
         self.calls.append((offset, args, address))
 
 
-@pytest.mark.parametrize("m,n,k,tile_n,sms,grid,group,a_kmajor,b_kmajor", [
-    (257, 4096, 1032, 128, 132, 96, 3, True, True), (4096, 4096, 4096, 256, 132, 132, 8, True, True),
-    (1, 4096, 4096, 128, 132, 32, 1, True, False), (1000, 1000, 1000, 128, 114, 64, 8, False, True),
-    (128, 128, 128, 128, 132, 1, 1, False, False)])
-def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor):
+@pytest.mark.parametrize("m,n,k,tile_n,sms,grid,group,a_kmajor,b_kmajor,split", [
+    (257, 4096, 1032, 128, 132, 96, 3, True, True, (96, 1)), (4096, 4096, 4096, 256, 132, 132, 8, True, True, (512, 1)),
+    (1, 4096, 4096, 128, 132, 128, 1, True, False, (0, 4)),  # 32 tiles: each split 4 ways, 16 k-blocks a split
+    (1000, 1000, 1000, 128, 114, 64, 8, False, True, (64, 1)), (128, 128, 128, 128, 132, 1, 1, False, False, (1, 1)),
+    (6304, 768, 768, 128, 132, 132, 8, True, True, (300, 1)),  # ViT-B/16's proj: 12 k-blocks, too few to split
+    (6304, 768, 3072, 128, 132, 132, 8, True, True, (300, 1))])  # its fc2: more tiles than SMs, whole
+def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor, split):
     info = L.expected_info(tile_n, a_kmajor, b_kmajor)
     recorder = Recorder()
     lda, ldb = (k if a_kmajor else m) + 8, k if b_kmajor else n
@@ -244,6 +249,7 @@ def test_params_and_grid(m, n, k, tile_n, sms, grid, group, a_kmajor, b_kmajor):
     params, got_grid = L.pack_params(info, problem, (0xA000, 0xB000, 0xD000, 0xE000), recorder)
     assert len(params) == 448 and got_grid == (grid, 1, 1)
     assert struct.unpack_from("<Qiiiii", params, 384) == (0xE000, m, n, k, 2, group)
+    assert struct.unpack_from("<ii4xQ", params, 412) == (*split, 0)  # the workspace: patched each call
     assert recorder.calls == [(0, L.operand_tma(a_kmajor, m, k, lda, 128), 0xA000),
                               (128, L.operand_tma(b_kmajor, n, k, ldb, tile_n), 0xB000),
                               (256, L.output_tma(m, n, n, 64), 0xD000)]
@@ -268,6 +274,72 @@ def test_a_short_b_is_described_with_its_stored_rows(b_kmajor):
     assert struct.unpack_from("<Qiiiii", params, 384)[1:4] == (m, n, k)
     with pytest.raises(ValueError, match="B stores"):
         L.check_problem(m, n, k, k, ldb, n, (0, 0, 0, 0), (n if b_kmajor else k) + 1, b_kmajor)
+
+
+def _start_unit(tile: int, tiles: int, k_blocks: int, split_from: int, splits: int) -> tuple[int, int, int, int, int]:
+    """kernels/gemm/sm90_light_gemm.cu's start_unit for the plain GEMM, transcribed: (output tile, first k-block,
+    k-blocks, split or -1, slot)."""
+    if tile < split_from:
+        return tile, 0, k_blocks, -1, 0
+    v = tile - split_from
+    slot, split = divmod(v, splits)
+    k_begin = split * k_blocks // splits
+    return split_from + slot, k_begin, (split + 1) * k_blocks // splits - k_begin, split, slot
+
+
+@pytest.mark.parametrize("m,n,k,tile_m,tile_n,sms", [
+    (6304, 768, 768, 128, 128, 132), (6304, 768, 3072, 128, 128, 132), (1, 4096, 4096, 64, 128, 132),
+    (16, 14336, 4096, 64, 256, 132), (256, 4096, 14336, 64, 128, 132), (1000, 1000, 1008, 128, 256, 132),
+    (4096, 4096, 4096, 128, 256, 132), (8192, 128, 65536, 128, 128, 114), (300, 72, 136, 128, 128, 132),
+    (768, 768, 6304, 128, 64, 132), (32, 8192, 8192, 64, 128, 132), (3000, 200, 8192, 128, 128, 132),
+    (768, 768, 6304, 128, 128, 132), (256, 256, 65536, 128, 128, 132), (128, 4096, 14336, 64, 128, 132)])
+def test_split_units_cover_every_k_block_of_every_tile_once(m, n, k, tile_m, tile_n, sms):
+    """The split tail's walk, as the CTAs take it (unit = blockIdx + i * grid): every k-block of every tile in
+    exactly one unit, each split at least SPLIT_MIN_BLOCKS k-blocks, the slices and counters inside the workspace
+    the host allocates, and the split tiles in the last wave only."""
+    tiles, k_blocks = -(-m // tile_m) * -(-n // tile_n), -(-k // 64)
+    split_from, splits = L.split_tail(m, n, k, tile_m, tile_n, False, 1, sms)
+    assert L.split_tail(m, n, k, tile_m, tile_n, True, 1, sms) == (tiles, 1)  # pingpong builds never split
+    assert L.split_tail(m, n, k, tile_m, tile_n, False, 2, sms) == (tiles, 1)  # nor cluster builds
+    units = split_from + (tiles - split_from) * splits
+    grid = L.grid(L.Problem(m, n, k, k, k, n, 0, sms), tile_n, tile_m=tile_m, tail=(split_from, splits))[0]
+    covered: dict[int, list[int]] = {}
+    slices = set()
+    for cta in range(grid):
+        for unit in range(cta, units, grid):
+            tile, k_begin, count, split, slot = _start_unit(unit, tiles, k_blocks, split_from, splits)
+            covered.setdefault(tile, []).extend(range(k_begin, k_begin + count))
+            if split >= 0:
+                assert count >= L.SPLIT_MIN_BLOCKS and unit >= split_from
+                slices.add((slot, split))
+    assert sorted(covered) == list(range(tiles))
+    assert all(sorted(blocks) == list(range(k_blocks)) for blocks in covered.values())
+    nbytes, counters = L.workspace_bytes(m, n, tile_m, tile_n, split_from, splits)
+    tail = tiles - split_from
+    if splits == 1:
+        assert (nbytes, counters) == (0, 0) and not slices
+        return
+    assert tile_n <= L.SPLIT_MAX_TILE_N  # 64 x 256 decode tiles lost to their fix-up
+    assert split_from == 0 and tail * splits <= sms and splits <= L.SPLIT_MAX  # every tile, one round of units
+    assert slices == {(slot, split) for slot in range(tail) for split in range(splits)}
+    consumers = tile_m // 64
+    slice_floats = 64 * tile_n  # a warpgroup's: its 64 rows of the tile
+    assert nbytes == tail * splits * consumers * slice_floats * 4
+    assert counters == tail * consumers <= L.COUNTERS_MIN  # one a split tile and warpgroup, in one buffer a stream
+
+
+@pytest.mark.parametrize("m,n,k,tile_m,tile_n,expected", [
+    (768, 768, 6304, 128, 128, (0, 3)),     # 36 tiles, 99 k-blocks: three ways, 108 units in one round
+    (768, 768, 6304, 128, 64, (72, 1)),     # 72 tiles: two ways would take two rounds (they lost on the H200)
+    (1, 4096, 4096, 64, 128, (0, 4)),       # decode: 32 tiles, four splits of 16 k-blocks in one round
+    (128, 4096, 14336, 64, 128, (0, 2)),    # 64 tiles: two ways fill the SMs
+    (256, 256, 65536, 128, 128, (0, 4)),    # 4 tiles: at most SPLIT_MAX ways (16 ways lost to the fix-up)
+    (1, 14336, 4096, 64, 256, (56, 1)),     # 64 x 256 tiles never split (they lost on the H200)
+    (1024, 1024, 4096, 128, 64, (128, 1)),  # 128 tiles: a wave nearly full, nothing to gain
+    (6304, 768, 768, 128, 128, (300, 1)),   # more tiles than SMs
+    (512, 512, 1024, 128, 128, (16, 1))])   # 16 k-blocks: under two splits' minimum
+def test_the_split_count_follows_the_round_model(m, n, k, tile_m, tile_n, expected):
+    assert L.split_tail(m, n, k, tile_m, tile_n, False, 1, 132) == expected
 
 
 def test_problems_the_kernel_cannot_take_are_rejected():
@@ -301,16 +373,17 @@ class FakeFunction:
 
 @pytest.mark.parametrize("address_field", [16, None], ids=["patched in place", "through the driver"])
 def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
-    info = L.expected_info(256)
+    info = L.expected_info(128)
     driver = FakeDriver(address_field)
     host = L.LightGemm(FakeFunction(), info, driver)
-    shape = (1000, 1000, 1008, 1008, 1008, 1000, 1, 132)
+    shape = (1000, 1000, 4096, 4096, 4096, 1000, 1, 132)
     host.run(0x10000, 0x20000, 0x30000, 0x40000, *shape, stream=7)
     host.run(0x50000, 0x60000, 0x70000, 0, *shape, stream=9)
     assert len(driver.encode_into.calls) == 3 and driver.shared == [info.smem]
     assert driver.contexts == [0]  # a context before the first encode (autograd's threads start without one)
     one, two = driver.launches
-    assert one["block"] == 384 and one["smem"] == info.smem and one["grid"] == two["grid"] == (32, 1, 1)
+    # 64 tiles of 128 x 128 for 132 SMs, 64 k-blocks: each split 2 ways (split_tail)
+    assert one["block"] == 384 and one["smem"] == info.smem and one["grid"] == two["grid"] == (128, 1, 1)
     assert (one["stream"], two["stream"]) == (7, 9)
     assert struct.unpack_from("<Q", two["params"], 384)[0] == 0
     changed = {i for i in range(448) if one["params"][i] != two["params"][i]}
@@ -377,6 +450,30 @@ def test_light_kernel_matches_fp32_matmul(m, k, n, dtype):
     assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
     rtol, atol = TOLERANCES[dtype]
     torch.testing.assert_close(out.float(), _reference(a, w.t(), None, None), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,activation", [(16, 4096, 4096, None), (1, 14336, 4096, None), (128, 14336, 4096, None),
+                                               (16, 4096, 4096, "gelu")],
+                         ids=lambda v: str(v))
+def test_a_split_tail_matches_fp32_and_repeats_its_bits(m, k, n, activation):
+    """Shapes whose tiles the host splits (split_tail: decode GEMVs on 64-row tiles four ways, a 128-row skinny GEMM
+    two ways, a fused epilogue): the result within tolerance, and
+    the same bits on every call (the slices are summed in split order, whichever split finishes last; a call that
+    found its counters not reset would leave tiles unwritten)."""
+    _needs_sm90()
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randn(m, k, generator=g).to("cuda", BF16)
+    w = torch.randn(n, k, generator=g).to("cuda", BF16)
+    bias = torch.randn(n, generator=g).to("cuda", BF16) if activation else None
+    cls = G.shape_class(a, w.t(), bias, activation, None)
+    tile_m, tile_n, pingpong = L.tile_m_for(cls.bucket), L.tile_n_for(cls.bucket), L.pingpong_for(cls.bucket)
+    count = torch.cuda.get_device_properties(0).multi_processor_count
+    assert L.split_tail(m, n, k, tile_m, tile_n, pingpong, 1, count)[1] > 1, "not a split shape on this GPU"
+    first = _run_light(a, w.t(), bias, activation)
+    for _ in range(3):
+        assert torch.equal(_run_light(a, w.t(), bias, activation), first)
+    torch.testing.assert_close(first.float(), _reference(a, w.t(), bias, activation), rtol=1.6e-2, atol=1.6e-2)
 
 
 @pytest.mark.gpu

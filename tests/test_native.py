@@ -38,14 +38,20 @@ def test_not_tensors_get_the_python_path_error(module):
 def test_an_offer_with_params_of_the_wrong_size_is_refused(module):
     with pytest.raises(RuntimeError, match="Params of 10 bytes, expected 448"):
         module.offer(0, True, False, True, True, 64, 64, 64, 64, 64, 64, 0, 0, False, jitops.config.generation,
-                     0, (1, 1, 1), 384, 1024, (0, 128, 256), 384, b"0" * 10)
+                     0, (1, 1, 1), 384, 1024, (0, 128, 256), 384, b"0" * 10, 0, 0)
+
+
+def test_an_offer_with_a_bad_workspace_is_refused(module):
+    with pytest.raises(RuntimeError, match="bad workspace"):  # slices without counters
+        module.offer(0, True, False, True, True, 64, 64, 64, 64, 64, 64, 0, 0, False, jitops.config.generation,
+                     0, (1, 1, 1), 384, 1024, (0, 128, 256), 384, bytes(448), 64, 0)
 
 
 def test_a_problem_offered_under_another_generation_is_not_used(module):
     # Offered under generation g, asked under g + 1: a miss before any check of the tensors.
     generation = jitops.config.generation
     module.offer(0, True, False, True, True, 64, 64, 64, 64, 64, 64, 0, 0, False, generation, 0, (1, 1, 1), 384,
-                 1024, (0, 128, 256), 384, bytes(448))
+                 1024, (0, 128, 256), 384, bytes(448), 0, 0)
     assert native.counters()["native_problems"] >= 1
     before = native.counters()["native_misses"]
     assert module.linear(torch.randn(64, 64), torch.randn(64, 64), None, 0, generation + 1) is None

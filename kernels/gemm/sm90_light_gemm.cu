@@ -42,6 +42,16 @@
 // producer, done, waits for its last releases (the other CTA's consumers arrive on its barriers until then).
 // Where N has an odd number of tiles, the last pair's second tile lies past N: it loads zeros for B and stores
 // nothing, but still loads and multicasts its half of A.
+//
+// Split tail (the plain cooperative GEMM: LIGHT_SPLITS below).  Where the last wave of tiles would leave most SMs
+// idle, the host (jitops/light_gemm.py's split_tail) makes the tiles from `split_from` on `splits` work units each,
+// of consecutive k-blocks; every such unit stores its fp32 accumulators to `workspace` (a slice a warpgroup,
+// thread-major, so the stores coalesce) and counts itself in a per-(tile, warpgroup) counter; the last to arrive
+// sums the tile's slices in split order (the same bits whichever arrives last), then runs the epilogue.  No unit
+// waits for another, so nothing depends on which CTAs are resident.  The counters (`counters`, apart from the slices)
+// must be zero at launch, and the last arrival resets its tile's: the host keeps them from call to call, zeroed once
+// (a launch that cleared them each call spent a memset launch and ~47 us of Python host on it).
+//
 // Convolutions (LIGHT_CONV 1, 2; jitops/light_conv.py).  A is an im2col view of an NHWC tensor (x for fprop, dy
 // for dgrad), loaded by TMA's im2col mode: a tile's 128 rows are 128 consecutive output pixels (n, p, q), each
 // read at one filter tap, 64 channels a k-block; GEMM-K runs over (tap, channel block).  B is the KRSC filter
@@ -107,6 +117,11 @@
 #else
 #define LIGHT_CLUSTER_DIMS
 #endif
+#if LIGHT_CONV == 0 && LIGHT_GROUPED == 0 && LIGHT_PINGPONG == 0 && LIGHT_CLUSTER == 1
+#define LIGHT_SPLITS 1
+#else
+#define LIGHT_SPLITS 0
+#endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "sm90_light_gemm.cu needs sm_90a (wgmma, setmaxnreg)"
@@ -156,8 +171,9 @@ constexpr int kStoreBuffers = (kMaxSmem - 2048 - kConsumers * 2 * kStoreBytes) /
 constexpr u32 kEpilogueBytes = kConsumers * kStoreBuffers * kStoreBytes;
 constexpr int kStagesFit = (kMaxSmem - 2048 - kEpilogueBytes) / kStageBytes;
 constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
-// Barriers: full and empty a stage, and the pingpong consumers' two turn barriers.
-constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8 + 16;
+// Barriers: full and empty a stage, and the pingpong consumers' two turn barriers; then a word a consumer warpgroup
+// (split tail: whether this warpgroup summed a tile's slices last), padded to 16 bytes.
+constexpr u32 kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + 2 * kStages * 8 + 32;
 // Registers: 65536 over 384 threads; the producer gives back all it can (40), the consumers take 232 each
 // (128 * 40 + 256 * 232 = 64512), room for a 64 x 256 fp32 accumulator (128 a thread).
 // Three consumers (512 threads): 128 * 40 + 384 * 152 = 63488, room for 64 x 192 (96 a thread).
@@ -238,6 +254,12 @@ struct alignas(64) Params {
     void* d_rows;             // ragged M: D's address (stored by rows)
     int groups;
     int ldd;                  // ragged M: D's leading dimension, elements
+#else
+    // Split tail (LIGHT_SPLITS builds read them; the host writes split_from = tiles, splits = 1 for none).
+    int split_from;   // units below it are whole tiles; each tile from it on is `splits` units
+    int splits;
+    void* workspace;  // fp32 slices [tail tile][split][warpgroup][accumulator][thread]
+    int* counters;    // [tail tile][warpgroup]: zero at launch, and zero again when it ends
 #endif
 };
 static_assert(sizeof(TmaDescriptor) == 128 && alignof(TmaDescriptor) == 64 && sizeof(void*) == 8 &&
@@ -560,6 +582,9 @@ struct UnitCursor {};
 struct UnitStart {
     int m_block, n_block;
     int k_blocks;
+    int k_begin;  // the unit's first k-block (a split tile's split; 0 elsewhere)
+    int split;    // its split, -1 for a whole tile
+    int slot;     // a split tile's index among the split tiles
 };
 #endif
 
@@ -576,12 +601,63 @@ __device__ __forceinline__ bool start_unit(const Params& p, UnitCursor& cursor, 
                      at.n_block);
     at.n_block = 2 * at.n_block + static_cast<int>(cluster_ctarank());
     at.k_blocks = k_blocks;
+    at.k_begin = 0;
+    at.split = -1;
+    at.slot = 0;
 #else
-    tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, at.m_block, at.n_block);
     at.k_blocks = k_blocks;
+    at.k_begin = 0;
+    at.split = -1;
+    at.slot = 0;
+#if LIGHT_SPLITS
+    if (tile >= p.split_from) {  // a split of tile split_from + slot: k-blocks [k_begin, k_begin + k_blocks)
+        const int v = tile - p.split_from;
+        at.slot = v / p.splits;
+        at.split = v - at.slot * p.splits;
+        tile = p.split_from + at.slot;
+        at.k_begin = at.split * k_blocks / p.splits;
+        at.k_blocks = (at.split + 1) * k_blocks / p.splits - at.k_begin;
+    }
+#endif
+    tile_coordinates(kConv == 3 ? tile % tiles : tile, tiles_m, tiles_n, p.group_m, at.m_block, at.n_block);
 #endif
     return true;
 }
+
+#if LIGHT_SPLITS
+// A split unit's accumulators (this warpgroup's rows of its tile) to its slice, counted in; true if it was the tile's
+// last: then `acc` holds the sum of every split's slice, in split order, for the epilogue.  `flag`: this warpgroup's
+// shared word, which broadcasts the count's verdict.
+__device__ __forceinline__ bool finish_split(const Params& p, const UnitStart& at, float (&acc)[kAccumulators],
+                                             int warpgroup, u32 flag) {
+    constexpr long long kSlice = kAccumulators * 128;  // floats of a warpgroup's slice
+    const int thread = threadIdx.x % 128;
+    float* slices = static_cast<float*>(p.workspace);
+    const long long first = static_cast<long long>(at.slot) * p.splits * kConsumers + warpgroup;
+    float* mine = slices + (first + static_cast<long long>(at.split) * kConsumers) * kSlice + thread;
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) mine[i * 128] = acc[i];
+    __threadfence();  // the slice before the count (release)
+    named_barrier_sync(1 + warpgroup, 128);
+    int* counter = p.counters + at.slot * kConsumers + warpgroup;
+    if (thread == 0) {
+        const bool last = atomicAdd(counter, 1) == p.splits - 1;
+        if (last) atomicExch(counter, 0);  // every split has counted: the next launch finds it zero
+        st_shared_u32(flag, last ? 1u : 0u);
+    }
+    named_barrier_sync(1 + warpgroup, 128);
+    if (ld_shared_u32(flag) == 0) return false;
+    __threadfence();  // every split counted: their slices are visible (acquire)
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+    for (int j = 0; j < p.splits; ++j) {  // this one's own slice too: the order is the splits', not the arrivals'
+        const float* slice = slices + (first + static_cast<long long>(j) * kConsumers) * kSlice + thread;
+#pragma unroll
+        for (int i = 0; i < kAccumulators; ++i) acc[i] += __ldcg(slice + i * 128);
+    }
+    return true;
+}
+#endif
 
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[kN / 2], u64 desc_a, u64 desc_b, u32 scale_d) {
@@ -683,6 +759,8 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
     const int units = tiles * p.splits;  // a unit: one tile of one split (unit / tiles)
 #elif LIGHT_GROUPED || LIGHT_D_ROWS
     const int units = 0x7FFFFFFF;  // until next_unit (next_phase_unit) finds no group (phase) left
+#elif LIGHT_SPLITS
+    const int units = p.split_from + (tiles - p.split_from) * p.splits;
 #else
     const int units = tiles;
 #endif
@@ -841,14 +919,15 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
                 load_tile<kAKMajor, kTileM>(&entry->a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
                 load_tile<kBKMajor, kTileN>(&entry->b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
 #else
+                const int k0 = (at.k_begin + kb) * kTileK;  // a split's k-blocks start at k_begin (else 0)
                 if constexpr (kCluster == 2) {  // this CTA's 64 rows of A (one 64 x 64 box either way), to both
                     const int row0 = m_block * kTileM + 64 * a_half;
                     tma_load_2d_multicast(&p.a, smem_a + stage * kBytesA + a_half * 8192, bar,
-                                          kAKMajor ? kb * kTileK : row0, kAKMajor ? row0 : kb * kTileK, 0x3);
+                                          kAKMajor ? k0 : row0, kAKMajor ? row0 : k0, 0x3);
                 } else {
-                    load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, kb * kTileK, m_block * kTileM);
+                    load_tile<kAKMajor, kTileM>(&p.a, smem_a + stage * kBytesA, bar, k0, m_block * kTileM);
                 }
-                load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, kb * kTileK, n_block * kTileN);
+                load_tile<kBKMajor, kTileN>(&p.b, smem_b + stage * kBytesB, bar, k0, n_block * kTileN);
 #endif
                 if (++stage == kStages) {
                     stage = 0;
@@ -890,8 +969,8 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
 #if LIGHT_GROUPED == 3
     int acquired = -1;
 #endif
-#if LIGHT_GROUPED || LIGHT_D_ROWS
-    unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's (a phase's) count varies
+#if LIGHT_GROUPED || LIGHT_D_ROWS || LIGHT_SPLITS
+    unsigned long long ring = 0;  // k-blocks consumed so far: a grouped unit's (a phase's, a split's) count varies
 #endif
     for (int local = first, tile = cta + first * ctas; tile < units; local += stride, tile += stride * ctas) {
         if constexpr (kPingpong) {
@@ -922,7 +1001,12 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
         ring += tile_k_blocks;
         const int d_row0 = m_block * kTileM, d_rows = g.m, d_cols = p.n;
 #else
+#if LIGHT_SPLITS
+        const unsigned long long position = ring;
+        ring += tile_k_blocks;
+#else
         const unsigned long long position = static_cast<unsigned long long>(local) * k_blocks;
+#endif
         const int d_row0 = m_block * kTileM, d_rows = p.m, d_cols = p.n;
 #endif
         int stage = static_cast<int>(position % kStages);
@@ -975,6 +1059,11 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
         wgmma_wait<0>();
         fence_accumulators(acc);
         if (previous >= 0 && lane == 0) release_stage(empty + 8 * previous);
+#if LIGHT_SPLITS
+        if (at.split >= 0 && !finish_split(p, at, acc, warpgroup, turn + 16 + 4 * warpgroup)) {
+            continue;  // another split of the tile sums it
+        }
+#endif
 
         // Epilogue: 64 x kStoreCols chunks of this warpgroup's rows through shared memory, one TMA store each.
         // A buffer is refilled only once the store issued from it two chunks ago has read it; the buffers are used

@@ -184,6 +184,12 @@ __device__ __forceinline__ void st_shared_u32(u32 address, u32 value) {
     asm volatile("st.shared.u32 [%0], %1;" :: "r"(address), "r"(value) : "memory");
 }
 
+__device__ __forceinline__ u32 ld_shared_u32(u32 address) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void st_shared_zero_v4(u32 address) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(address), "r"(0u) : "memory");
 }

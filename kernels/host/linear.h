@@ -10,10 +10,14 @@
 
 #include "common.h"
 
+#include <algorithm>
+#include <map>
+
 namespace jitops_host {
 
 // ---- packed problems -------------------------------------------------------------------------------------
 constexpr size_t kParamsSize = 448;  // light_gemm.PARAMS_SIZE
+constexpr size_t kWorkspaceField = 424;  // light_gemm.WORKSPACE_FIELD: a split tail's slices, then its counters
 constexpr int64_t kGelu = 2, kGeluTanh = 3;  // gemm_plan.ACTIVATIONS
 
 struct Key {
@@ -30,6 +34,8 @@ struct Plan {
   unsigned smem;
   uint32_t address_at[3];  // the global-address field of A's, B's and D's descriptors in Params
   uint32_t bias_at;
+  int64_t slices_bytes;  // a split tail's (light_gemm.workspace_bytes; 0: none) and its counters
+  int64_t counter_count;
   alignas(64) uint8_t params[kParamsSize];
 };
 
@@ -52,14 +58,37 @@ const Plan* find(const Key& key) {
   return find_offered(table, key);
 }
 
+// A split launch's counters on the device's current stream (light_gemm.split_counters): zero at launch, and the
+// kernel leaves them zero (the last split of a tile resets its own), so one buffer serves every launch queued on the
+// stream in turn.  Kept for the process: a CUDA graph that captured a launch keeps reading its stream's buffer.
+at::Tensor split_counters(int device, int64_t count) {
+  static std::mutex guard;
+  static auto* buffers = new std::map<std::pair<int, uintptr_t>, at::Tensor>();  // never destroyed: no exit order
+  const std::pair<int, uintptr_t> key{device, reinterpret_cast<uintptr_t>(current_stream(device))};
+  std::lock_guard<std::mutex> hold(guard);
+  at::Tensor& found = (*buffers)[key];
+  if (!found.defined() || found.numel() < count) {
+    found = at::zeros({std::max<int64_t>(count, 1024)}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+  }
+  return found;
+}
+
 // One launch of a packed problem on other operands: Params copied to the stack and the four addresses patched
-// (the launch copies Params, so concurrent callers of one plan share nothing).
+// (the launch copies Params, so concurrent callers of one plan share nothing).  A split tail's slices come from
+// torch's caching allocator and go back to it once the launch is queued (stream-ordered reuse), as in the Python path
+// (light_gemm.run).
 void launch(const Plan& plan, int device, const void* a, const void* b, void* d, const void* bias) {
   alignas(64) uint8_t params[kParamsSize];
   std::memcpy(params, plan.params, kParamsSize);
   const void* addresses[3] = {a, b, d};
   for (int i = 0; i < 3; ++i) std::memcpy(params + plan.address_at[i], &addresses[i], 8);
   std::memcpy(params + plan.bias_at, &bias, 8);
+  at::Tensor slices;
+  if (plan.slices_bytes) {
+    slices = at::empty({plan.slices_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+    const void* addresses[2] = {slices.data_ptr(), split_counters(device, plan.counter_count).data_ptr()};
+    std::memcpy(params + kWorkspaceField, addresses, 16);
+  }
   void* args[1] = {params};
   const unsigned block[3] = {plan.block, 1, 1};
   launch_kernel(plan.function, plan.grid, block, plan.smem, device, args);
@@ -316,7 +345,8 @@ void clear_linear_tables() {
 void offer(int64_t device, bool bf16, bool out_fp32, bool a_kmajor, bool b_kmajor, int64_t m, int64_t n, int64_t k,
            int64_t lda, int64_t ldb, int64_t ldd, int64_t b_rows, int64_t activation, bool bias, int64_t generation,
            int64_t function, std::array<int64_t, 3> grid, int64_t block, int64_t smem,
-           std::array<int64_t, 3> address_at, int64_t bias_at, const std::string& params) {
+           std::array<int64_t, 3> address_at, int64_t bias_at, const std::string& params, int64_t slices_bytes,
+           int64_t counter_count) {
   TORCH_CHECK(params.size() == kParamsSize, "jitops native offer: Params of ", params.size(), " bytes, expected ",
               kParamsSize);
   auto plan = std::make_unique<Plan>();
@@ -328,6 +358,10 @@ void offer(int64_t device, bool bf16, bool out_fp32, bool a_kmajor, bool b_kmajo
   plan->block = static_cast<unsigned>(block);
   plan->smem = static_cast<unsigned>(smem);
   plan->bias_at = static_cast<uint32_t>(bias_at);
+  TORCH_CHECK(slices_bytes >= 0 && counter_count >= 0 && (slices_bytes == 0) == (counter_count == 0),
+              "jitops native offer: bad workspace");
+  plan->slices_bytes = slices_bytes;
+  plan->counter_count = counter_count;
   std::memcpy(plan->params, params.data(), kParamsSize);
   const Key key = make_key(static_cast<int>(device), bf16 ? at::kBFloat16 : at::kHalf, out_fp32, a_kmajor, b_kmajor,
                            m, n, k, lda, ldb, ldd, static_cast<int>(activation), bias, b_rows);
