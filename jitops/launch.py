@@ -57,6 +57,10 @@ class _Driver:
 
     _instance: "_Driver | None" = None
     _guard = threading.Lock()
+    # Held while something wraps `launch` to watch it (jitops.native's launch count for a recorded run); the tier-up
+    # below takes it to swap the launcher, so it never swaps one out from under a watcher.  Swapped mid-run, the
+    # watcher missed launches and dropped the run's recording, and the problem stayed on the Python path.
+    launcher_lock = threading.RLock()
 
     def __init__(self) -> None:
         try:
@@ -113,7 +117,12 @@ class _Driver:
             driver.ctxGetCurrent()  # its first call loads libcuda (and imports CuPy): do it here, not on a launch
         except Exception:  # noqa: BLE001 - without CuPy, ctypes keeps launching
             return
-        self.launch = driver.launchKernel  # one attribute store: launchers read it on every call
+        self.swap_launcher(driver.launchKernel)
+
+    def swap_launcher(self, launch: Any) -> None:
+        """Launch through `launch` from now on, once no one watches the launcher (launcher_lock)."""
+        with self.launcher_lock:
+            self.launch = launch  # one attribute store: launchers read it on every call
 
     @classmethod
     def get(cls) -> "_Driver":

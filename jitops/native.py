@@ -254,10 +254,11 @@ class _LaunchCount:
     """Counts every launch through jitops.launch's driver while a recorded run runs (CudaFunction's and the light
     GEMM's launches; not cuLaunchKernelEx's, not a host library's own): a launch that did not go through the
     Recording's wrappers (a kernel reached some other way) would be missing from the replay, so such a
-    recording is not offered.  Recordings take turns (one lock, re-entrant for a recorded run inside another),
-    and a launch by another thread meanwhile is counted too, which only costs that problem its offer."""
+    recording is not offered.  Recordings take turns (the driver's launcher lock, re-entrant for a recorded run
+    inside another, which also keeps the CuPy tier-up from swapping the launcher mid-count), and a launch by another
+    thread meanwhile is counted too, which only costs that problem its offer."""
 
-    _turn = threading.RLock()
+    _turn = _Driver.launcher_lock
 
     def __init__(self) -> None:
         self.count: int | None = None  # None: no driver in this process (nothing can have launched)
@@ -288,7 +289,7 @@ class _LaunchCount:
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            # CuPy's launcher may have replaced ours meanwhile (launch.py's tier-up): keep it.
+            # The tier-up waits for the lock to swap the launcher (launch.py), so ours is still the one there.
             if self._driver is not None and self._driver.launch is self._counting:
                 self._driver.launch = self._original
         finally:

@@ -539,3 +539,32 @@ def test_a_failed_launch_retried_counts_once(monkeypatch):
     recording = native.Recording(SimpleNamespace(main=main))
     recording.record(lambda k, x: k.main.launch(1, 32, x, 8), torch.zeros(8))
     assert len(tries) == 2 and recording.driver_launches == 1 and recording.complete()
+
+
+def test_the_cupy_tier_up_waits_for_a_recorded_runs_launch_count(monkeypatch):
+    """The launcher swap (launch.py's tier-up to CuPy's binding, from its import thread) must not land inside a
+    recorded run: the count would miss the run's later launches, the recording would be dropped, and its problem
+    would stay on the Python path for good (its key already offered).  A conv's second call ran in Python so, once,
+    under pytest -n 8 on the H200."""
+    import threading
+
+    from jitops import launch
+
+    driver = launch._Driver.__new__(launch._Driver)  # no libcuda: a launcher of our own
+    launched: list = []
+    driver.launch = lambda *args: launched.append(("ctypes", args))
+    monkeypatch.setattr(launch._Driver, "_instance", driver)
+    count = native._LaunchCount()
+    with count:
+        driver.launch(1)
+        swapper = threading.Thread(target=driver.swap_launcher,
+                                   args=(lambda *args: launched.append(("cupy", args)),))
+        swapper.start()
+        swapper.join(timeout=0.2)
+        assert swapper.is_alive()  # the swap waits for the count to end
+        driver.launch(2)
+    swapper.join(timeout=5)
+    assert not swapper.is_alive()
+    assert count.count == 2 and launched == [("ctypes", (1,)), ("ctypes", (2,))]
+    driver.launch(3)
+    assert launched[-1] == ("cupy", (3,))
