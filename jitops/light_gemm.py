@@ -20,7 +20,6 @@ the cubin without a GPU; tests/test_light_gemm.py checks them against `expected_
 from __future__ import annotations
 
 import ctypes
-import functools
 import struct
 import threading
 from typing import Any, NamedTuple
@@ -117,8 +116,8 @@ def expected_info(tile_n: int, a_kmajor: bool = True, b_kmajor: bool = True, out
 #     zeros and there are too few tiles for the SMs.  H200, bf16, kernel time against torch.mm (x: higher is
 #     faster), 128 x 128 tiles before:
 #       decode (N = 14336, K = 4096; 1-64 rows): 64 x 256 x0.90-0.98, 64 x 128 x0.84-1.02, 128 x 128 x0.38-0.73;
-#       decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52 (cuBLAS
-#         splits K there; this kernel does not);
+#       decode_narrow (N = 4096 and 8192): 64 x 128 x0.55-0.85, 64 x 64 x0.56-0.77, 128 x 128 x0.41-0.52, before
+#         split-K (split_tail, below);
 #       skinny (128-256 rows, N and K 4096-14336): 64 x 128 x0.91-1.04, 128 x 64 x0.88-1.08, 128 x 128 x0.64-0.98.
 #   The wave buckets' 192-row (three consumer warpgroups) and 192-column tiles (gemm_plan.WAVE_TILES).
 TILES = {"large": (128, 256), "large_short_k": (128, 128), "medium": (128, 128), "small": (128, 64),
@@ -387,10 +386,9 @@ class LightKernel:
         self._attribute_set = False
         self.clusters = 0  # a cluster kernel's clusters that run at once (_prepare; grid)
 
-    def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int,
-                workspace: tuple[int, int] = (0, 0)) -> "_Packed":
-        """Launch problem `key` with these (A, B, D, bias) addresses (and a split GEMM's slices and counters): its
-        Params packed the first time (after `_check`), patched with new addresses after."""
+    def _launch(self, key: tuple, addresses: tuple[int, int, int, int], stream: int) -> "_Packed":
+        """Launch problem `key` with these (A, B, D, bias) addresses: its Params packed the first time (after
+        `_check`), patched with new addresses after."""
         with self._lock:
             packed = self._problems.get(key)
             if packed is None:
@@ -399,8 +397,9 @@ class LightKernel:
                 if len(self._problems) >= 1024:  # a process sweeping sizes: keep the memory bounded
                     self._problems.clear()
                 params, launch_grid = self._pack(key, addresses)
-                packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses)
-            packed.launch(*addresses, stream, workspace)
+                packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses,
+                                                       self._workspace(key))
+            packed.launch(*addresses, stream)
         return packed
 
     def _prepare(self) -> None:
@@ -419,6 +418,10 @@ class LightKernel:
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
         raise NotImplementedError
 
+    def _workspace(self, key: tuple) -> tuple[int, int]:
+        """(bytes of the slices, counters) each launch of problem `key` needs: a split GEMM's (LightGemm)."""
+        return 0, 0
+
     def descriptor_address_field(self) -> int | None:
         """Where the kernel's descriptors keep their global address (None: patched through the driver)."""
         return self._driver.address_field
@@ -432,15 +435,13 @@ class LightGemm(LightKernel):
     """The light GEMM kernel's host side: `run(...)` is one GEMM."""
 
     def run(self, a: int, b: int, d: int, bias: int, m: int, n: int, k: int, lda: int, ldb: int, ldd: int,
-            activation: int, sm_count: int, stream: int, b_rows: int = 0,
-            workspace: tuple[int, int] = (0, 0)) -> "_Packed":
-        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream,
-                            workspace)
+            activation: int, sm_count: int, stream: int, b_rows: int = 0) -> "_Packed":
+        return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream)
 
-    def workspace(self, m: int, n: int, k: int, sm_count: int) -> tuple[int, int]:
-        """(bytes of the slices, counters) of a call: (0, 0) unless its tail splits (workspace_bytes)."""
-        info = self.info
-        return _workspace(m, n, k, info.tile_m, info.tile_n, bool(info.pingpong), info.cluster, sm_count)
+    def _workspace(self, key: tuple) -> tuple[int, int]:
+        m, n, k, sm_count, info = key[0], key[1], key[2], key[7], self.info
+        split = split_tail(m, n, k, info.tile_m, info.tile_n, bool(info.pingpong), info.cluster, sm_count)
+        return workspace_bytes(m, n, info.tile_m, info.tile_n, *split)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         check_problem(*key[:6], addresses, key[8], bool(self.info.b_kmajor))
@@ -456,8 +457,9 @@ class _Packed(PackedParams):
     bias_field = FIELDS
 
     def __init__(self, owner: LightKernel, problem: tuple, params: bytearray, grid: tuple[int, int, int],
-                 addresses: tuple[int, int, int, int]) -> None:
+                 addresses: tuple[int, int, int, int], workspace: tuple[int, int] = (0, 0)) -> None:
         super().__init__(params, grid)
+        self.workspace = workspace  # (bytes of the slices, counters) of a split GEMM, else (0, 0)
         self.owner = owner
         self.problem = problem
         self.offered = -1
@@ -466,12 +468,14 @@ class _Packed(PackedParams):
         self.descriptors = (TMA_A, owner.info.tma_b, owner.info.tma_d)
         self.a_descriptors = owner.a_descriptors(problem)
 
-    def launch(self, a: int, b: int, d: int, bias: int, stream: int, workspace: tuple[int, int] = (0, 0)) -> None:
+    def launch(self, a: int, b: int, d: int, bias: int, stream: int) -> None:
         if (a, b, d, bias) != self.addresses:
             self._patch(a, b, d, bias)
-        if workspace[0]:  # a split GEMM's slices (new every call) and counters
-            struct.pack_into("<QQ", self.params, WORKSPACE_FIELD, *workspace)
         owner = self.owner
+        nbytes, count = self.workspace
+        if nbytes:  # kept until the launch is queued
+            slices, counters = split_workspace(owner.function.device_index, stream, nbytes, count)
+            struct.pack_into("<QQ", self.params, WORKSPACE_FIELD, slices.data_ptr(), counters.data_ptr())
         owner._driver.launch(owner.function, self.grid, owner.info.threads, owner.info.smem, stream,
                              self.kernel_params_address)
 
@@ -498,28 +502,15 @@ def host(kernel: CudaFunction) -> LightGemm:
     return found
 
 
-@functools.lru_cache(maxsize=4096)
-def _workspace(m: int, n: int, k: int, tile_m: int, tile_n: int, pingpong: bool, cluster: int, sm_count: int
-               ) -> tuple[int, int]:
-    return workspace_bytes(m, n, tile_m, tile_n, *split_tail(m, n, k, tile_m, tile_n, pingpong, cluster, sm_count))
-
-
 def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
         m: int, n: int, k: int, lda: int, ldb: int, activation: int, sm_count: int, stream: int,
         b_rows: int = 0) -> "_Packed":
     """out (M, N, row-major) = act(a . b + bias): a (M, K) and b (K, N) in the layouts of the kernel's class
     (row- or column-major each), with leading dimensions lda and ldb; b_rows (Problem.b_rows) where b is stored
-    shorter than the problem.  Returns the packed problem it launched.  A split tail's slices come from torch's
-    caching allocator and go back to it once the launch is queued (stream-ordered reuse); its counters are
-    split_counters'."""
-    light = kernel.__dict__.get("light_host") or host(kernel)
-    nbytes, count = light.workspace(m, n, k, sm_count)
-    workspace = (0, 0)
-    if nbytes:
-        slices = torch.empty(nbytes, dtype=torch.uint8, device=out.device)
-        workspace = (slices.data_ptr(), split_counters(out.device, stream, count).data_ptr())
-    return light.run(a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k,
-                     lda, ldb, n, activation, sm_count, stream, b_rows, workspace)
+    shorter than the problem.  Returns the packed problem it launched."""
+    return (kernel.__dict__.get("light_host") or host(kernel)).run(
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, lda, ldb, n,
+        activation, sm_count, stream, b_rows)
 
 
 # A split launch's counters, per device and stream: zero at launch, and the kernel leaves them zero (the last split of
@@ -527,6 +518,13 @@ def run(kernel: CudaFunction, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 _COUNTERS_LOCK = threading.Lock()
 COUNTERS_MIN = 1024  # ints: a split tail is at most half the SMs' tiles, times three consumer warpgroups
+
+
+def split_workspace(device_index: int, stream: int, nbytes: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split launch's slices, from torch's caching allocator each call (back to it once the launch is queued:
+    stream-ordered reuse), and its stream's counters (split_counters)."""
+    device = torch.device("cuda", device_index)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device), split_counters(device, stream, count)
 
 
 def split_counters(device: torch.device, stream: int, count: int) -> torch.Tensor:

@@ -133,15 +133,14 @@ def offer_light(cls: Any, packed: Any, device: int) -> None:
     field = packed.address_field
     if field is None:  # descriptors patched through the driver: only the Python path knows how
         return
-    m, n, k, lda, ldb, ldd, activation, sm_count, b_rows = packed.problem
+    m, n, k, lda, ldb, ldd, activation, _, b_rows = packed.problem
     info = packed.owner.info
-    workspace = packed.owner.workspace(m, n, k, sm_count)  # a split tail's slices (each call) and counters
     address_at = (packed.descriptors[0] + field, packed.descriptors[1] + field, packed.descriptors[2] + field)
     for with_bias in ((False, True) if activation else (bool(cls.fused),)):
         module.offer(device, cls.dtype is torch.bfloat16, cls.out_dtype is torch.float32, cls.a_kmajor,
                      cls.b_kmajor, m, n, k, lda, ldb, ldd, b_rows, activation, with_bias, generation,
                      packed.owner.function.handle, packed.grid, info.threads, info.smem, address_at,
-                     packed.bias_field, bytes(packed.params), *workspace)
+                     packed.bias_field, bytes(packed.params), *packed.workspace)
 
 
 def offer_gelu(kernels: Any, function: Any, cls: Any, device: int, backward: bool, per_block: int, block: int) -> None:

@@ -372,7 +372,12 @@ class FakeFunction:
 
 
 @pytest.mark.parametrize("address_field", [16, None], ids=["patched in place", "through the driver"])
-def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
+def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field, monkeypatch):
+    class Buffer:  # the split's slices and counters, at the same addresses each call (no GPU here)
+        def __init__(self, address):
+            self.data_ptr = lambda: address
+
+    monkeypatch.setattr(L, "split_workspace", lambda device, stream, nbytes, count: (Buffer(0x80000), Buffer(0x90000)))
     info = L.expected_info(128)
     driver = FakeDriver(address_field)
     host = L.LightGemm(FakeFunction(), info, driver)
@@ -385,6 +390,7 @@ def test_repeated_problems_reuse_params_and_patch_only_addresses(address_field):
     # 64 tiles of 128 x 128 for 132 SMs, 64 k-blocks: each split 2 ways (split_tail)
     assert one["block"] == 384 and one["smem"] == info.smem and one["grid"] == two["grid"] == (128, 1, 1)
     assert (one["stream"], two["stream"]) == (7, 9)
+    assert struct.unpack_from("<QQ", one["params"], L.WORKSPACE_FIELD) == (0x80000, 0x90000)  # each call's workspace
     assert struct.unpack_from("<Q", two["params"], 384)[0] == 0
     changed = {i for i in range(448) if one["params"][i] != two["params"][i]}
     if address_field is None:

@@ -68,7 +68,8 @@ at::Tensor split_counters(int device, int64_t count) {
   std::lock_guard<std::mutex> hold(guard);
   at::Tensor& found = (*buffers)[key];
   if (!found.defined() || found.numel() < count) {
-    found = at::zeros({std::max<int64_t>(count, 1024)}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+    found = at::zeros({std::max<int64_t>(count, 1024)},  // light_gemm.COUNTERS_MIN
+                      at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
   }
   return found;
 }
@@ -76,7 +77,7 @@ at::Tensor split_counters(int device, int64_t count) {
 // One launch of a packed problem on other operands: Params copied to the stack and the four addresses patched
 // (the launch copies Params, so concurrent callers of one plan share nothing).  A split tail's slices come from
 // torch's caching allocator and go back to it once the launch is queued (stream-ordered reuse), as in the Python path
-// (light_gemm.run).
+// (light_gemm.split_workspace).
 void launch(const Plan& plan, int device, const void* a, const void* b, void* d, const void* bias) {
   alignas(64) uint8_t params[kParamsSize];
   std::memcpy(params, plan.params, kParamsSize);
