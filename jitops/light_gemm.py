@@ -200,13 +200,14 @@ class Problem(NamedTuple):
 # Split-K under one wave: where a GEMM's tiles leave most SMs idle, each tile becomes `splits` units of consecutive
 # k-blocks, all of them in one round, summed in the kernel by the split that finishes last
 # (kernels/gemm/sm90_light_gemm.cu).  A decode GEMM's 1x4096x4096 is 32 tiles of 64 x 128 for 132 SMs: 17.1 us whole,
-# 12.9-14.2 split four ways, cuBLAS's split-K 10.1 (H200, device time).
+# 13.4 split four ways, cuBLAS's split-K 10.1 (H200, device time).
 # One round only: a CTA that takes a second unit lost every time it was tried (H200, each count forced):
 # 768x768x6304 on 72 tiles of 128 x 64, 21.3 us whole against 29.8 / 27.2 / 34.0 / 50.9 split 2 / 3 / 5 / 8 ways;
-# 1x4096x4096 split 8 ways (two rounds) 22.5 against 14.2 for four.  Each further unit of a CTA cost about 10 us
-# however few its k-blocks; ncu showed the four-round kernel mostly idle (DRAM 14% busy against 45% in one round) and
-# not spinning (76 against 49 thousand branches).  Why is not known (docs/architecture.md, "Split-K").
-# At most SPLIT_MAX ways: the last split reads every slice of its tile in turn (16 ways on 1x4096x4096: 51.4 us).
+# 1x4096x4096 split 8 ways (two rounds) 22.5 against 14.2 for four.  The fix-up is the cost, mostly the last split's
+# sum: 1x4096x4096 split 16 ways took 52.4 us, 22.2 without the sum and 12.1 with no fix-up at all, a CTA that sums
+# reaching its next unit late, and likelier to sum again (docs/architecture.md, "Split-K").  Even 768x768x6304 with
+# no fix-up, split 5 ways, took 21.9 us (L2-bound on 128 x 64 tiles), no better than whole.
+# At most SPLIT_MAX ways: the last split reads the slices two at a time (16 ways on 1x4096x4096: 51.4 us).
 # A split streams at least SPLIT_MIN_BLOCKS k-blocks: with 4 (three ways of 12) ViT-B/16's 6304x768x768 tail lost
 # to its fix-up, 21.9 against 18.0 us (a slice stored and all read back).
 # 64 x 256 tiles never split: decode's 1-16x14336x4096 (56 tiles, split two ways) took 37.8 us against 33.0 whole,
