@@ -207,7 +207,8 @@ class Problem(NamedTuple):
 # sum: 1x4096x4096 split 16 ways took 52.4 us, 22.2 without the sum and 12.1 with no fix-up at all, a CTA that sums
 # reaching its next unit late, and likelier to sum again (docs/architecture.md, "Split-K").  Even 768x768x6304 with
 # no fix-up, split 5 ways, took 21.9 us (L2-bound on 128 x 64 tiles), no better than whole.
-# At most SPLIT_MAX ways: the last split reads the slices two at a time (16 ways on 1x4096x4096: 51.4 us).
+# At most SPLIT_MAX ways: the last split reads every slice of its tile (16 ways on 1x4096x4096: 51.4 us when it read
+# them one at a time; it now reads two at a time).
 # A split streams at least SPLIT_MIN_BLOCKS k-blocks: with 4 (three ways of 12) ViT-B/16's 6304x768x768 tail lost
 # to its fix-up, 21.9 against 18.0 us (a slice stored and all read back).
 # 64 x 256 tiles never split: decode's 1-16x14336x4096 (56 tiles, split two ways) took 37.8 us against 33.0 whole,
