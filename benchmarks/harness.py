@@ -14,7 +14,8 @@ directory holds the latest record of each benchmark and nothing else (tests/test
 it).  Sweeps, tuning runs and partial runs name a `variant` and go to benchmarks/out/<benchmark>-<variant>.json,
 which git ignores.  $JITOPS_BENCH_OUT, when set, takes both (benchmarks/gpu_session.sh points it at $OUT).
 Every record has the same keys: benchmark, date, device (a dict), command, baseline, rows, summary (and variant
-where there is one).
+where there is one); the summary names the commit measured (`source_commit`: on a lent GPU machine, whose tree
+has no .git, set JITOPS_BENCH_COMMIT).
 
 Timing: CUDA events around each call, after warm-up (which also absorbs JIT compiles), median of many
 repetitions.  Inputs over 64 MB make the 50 MB L2 irrelevant; smaller cases rotate over enough copies of
@@ -176,18 +177,37 @@ def cpu_description() -> dict[str, Any]:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
+def source_commit() -> str | None:
+    """The commit the run measured: $JITOPS_BENCH_COMMIT (a lent GPU machine gets the tree without .git, so the
+    call names it), else git's HEAD, "-dirty" with tracked files changed; None outside a checkout."""
+    named = os.environ.get("JITOPS_BENCH_COMMIT")
+    if named:
+        return named
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=BENCHMARKS, capture_output=True,
+                              text=True, timeout=30)
+        if head.returncode:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=BENCHMARKS,
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError:
+        return None
+    return head.stdout.strip() + ("-dirty" if changed else "")
+
+
 def save_record(benchmark: str, *, baseline: str, rows: list[dict[str, Any]], summary: dict[str, Any],
                 variant: str | None = None, started: _dt.datetime | None = None) -> tuple[Path, dict[str, Any]]:
     """Write one record (module docstring) and return its path and contents.  `benchmark` is the NAME of
     benchmarks/bench_NAME.py; `baseline` says what ours is compared with; `summary` holds the run's headline
-    figures (geometric means, totals, goals) and anything else worth keeping that is not a row."""
+    figures (geometric means, totals, goals) and anything else worth keeping that is not a row; the record adds
+    the commit it measured (source_commit) to it."""
     if not (BENCHMARKS / f"bench_{benchmark}.py").is_file():
         raise ValueError(f"save_record: no benchmarks/bench_{benchmark}.py; name the benchmark that ran")
     started = started or _dt.datetime.now(_dt.timezone.utc)
     device = device_description() if torch.cuda.is_available() else cpu_description()
     record = {"benchmark": benchmark, "date": started.strftime("%Y-%m-%d %H:%M UTC"), "device": device,
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "baseline": baseline, "rows": rows,
-              "summary": summary}
+              "summary": {**summary, "commit": summary.get("commit") or source_commit()}}
     if variant:
         record["variant"] = variant
     path = record_path(benchmark, variant)

@@ -70,6 +70,11 @@ def test_harness_writes_the_schema_the_test_checks(tmp_path, monkeypatch):
     assert path == tmp_path / "gemm-survey.json" and record["variant"] == "survey"
     with pytest.raises(ValueError, match="bench_gemm_survey"):
         harness.save_record("gemm_survey", baseline="torch.matmul", rows=[], summary={})
+    monkeypatch.setenv("JITOPS_BENCH_COMMIT", "abc1234")
+    assert harness.save_record("gelu", baseline="torch", rows=[], summary={})[1]["summary"]["commit"] == "abc1234"
+    monkeypatch.delenv("JITOPS_BENCH_COMMIT")
+    commit = harness.save_record("gelu", baseline="torch", rows=[], summary={})[1]["summary"]["commit"]
+    assert commit is None or re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", commit), commit  # git's HEAD in a checkout
     monkeypatch.delenv("JITOPS_BENCH_OUT")
     assert harness.record_path("conv2d") == RESULTS / "conv2d.json"
     assert harness.record_path("conv2d", "tiles-wgrad").parent.name == "out"  # sweeps stay out of results/
