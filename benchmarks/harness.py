@@ -14,8 +14,8 @@ directory holds the latest record of each benchmark and nothing else (tests/test
 it).  Sweeps, tuning runs and partial runs name a `variant` and go to benchmarks/out/<benchmark>-<variant>.json,
 which git ignores.  $JITOPS_BENCH_OUT, when set, takes both (benchmarks/gpu_session.sh points it at $OUT).
 Every record has the same keys: benchmark, date, device (a dict), command, baseline, rows, summary (and variant
-where there is one); the summary names the commit measured (`source_commit`: on a lent GPU machine, whose tree
-has no .git, set JITOPS_BENCH_COMMIT).
+where there is one); the summary names the commit measured (`source_commit`; a copy of the tree without .git
+names it in JITOPS_BENCH_COMMIT).
 
 Timing: CUDA events around each call, after warm-up (which also absorbs JIT compiles), median of many
 repetitions.  Inputs over 64 MB make the 50 MB L2 irrelevant; smaller cases rotate over enough copies of
@@ -178,8 +178,8 @@ def cpu_description() -> dict[str, Any]:
 
 
 def source_commit() -> str | None:
-    """The commit the run measured: $JITOPS_BENCH_COMMIT (a lent GPU machine gets the tree without .git, so the
-    call names it), else git's HEAD, "-dirty" with tracked files changed; None outside a checkout."""
+    """The commit the run measured: $JITOPS_BENCH_COMMIT where it is set (git cannot tell in a copy of the tree
+    without .git), else git's HEAD, "-dirty" with tracked files changed; None outside a checkout."""
     named = os.environ.get("JITOPS_BENCH_COMMIT")
     if named:
         return named
