@@ -400,7 +400,7 @@ class LightKernel:
                     self._problems.clear()
                 params, launch_grid = self._pack(key, addresses)
                 packed = self._problems[key] = _Packed(self, key, params, launch_grid, addresses,
-                                                       self._workspace(key))
+                                                       self._workspace(key, params))
             packed.launch(*addresses, stream)
         return packed
 
@@ -420,8 +420,9 @@ class LightKernel:
     def _pack(self, key: tuple, addresses: tuple[int, int, int, int]) -> tuple[bytearray, tuple[int, int, int]]:
         raise NotImplementedError
 
-    def _workspace(self, key: tuple) -> tuple[int, int]:
-        """(bytes of the slices, counters) each launch of problem `key` needs: a split GEMM's (LightGemm)."""
+    def _workspace(self, key: tuple, params: bytearray) -> tuple[int, int]:
+        """(bytes of the slices, counters) each launch of problem `key`, packed as `params`, needs: a split
+        GEMM's (LightGemm)."""
         return 0, 0
 
     def descriptor_address_field(self) -> int | None:
@@ -440,10 +441,9 @@ class LightGemm(LightKernel):
             activation: int, sm_count: int, stream: int, b_rows: int = 0) -> "_Packed":
         return self._launch((m, n, k, lda, ldb, ldd, activation, sm_count, b_rows), (a, b, d, bias), stream)
 
-    def _workspace(self, key: tuple) -> tuple[int, int]:
-        m, n, k, sm_count, info = key[0], key[1], key[2], key[7], self.info
-        split = split_tail(m, n, k, info.tile_m, info.tile_n, bool(info.pingpong), info.cluster, sm_count)
-        return workspace_bytes(m, n, info.tile_m, info.tile_n, *split)
+    def _workspace(self, key: tuple, params: bytearray) -> tuple[int, int]:
+        split_from, splits = _SPLIT.unpack_from(params, SPLIT_FIELDS)[:2]  # split_tail's, as pack_params wrote it
+        return workspace_bytes(key[0], key[1], self.info.tile_m, self.info.tile_n, split_from, splits)
 
     def _check(self, key: tuple, addresses: tuple[int, int, int, int]) -> None:
         check_problem(*key[:6], addresses, key[8], bool(self.info.b_kmajor))
@@ -524,19 +524,26 @@ COUNTERS_MIN = 1024  # ints: a split tail is at most half the SMs' tiles, times 
 
 def split_workspace(device_index: int, stream: int, nbytes: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A split launch's slices, from torch's caching allocator each call (back to it once the launch is queued:
-    stream-ordered reuse), and its stream's counters (split_counters)."""
-    device = torch.device("cuda", device_index)
-    return torch.empty(nbytes, dtype=torch.uint8, device=device), split_counters(device, stream, count)
+    stream-ordered reuse), and its counters (split_counters)."""
+    return (torch.empty(nbytes, dtype=torch.uint8, device=device_index),
+            split_counters(device_index, stream, count))
 
 
-def split_counters(device: torch.device, stream: int, count: int) -> torch.Tensor:
-    """At least `count` zeroed int32 counters for a split launch on `stream` (the current one), kept for the process
-    (the C++ host path keeps its own the same way): a CUDA graph that captured a launch keeps reading its stream's."""
-    key = (device.index, stream)
+def split_counters(device_index: int, stream: int, count: int) -> torch.Tensor:
+    """At least `count` zeroed int32 counters for a split launch on `stream` (the current one).  Eager launches
+    share their stream's buffer, kept for the process.  A launch under CUDA-graph capture gets its own buffer from
+    the graph's pool, zeroed by a captured fill on every replay: a graph keeps the addresses it captured, and two
+    graphs replayed at once on two streams must not count on one buffer (the C++ host path does the same)."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device_index)
+    key = (device_index, stream)
+    found = _COUNTERS.get(key)
+    if found is not None and found.numel() >= count:
+        return found
     with _COUNTERS_LOCK:
         found = _COUNTERS.get(key)
         if found is None or found.numel() < count:
-            found = _COUNTERS[key] = torch.zeros(max(count, COUNTERS_MIN), dtype=torch.int32, device=device)
+            found = _COUNTERS[key] = torch.zeros(max(count, COUNTERS_MIN), dtype=torch.int32, device=device_index)
         return found
 
 

@@ -112,7 +112,7 @@ def _give_driver(module: Any) -> None:
 
     module.set_driver(address("cuLaunchKernel"), address("cuCtxGetCurrent"), address("cuCtxSetCurrent"),
                       address("cuDeviceGet"), address("cuDevicePrimaryCtxRetain"), address("cuMemcpy2DAsync_v2"),
-                      address("cuMemsetD2D16Async"))
+                      address("cuMemsetD2D16Async"), address("cuStreamIsCapturing"))
 
 
 host = _Host()

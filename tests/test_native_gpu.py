@@ -182,3 +182,46 @@ def test_patched_module_steps_run_in_cpp(host):
     before = native.counters()["native_calls"]
     model(x).float().square().mean().backward()
     assert native.counters()["native_calls"] == before + 2
+
+
+@pytest.mark.parametrize("native_host", [False, True], ids=["python path", "cpp path"])
+def test_split_graphs_replayed_at_once_keep_their_own_counters(host, native_host):
+    """Two CUDA graphs of split GEMMs (16 x 4096 x 4096: 32 tiles, each split four ways), both captured on
+    torch.cuda.graph's one capture stream, replayed at the same time on two streams, 20 rounds: each graph counts
+    its splits on counters of its own, zeroed on every replay, so every output gets the eager bits.  (With one
+    counter buffer a capture stream, the graphs' splits counted on the same counters, and a tile could be summed
+    before its slices were written, or never.)"""
+    launches = 12
+    g = torch.Generator(device="cpu").manual_seed(5)
+    xs = [torch.randn(16, 4096, generator=g).to("cuda", torch.bfloat16) for _ in range(2)]
+    w = (torch.randn(4096, 4096, generator=g) / 64).to("cuda", torch.bfloat16)
+    with jitops.config.scope(native_host=native_host):
+        want = [jitops.linear(x, w) for x in xs]  # the Python path, which offers the problem
+        assert all(torch.equal(jitops.linear(x, w), y) for x, y in zip(xs, want))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm the capture stream's allocator state, as torch's docs advise
+            jitops.linear(xs[0], w)
+        torch.cuda.current_stream().wait_stream(side)
+        graphs, outs = [], []
+        before = native.counters()["native_calls"]
+        for x in xs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs.append([jitops.linear(x, w) for _ in range(launches)])
+            graphs.append(graph)
+        assert native.counters()["native_calls"] - before == (2 * launches if native_host else 0)
+    streams = [torch.cuda.Stream() for _ in graphs]
+    for _ in range(20):
+        for ys in outs:  # a tile the replay leaves unwritten must not keep the last round's bits
+            for y in ys:
+                y.zero_()
+        for graph, stream in zip(graphs, streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                graph.replay()
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for ys, expected in zip(outs, want):
+            assert all(torch.equal(y, expected) for y in ys)

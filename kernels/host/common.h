@@ -49,6 +49,7 @@ static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
 constexpr int kDeviceMemory = 2;  // CU_MEMORYTYPE_DEVICE
 using Memcpy2DAsync = int (*)(const Memcpy2D*, void*);
 using Memset2DD16Async = int (*)(uint64_t, size_t, unsigned short, size_t, size_t, void*);
+using StreamIsCapturing = int (*)(void*, int*);
 
 struct Driver {
   LaunchKernel launch = nullptr;
@@ -58,6 +59,7 @@ struct Driver {
   PrimaryCtxRetain primary_retain = nullptr;
   Memcpy2DAsync memcpy_2d = nullptr;
   Memset2DD16Async memset_2d_16 = nullptr;
+  StreamIsCapturing is_capturing = nullptr;
 };
 Driver driver;
 
@@ -126,6 +128,12 @@ void* current_stream(int device) {
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
       ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
       .native_handle();
+}
+
+// Whether `stream` is capturing a CUDA graph (cuStreamIsCapturing: CU_STREAM_CAPTURE_STATUS_NONE is 0).
+bool capturing(void* stream) {
+  int status = 0;
+  return driver.is_capturing && driver.is_capturing(stream, &status) == 0 && status != 0;
 }
 
 // One driver call on the device's current torch stream, again after binding the primary context if the thread

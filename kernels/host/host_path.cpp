@@ -39,7 +39,7 @@ using namespace jitops_host;
 
 // ---- the module's functions --------------------------------------------------------------------------------
 void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_current, int64_t device_get,
-                int64_t primary_ctx_retain, int64_t memcpy_2d, int64_t memset_2d_16) {
+                int64_t primary_ctx_retain, int64_t memcpy_2d, int64_t memset_2d_16, int64_t stream_is_capturing) {
   driver.launch = reinterpret_cast<LaunchKernel>(launch_kernel);
   driver.ctx_get = reinterpret_cast<CtxGetCurrent>(ctx_get_current);
   driver.ctx_set = reinterpret_cast<CtxSetCurrent>(ctx_set_current);
@@ -47,6 +47,7 @@ void set_driver(int64_t launch_kernel, int64_t ctx_get_current, int64_t ctx_set_
   driver.primary_retain = reinterpret_cast<PrimaryCtxRetain>(primary_ctx_retain);
   driver.memcpy_2d = reinterpret_cast<Memcpy2DAsync>(memcpy_2d);
   driver.memset_2d_16 = reinterpret_cast<Memset2DD16Async>(memset_2d_16);
+  driver.is_capturing = reinterpret_cast<StreamIsCapturing>(stream_is_capturing);
 }
 
 std::array<int64_t, 3> counters() {

@@ -59,17 +59,21 @@ const Plan* find(const Key& key) {
 }
 
 // A split launch's counters on the device's current stream (light_gemm.split_counters): zero at launch, and the
-// kernel leaves them zero (the last split of a tile resets its own), so one buffer serves every launch queued on the
-// stream in turn.  Kept for the process: a CUDA graph that captured a launch keeps reading its stream's buffer.
+// kernel leaves them zero (the last split of a tile resets its own), so one buffer serves every eager launch queued
+// on the stream in turn, kept for the process.  A launch under CUDA-graph capture gets its own buffer from the
+// graph's pool, zeroed by a captured fill on every replay: two graphs replayed at once on two streams must not count
+// on one buffer.
 at::Tensor split_counters(int device, int64_t count) {
+  const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device);
+  void* stream = current_stream(device);
+  if (capturing(stream)) return at::zeros({count}, options);
   static std::mutex guard;
   static auto* buffers = new std::map<std::pair<int, uintptr_t>, at::Tensor>();  // never destroyed: no exit order
-  const std::pair<int, uintptr_t> key{device, reinterpret_cast<uintptr_t>(current_stream(device))};
+  const std::pair<int, uintptr_t> key{device, reinterpret_cast<uintptr_t>(stream)};
   std::lock_guard<std::mutex> hold(guard);
   at::Tensor& found = (*buffers)[key];
   if (!found.defined() || found.numel() < count) {
-    found = at::zeros({std::max<int64_t>(count, 1024)},  // light_gemm.COUNTERS_MIN
-                      at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+    found = at::zeros({std::max<int64_t>(count, 1024)}, options);  // light_gemm.COUNTERS_MIN
   }
   return found;
 }
@@ -84,10 +88,11 @@ void launch(const Plan& plan, int device, const void* a, const void* b, void* d,
   const void* addresses[3] = {a, b, d};
   for (int i = 0; i < 3; ++i) std::memcpy(params + plan.address_at[i], &addresses[i], 8);
   std::memcpy(params + plan.bias_at, &bias, 8);
-  at::Tensor slices;
+  at::Tensor slices, counters;  // held until the launch is queued (a captured launch's counters are its own)
   if (plan.slices_bytes) {
     slices = at::empty({plan.slices_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
-    const void* addresses[2] = {slices.data_ptr(), split_counters(device, plan.counter_count).data_ptr()};
+    counters = split_counters(device, plan.counter_count);
+    const void* addresses[2] = {slices.data_ptr(), counters.data_ptr()};
     std::memcpy(params + kWorkspaceField, addresses, 16);
   }
   void* args[1] = {params};
