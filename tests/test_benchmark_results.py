@@ -103,6 +103,16 @@ def test_wgrad_fitter_reproduces_conv2d_constants_from_tools_data(capsys, monkey
     assert math.isclose(loaded, fit.conv.WGRAD_US_PER_GB_LOADED, abs_tol=0.06)
 
 
+def test_wgrad_fitter_reproduces_the_light_kernels_constants_from_tools_data(capsys, monkeypatch):
+    fit, out = _printed_constants("fit_wgrad_cost", ["--light"], capsys, monkeypatch)
+    assert "1083 timings" in out, out
+    printed = ast.literal_eval(re.search(r"^LIGHT_WGRAD_TILE_US = (\{.*\})$", out, re.M).group(1))
+    assert _close(printed, fit.conv.LIGHT_WGRAD_TILE_US), (printed, fit.conv.LIGHT_WGRAD_TILE_US)
+    for name in ("LIGHT_WGRAD_SPLIT_US", "LIGHT_WGRAD_US_PER_MB_SLICES"):
+        value = float(re.search(rf"^{name} = ([\d.]+)$", out, re.M).group(1))
+        assert math.isclose(value, getattr(fit.conv, name), abs_tol=0.006), name
+
+
 def test_fprop_dgrad_fitter_reproduces_conv2d_constants_from_tools_data(capsys, monkeypatch):
     fit, out = _printed_constants("fit_conv_gemm_cost", [], capsys, monkeypatch)
     for operator in ("fprop", "dgrad"):

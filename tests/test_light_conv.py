@@ -471,6 +471,24 @@ def test_the_light_setting_plans_wgrad_tiles_of_one_tap():
     assert plan.TILES[tile].taps == 1 and LC.unsupported("wgrad", conv_class(tile=tile, splits=splits)) is None
 
 
+def test_the_light_setting_plans_wgrad_with_its_own_costs():
+    # ResNet-50's L12 and L14 (256 filters over 256 channels, 3x3, 98 k-steps): CUTLASS's constants plan 128 x 64 in
+    # one slice, which the light kernel ran in 24.0 us; the light kernel's own plan 128 x 128 in three ran 19.9
+    # (H200, tools/data/conv2d-wgrad-light-tiles.json)
+    with jitops.config.scope(conv2d_sm90_kernel="cutlass"):
+        assert plan.plan_wgrad(256, 256, (3, 3), 98) == ("128x64", 1, True)
+    with jitops.config.scope(conv2d_sm90_kernel="light"):
+        assert plan.plan_wgrad(256, 256, (3, 3), 98) == ("128x128", 3, True)
+        # no cluster tiles: the light wgrad runs every tile as one CTA, so a 1x2 cluster's multicast discount
+        # would price a kernel that does not run
+        for k, c, k_tiles in ((2048, 512, 25), (1024, 256, 98), (512, 1024, 98)):
+            tile, splits, _ = plan.plan_wgrad(k, c, (1, 1), k_tiles)
+            assert plan.TILES[tile].cluster_m * plan.TILES[tile].cluster_n == 1, (k, c, tile)
+    assert not any(plan.TILES[t].cluster_m * plan.TILES[t].cluster_n > 1
+                   for t in plan.wgrad_candidates(512, (1, 1), light=True))
+    assert "128x64c1x2" in plan.wgrad_candidates(512, (1, 1))
+
+
 def test_bad_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv("JITOPS_CONV2D_SM90_KERNEL", "fast")
     with pytest.raises(jitops.errors.ConfigError, match="JITOPS_CONV2D_SM90_KERNEL"):

@@ -3,11 +3,13 @@
     python tools/fit_wgrad_cost.py                       # the sweeps behind the constants now (tools/data/)
     python tools/fit_wgrad_cost.py A.json [B.json ...]   # other sweeps (benchmarks/out/conv2d-*.json)
     python tools/fit_wgrad_cost.py --score-split-us 2.25,4.5   # conv2d's plans at each WGRAD_SPLIT_US, scored
+    python tools/fit_wgrad_cost.py --light               # the light kernel's (LIGHT_WGRAD_TILE_US and after)
 
 Reads the rows of `bench_conv2d.py --operators wgrad --tiles ... --wgrad-splits ...` (and plain runs): every
 timing of the weight-gradient kernel at a known tile and split count on a ResNet-50 layer or the reference
 layer, except the stem (it goes through im2col); a cluster tile shares its tile's constants.  The model is
-linear in its constants:
+linear in its constants (the light kernel's has no us_per_gb term: it fitted at about zero, and it has no
+clusters):
 
     waves * (steps * step_us[tile] + wave_us[tile])              waves = ceil(work tiles / 132)
     + work tiles * steps * rows loaded * 64 * 2 B * us_per_gb    the operand tiles loaded from L2
@@ -41,6 +43,9 @@ from bench_conv2d import BATCH, REFERENCE  # noqa: E402
 # sweeps, 1322 timings), in the order they ran: a layer's cuDNN time is taken from the first file that has it.
 DATA = Path(__file__).resolve().parent / "data"
 WGRAD_SWEEPS = [DATA / f"conv2d-wgrad-tiles-{name}.json" for name in ("plain", "wide-clusters", "taps-l2", "taps")]
+# The light kernel's (lent H200, 2026-11-29, at 52cffe3: `bench_conv2d.py --quick --no-eager --operators wgrad
+# --tiles 128x64,64x128,128x128,128x256,64x64,64x256 --wgrad-splits 1,2,3,4,7,16,33,66`).
+LIGHT_WGRAD_SWEEPS = [DATA / "conv2d-wgrad-light-tiles.json"]
 
 # Tiles with constants of their own; a cluster tile (e.g. 128x64c1x2) shares its tile's.
 FIT_TILES = ("64x64", "64x192", "64x128", "128x64", "128x128", "128x256", "64x256")
@@ -67,9 +72,9 @@ def layer_gemm(name: str) -> tuple[int, int, tuple[int, int], int, float]:
     return k, c, (kernel, kernel), k_tiles, 2.0 * BATCH * (out * out * k + size * size * c)
 
 
-def timings(paths, planned_only: bool):
+def timings(paths, planned_only: bool, light: bool = False):
     """(layer, tile, slices, microseconds) of every usable row (planned_only: the tiles the plans choose from,
-    conv2d.wgrad_candidates, for that layer)."""
+    conv2d.wgrad_candidates, for that layer; light: the light kernel's, which runs no cluster tiles)."""
     rows = []
     for path in paths:
         for row in json.loads(Path(path).read_text())["rows"]:
@@ -79,21 +84,22 @@ def timings(paths, planned_only: bool):
             tile, _, slices = extra["tile"].partition("/")
             c, _, kernel, _ = layer(extra["layer"])
             if tile in conv.TILES and base(tile) in FIT_TILES and \
-                    (tile in conv.wgrad_candidates(c, (kernel, kernel)) or not planned_only):
+                    (tile in conv.wgrad_candidates(c, (kernel, kernel), light) or not planned_only):
                 rows.append((extra["layer"], tile, int(slices), row["ours_ms"] * 1e3))
     return rows
 
 
 def features(tile: str, slices: int, k: int, c: int, filter_rs: tuple[int, int], k_tiles: int,
-             operand_bytes: float) -> dict[str, float]:
+             operand_bytes: float, light: bool = False) -> dict[str, float]:
     t = conv.TILES[tile]
     m, n = k, c * filter_rs[0] * filter_rs[1]
     work = conv.wgrad_work_tiles(tile, k, c, filter_rs, slices)
     steps = math.ceil(k_tiles / slices)
     waves = math.ceil(work / conv.HOPPER_SMS)
     rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
-    out = {f"step {base(tile)}": waves * steps, f"wave {base(tile)}": waves,
-           "us_per_gb": work * steps * rows_loaded * conv.TILE_K * 2 / 1e9, "dram_us_per_gb": operand_bytes / 1e9}
+    out = {f"step {base(tile)}": waves * steps, f"wave {base(tile)}": waves, "dram_us_per_gb": operand_bytes / 1e9}
+    if not light:
+        out["us_per_gb"] = work * steps * rows_loaded * conv.TILE_K * 2 / 1e9
     if slices > 1:
         out["split_us"] = 1.0
         out["us_per_mb"] = slices * m * n * 4 / 1e6
@@ -109,7 +115,7 @@ def relative_least_squares(design: np.ndarray, target: np.ndarray) -> tuple[np.n
     return solution, sorted(abs(p - t) / t for p, t in zip(design @ solution, target))
 
 
-def score_plans(paths, split_us: float) -> tuple[float, int]:
+def score_plans(paths, split_us: float, light: bool = False) -> tuple[float, int]:
     """ResNet-50's wgrad weighted by occurrence, cuDNN time / ours, with the plans conv2d makes (its constants,
     WGRAD_SPLIT_US = split_us) scored on the measured timings: for a plan whose split count was not timed,
     the nearest timed count of the same tile.  Returns the ratio (NaN where a planned tile was never timed on
@@ -125,30 +131,34 @@ def score_plans(paths, split_us: float) -> tuple[float, int]:
                 key = (extra["layer"], tile, int(slices))
                 measured[key] = min(measured.get(key, math.inf), row["ours_ms"] * 1e3)
                 cudnn.setdefault(extra["layer"], row["baseline_ms"] * 1e3)
-    saved, conv.WGRAD_SPLIT_US = conv.WGRAD_SPLIT_US, split_us
+    import jitops
+    name = "LIGHT_WGRAD_SPLIT_US" if light else "WGRAD_SPLIT_US"
+    saved = getattr(conv, name)
+    setattr(conv, name, split_us)
     ours = theirs = 0.0
     inexact = 0
     try:
-        for index, weight in enumerate(OCCURRENCES):
-            c, k, size, kernel, stride, padding = conv.RESNET50[index]
-            out = conv.output_size(size, kernel, stride, padding, 1)
-            k_tiles = math.ceil(BATCH * out * out / conv.TILE_K)
-            if conv._uses_im2col(c, kernel, kernel):
-                tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c * kernel * kernel), (1, 1), k_tiles)
-            else:
-                tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c), (kernel, kernel), k_tiles)
-            timed = [(abs(math.log(s / slices)), us) for (layer, t, s), us in measured.items()
-                     if layer == f"L{index}" and t == tile]
-            if not timed:
-                print(f"  L{index}: the plan's tile {tile} was not timed on this layer")
-                ours = math.nan
-                continue
-            distance, us = min(timed)
-            inexact += distance > 0
-            ours += weight * us
-            theirs += weight * cudnn[f"L{index}"]
+        with jitops.config.scope(conv2d_sm90_kernel="light" if light else "cutlass"):
+            for index, weight in enumerate(OCCURRENCES):
+                c, k, size, kernel, stride, padding = conv.RESNET50[index]
+                out = conv.output_size(size, kernel, stride, padding, 1)
+                k_tiles = math.ceil(BATCH * out * out / conv.TILE_K)
+                if conv._uses_im2col(c, kernel, kernel):
+                    tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c * kernel * kernel), (1, 1), k_tiles)
+                else:
+                    tile, slices, _ = conv.plan_wgrad(k, conv.round_up(c), (kernel, kernel), k_tiles)
+                timed = [(abs(math.log(s / slices)), us) for (layer, t, s), us in measured.items()
+                         if layer == f"L{index}" and t == tile]
+                if not timed:
+                    print(f"  L{index}: the plan's tile {tile} was not timed on this layer")
+                    ours = math.nan
+                    continue
+                distance, us = min(timed)
+                inexact += distance > 0
+                ours += weight * us
+                theirs += weight * cudnn[f"L{index}"]
     finally:
-        conv.WGRAD_SPLIT_US = saved
+        setattr(conv, name, saved)
     return theirs / ours, inexact
 
 
@@ -160,35 +170,44 @@ def main() -> int:
                              "each on the measured timings, instead of fitting")
     parser.add_argument("--all-kernels", action="store_true",
                         help="also the timings of tiles the plans do not choose from for that layer")
+    parser.add_argument("--light", action="store_true",
+                        help="the light kernel's constants (LIGHT_WGRAD_*; default data: tools/data/"
+                             "conv2d-wgrad-light-tiles.json)")
     args = parser.parse_args()
-    args.json = args.json or WGRAD_SWEEPS
+    light = args.light
+    args.json = args.json or (LIGHT_WGRAD_SWEEPS if light else WGRAD_SWEEPS)
+    prefix = "LIGHT_" if light else ""
+    split_us = conv.LIGHT_WGRAD_SPLIT_US if light else conv.WGRAD_SPLIT_US
     if args.score_split_us:
         for value in (float(v) for v in args.score_split_us.split(",")):
-            ratio, inexact = score_plans(args.json, value)
-            print(f"WGRAD_SPLIT_US = {value}: ResNet-50 wgrad weighted, cuDNN time / ours {ratio:.3f} "
+            ratio, inexact = score_plans(args.json, value, light)
+            print(f"{prefix}WGRAD_SPLIT_US = {value}: ResNet-50 wgrad weighted, cuDNN time / ours {ratio:.3f} "
                   f"({inexact} plans scored at the nearest timed split count)")
         return 0
-    rows = timings(args.json, not args.all_kernels)
-    names = [f"{kind} {t}" for t in FIT_TILES for kind in ("step", "wave")] + \
+    rows = timings(args.json, not args.all_kernels, light)
+    tiles = tuple(t for t in FIT_TILES if not light or t in conv.LIGHT_WGRAD_TILE_US)
+    names = [f"{kind} {t}" for t in tiles for kind in ("step", "wave")] + \
         ["us_per_gb", "split_us", "us_per_mb", "dram_us_per_gb"]
     design = np.zeros((len(rows), len(names)))
     target = np.array([us for *_, us in rows])
     for i, (layer, tile, slices, _) in enumerate(rows):
-        for name, value in features(tile, slices, *layer_gemm(layer)).items():
+        for name, value in features(tile, slices, *layer_gemm(layer), light).items():
             design[i, names.index(name)] = value
     solution, errors = relative_least_squares(design, target)
     constants = dict(zip(names, solution))
     print(f"{len(rows)} timings; median error {statistics.median(errors):.1%}, "
           f"90th percentile {errors[int(0.9 * len(errors))]:.1%}")
-    print("WGRAD_TILE_US = {" + ", ".join(f'"{t}": ({constants["step " + t]:.3f}, {constants["wave " + t]:.2f})'
-                                           for t in FIT_TILES) + "}")
-    print(f"WGRAD_US_PER_GB_LOADED = {constants['us_per_gb']:.1f}\nWGRAD_SPLIT_US = {constants['split_us']:.2f}\n"
-          f"WGRAD_US_PER_MB_SLICES = {constants['us_per_mb']:.3f}\n"
+    print(f"{prefix}WGRAD_TILE_US = {{" + ", ".join(
+        f'"{t}": ({constants["step " + t]:.3f}, {constants["wave " + t]:.2f})' for t in tiles) + "}")
+    if not light:
+        print(f"WGRAD_US_PER_GB_LOADED = {constants['us_per_gb']:.1f}")
+    print(f"{prefix}WGRAD_SPLIT_US = {constants['split_us']:.2f}\n"
+          f"{prefix}WGRAD_US_PER_MB_SLICES = {constants['us_per_mb']:.3f}\n"
           f"(plan-independent: {constants['dram_us_per_gb']:.1f} us per GB of dy and x)")
 
     # A fit is judged by the plans it makes: conv2d's plans with its constants now (paste the printed ones in
     # first), scored on these timings.
-    ratio, inexact = score_plans(args.json, conv.WGRAD_SPLIT_US)
+    ratio, inexact = score_plans(args.json, split_us, light)
     print(f"conv2d's plans with its current constants: ResNet-50 wgrad weighted, cuDNN time / ours {ratio:.3f} "
           f"({inexact} plans scored at the nearest timed split count)")
     return 0

@@ -101,6 +101,18 @@ WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (ab
 WGRAD_SPLIT_US = 4.5
 WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
 
+# The light kernel's wgrad (the default, jitops/light_conv.py) has constants of its own, fitted the same way by
+# `tools/fit_wgrad_cost.py --light` to 1083 timings of its one-tap tiles at 1 to 66 slices on ResNet-50's wgrad
+# layers and the reference layer (H200, tools/data/conv2d-wgrad-light-tiles.json): median error 3.9%.  CUTLASS's
+# constants planned it badly where its tiles differ from CUTLASS's: its 128 x 64 k-step costs 0.72 of a 128 x 128
+# one against CUTLASS's 0.59, so L12 and L14 took 128 x 64 in one slice (24.0 us) where 128 x 128 in three runs
+# 19.9; and the 1x2 cluster tiles' multicast discount was fiction, since the light wgrad runs every tile as one CTA
+# (light_cluster).  Its fit has no L2-loads term (it came out at -0.5 us per GB: the k-step constants carry it).
+LIGHT_WGRAD_TILE_US = {"64x64": (0.164, 0.97), "64x128": (0.218, 1.50), "128x64": (0.206, 1.18),
+                       "128x128": (0.289, 2.08), "128x256": (0.570, 3.31), "64x256": (0.317, 2.48)}
+LIGHT_WGRAD_SPLIT_US = 4.23
+LIGHT_WGRAD_US_PER_MB_SLICES = 0.339
+
 
 # ---- the shape class: the plan of one layer -----------------------------------------------------------------
 class ConvClass(NamedTuple):
@@ -232,18 +244,19 @@ def wgrad_tile_serves(tile: str, channels: int, filter_rs: tuple[int, int]) -> b
     return t.taps == 1 or (channels == t.channels and filter_rs[1] == t.taps)
 
 
-def wgrad_candidates(channels: int, filter_rs: tuple[int, int], one_tap: bool = False) -> tuple[str, ...]:
+def wgrad_candidates(channels: int, filter_rs: tuple[int, int], light: bool = False) -> tuple[str, ...]:
     """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
     64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
     1x1 filters, and tiles over several taps where the filter's width takes them.  Clusters (multicast of the
     shared operand) were the fastest tile on 12 of the 14 1x1 layers of ResNet-50 and slower on 5 of the 7 3x3
-    ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json).  one_tap: tiles of one filter
-    tap only (the light kernel's)."""
+    ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json).  light: the light kernel's,
+    tiles of one filter tap and no clusters (its wgrad runs every tile as one CTA: light_cluster)."""
     one_by_one = filter_rs == (1, 1)
+    single = lambda t: TILES[t].cluster_m * TILES[t].cluster_n == 1  # noqa: E731
     tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
-                  (not one_tap or TILES[t].taps == 1) and
+                  (not light or (TILES[t].taps == 1 and single(t))) and
                   (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
-                  (one_by_one or TILES[t].cluster_m * TILES[t].cluster_n == 1))
+                  (one_by_one or single(t)))
     return tiles or tuple(t for t in OPERATOR_TILES["wgrad"] if TILES[t].taps == 1)
 
 
@@ -256,11 +269,11 @@ def plan_wgrad(k: int, channels: int, filter_rs: tuple[int, int], k_tiles: int) 
                          f"{TILES[forced_tile].taps} taps x {TILES[forced_tile].channels} channels; this layer's "
                          f"is {filter_rs[1]} x {channels}")
     light = config.conv2d_sm90_kernel == "light"  # its wgrad takes one tap a tile (jitops/light_conv.py)
-    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs, one_tap=light)
+    tiles = (forced_tile,) if forced_tile else wgrad_candidates(channels, filter_rs, light=light)
     plans = [(t, normalize_splits(k_tiles, s)) for t in tiles
              for s in ((forced_splits,) if forced_splits else range(1, 257))]
     tile, splits = min(plans, key=lambda plan: wgrad_cost_us(plan[0], plan[1], round_up(k), channels, filter_rs,
-                                                             k_tiles))
+                                                             k_tiles, light))
     return tile, splits, wgrad_flat(tile, channels, filter_rs)
 
 
@@ -279,18 +292,23 @@ def wgrad_work_tiles(tile: str, k: int, channels: int, filter_rs: tuple[int, int
 
 
 def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tuple[int, int],
-                  k_tiles: int) -> float:
-    """Predicted microseconds of a wgrad plan (WGRAD_TILE_US and the constants after it)."""
+                  k_tiles: int, light: bool = False) -> float:
+    """Predicted microseconds of a wgrad plan: CUTLASS's kernel (WGRAD_TILE_US and the constants after it) or the
+    light kernel's (LIGHT_WGRAD_TILE_US and after)."""
     t = TILES[tile]
-    step_us, wave_us = WGRAD_TILE_US.get(f"{t.m}x{t.n}", WGRAD_TILE_US["128x128"])
+    table = LIGHT_WGRAD_TILE_US if light else WGRAD_TILE_US
+    step_us, wave_us = table.get(f"{t.m}x{t.n}", table["128x128"])
     work = wgrad_work_tiles(tile, k, channels, filter_rs, splits)
     steps = _ceil(k_tiles, splits)
     cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
-    # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
-    rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
-    cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
+    if not light:
+        # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
+        rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
+        cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
     if splits > 1:
-        cost += WGRAD_SPLIT_US + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * WGRAD_US_PER_MB_SLICES
+        split_us, per_mb = (LIGHT_WGRAD_SPLIT_US, LIGHT_WGRAD_US_PER_MB_SLICES) if light else \
+            (WGRAD_SPLIT_US, WGRAD_US_PER_MB_SLICES)
+        cost += split_us + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * per_mb
     return cost
 
 
