@@ -108,7 +108,7 @@ def test_wgrad_fitter_reproduces_the_light_kernels_constants_from_tools_data(cap
     assert "1083 timings" in out, out
     printed = ast.literal_eval(re.search(r"^LIGHT_WGRAD_TILE_US = (\{.*\})$", out, re.M).group(1))
     assert _close(printed, fit.conv.LIGHT_WGRAD_TILE_US), (printed, fit.conv.LIGHT_WGRAD_TILE_US)
-    for name in ("LIGHT_WGRAD_SPLIT_US", "LIGHT_WGRAD_US_PER_MB_SLICES"):
+    for name in ("LIGHT_WGRAD_SPLIT_US", "LIGHT_WGRAD_US_PER_MB_SLICES", "LIGHT_WGRAD_US_PER_SLICE_DEPTH"):
         value = float(re.search(rf"^{name} = ([\d.]+)$", out, re.M).group(1))
         assert math.isclose(value, getattr(fit.conv, name), abs_tol=0.006), name
 

@@ -484,6 +484,10 @@ def test_the_light_setting_plans_wgrad_with_its_own_costs():
         for k, c, k_tiles in ((2048, 512, 25), (1024, 256, 98), (512, 1024, 98)):
             tile, splits, _ = plan.plan_wgrad(k, c, (1, 1), k_tiles)
             assert plan.TILES[tile].cluster_m * plan.TILES[tile].cluster_n == 1, (k, c, tile)
+        # L5 (128 x 256 outputs, 1568 k-steps): the reduction's serial depth keeps it from 66 slices of 128 x 128
+        # (31.5 us; 128 x 64 in 33: 27.4)
+        assert plan.plan_wgrad(128, 256, (1, 1), 1568) == ("128x64", 33, True)
+    assert plan.reduce_depth(66, 128, 256, (1, 1)) == 66 and plan.reduce_depth(4, 1024, 256, (1, 1)) < 1
     assert not any(plan.TILES[t].cluster_m * plan.TILES[t].cluster_n > 1
                    for t in plan.wgrad_candidates(512, (1, 1), light=True))
     assert "128x64c1x2" in plan.wgrad_candidates(512, (1, 1))

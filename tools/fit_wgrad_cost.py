@@ -9,7 +9,7 @@ Reads the rows of `bench_conv2d.py --operators wgrad --tiles ... --wgrad-splits 
 timing of the weight-gradient kernel at a known tile and split count on a ResNet-50 layer or the reference
 layer, except the stem (it goes through im2col); a cluster tile shares its tile's constants.  The model is
 linear in its constants (the light kernel's has no us_per_gb term: it fitted at about zero, and it has no
-clusters):
+clusters; it has a term for the reduction's serial depth, conv2d_plan.reduce_depth, in us_per_slice_depth):
 
     waves * (steps * step_us[tile] + wave_us[tile])              waves = ceil(work tiles / 132)
     + work tiles * steps * rows loaded * 64 * 2 B * us_per_gb    the operand tiles loaded from L2
@@ -103,6 +103,8 @@ def features(tile: str, slices: int, k: int, c: int, filter_rs: tuple[int, int],
     if slices > 1:
         out["split_us"] = 1.0
         out["us_per_mb"] = slices * m * n * 4 / 1e6
+        if light:
+            out["us_per_slice_depth"] = conv.reduce_depth(slices, k, c, filter_rs)
     return out
 
 
@@ -187,7 +189,7 @@ def main() -> int:
     rows = timings(args.json, not args.all_kernels, light)
     tiles = tuple(t for t in FIT_TILES if not light or t in conv.LIGHT_WGRAD_TILE_US)
     names = [f"{kind} {t}" for t in tiles for kind in ("step", "wave")] + \
-        ["us_per_gb", "split_us", "us_per_mb", "dram_us_per_gb"]
+        ["us_per_gb", "split_us", "us_per_mb", "us_per_slice_depth", "dram_us_per_gb"]
     design = np.zeros((len(rows), len(names)))
     target = np.array([us for *_, us in rows])
     for i, (layer, tile, slices, _) in enumerate(rows):
@@ -202,7 +204,8 @@ def main() -> int:
     if not light:
         print(f"WGRAD_US_PER_GB_LOADED = {constants['us_per_gb']:.1f}")
     print(f"{prefix}WGRAD_SPLIT_US = {constants['split_us']:.2f}\n"
-          f"{prefix}WGRAD_US_PER_MB_SLICES = {constants['us_per_mb']:.3f}\n"
+          f"{prefix}WGRAD_US_PER_MB_SLICES = {constants['us_per_mb']:.3f}\n" +
+          (f"LIGHT_WGRAD_US_PER_SLICE_DEPTH = {constants['us_per_slice_depth']:.3f}\n" if light else "") +
           f"(plan-independent: {constants['dram_us_per_gb']:.1f} us per GB of dy and x)")
 
     # A fit is judged by the plans it makes: conv2d's plans with its constants now (paste the printed ones in

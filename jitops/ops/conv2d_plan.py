@@ -103,15 +103,21 @@ WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and rea
 
 # The light kernel's wgrad (the default, jitops/light_conv.py) has constants of its own, fitted the same way by
 # `tools/fit_wgrad_cost.py --light` to 1083 timings of its one-tap tiles at 1 to 66 slices on ResNet-50's wgrad
-# layers and the reference layer (H200, tools/data/conv2d-wgrad-light-tiles.json): median error 3.9%.  CUTLASS's
-# constants planned it badly where its tiles differ from CUTLASS's: its 128 x 64 k-step costs 0.72 of a 128 x 128
+# layers and the reference layer (H200, tools/data/conv2d-wgrad-light-tiles.json): median error 3.7%.  CUTLASS's
+# constants planned it badly where its tiles differ from CUTLASS's: its 128 x 64 k-step costs 0.71 of a 128 x 128
 # one against CUTLASS's 0.59, so L12 and L14 took 128 x 64 in one slice (24.0 us) where 128 x 128 in three runs
 # 19.9; and the 1x2 cluster tiles' multicast discount was fiction, since the light wgrad runs every tile as one CTA
 # (light_cluster).  Its fit has no L2-loads term (it came out at -0.5 us per GB: the k-step constants carry it).
-LIGHT_WGRAD_TILE_US = {"64x64": (0.164, 0.97), "64x128": (0.218, 1.50), "128x64": (0.206, 1.18),
-                       "128x128": (0.289, 2.08), "128x256": (0.570, 3.31), "64x256": (0.317, 2.48)}
-LIGHT_WGRAD_SPLIT_US = 4.23
-LIGHT_WGRAD_US_PER_MB_SLICES = 0.339
+LIGHT_WGRAD_TILE_US = {"64x64": (0.166, 0.92), "64x128": (0.221, 1.41), "128x64": (0.209, 1.09),
+                       "128x128": (0.293, 1.93), "128x256": (0.577, 3.02), "64x256": (0.320, 2.33)}
+LIGHT_WGRAD_SPLIT_US = 4.13
+LIGHT_WGRAD_US_PER_MB_SLICES = 0.361
+# The reduction's serial depth (reduce_depth): each of its threads sums one output's slices, so where dw has too
+# few elements to give every SM a block, the slices add latency that no bandwidth term sees.  Without it the fit
+# planned L5 (128 x 256 outputs) at 128 x 128 in 66 slices: 31.5 us, against 27.4 for 128 x 64 in 33.
+LIGHT_WGRAD_US_PER_SLICE_DEPTH = 0.047
+REDUCE_THREADS_FULL = HOPPER_SMS * 256  # a 256-thread block (conv2d_run.REDUCE_BLOCK) on every SM
+
 
 
 # ---- the shape class: the plan of one layer -----------------------------------------------------------------
@@ -309,7 +315,15 @@ def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tupl
         split_us, per_mb = (LIGHT_WGRAD_SPLIT_US, LIGHT_WGRAD_US_PER_MB_SLICES) if light else \
             (WGRAD_SPLIT_US, WGRAD_US_PER_MB_SLICES)
         cost += split_us + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * per_mb
+        if light:
+            cost += reduce_depth(splits, k, channels, filter_rs) * LIGHT_WGRAD_US_PER_SLICE_DEPTH
     return cost
+
+
+def reduce_depth(splits: int, k: int, channels: int, filter_rs: tuple[int, int]) -> float:
+    """The slices each thread of the wgrad reduction sums, scaled by how far dw's elements (one thread each) fall
+    short of a block on every SM: splits where they do not fill it, less where they do."""
+    return splits * min(1.0, REDUCE_THREADS_FULL / (k * channels * filter_rs[0] * filter_rs[1]))
 
 
 def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
