@@ -98,26 +98,26 @@ def test_wgrad_fitter_reproduces_conv2d_constants_from_tools_data(capsys, monkey
     fit, out = _printed_constants("fit_wgrad_cost", [], capsys, monkeypatch)
     assert "1322 timings" in out, out
     printed = ast.literal_eval(re.search(r"^WGRAD_TILE_US = (\{.*\})$", out, re.M).group(1))
-    assert _close(printed, fit.conv.WGRAD_TILE_US), (printed, fit.conv.WGRAD_TILE_US)
+    assert _close(printed, fit.costs.WGRAD_TILE_US), (printed, fit.costs.WGRAD_TILE_US)
     loaded = float(re.search(r"^WGRAD_US_PER_GB_LOADED = ([\d.]+)$", out, re.M).group(1))
-    assert math.isclose(loaded, fit.conv.WGRAD_US_PER_GB_LOADED, abs_tol=0.06)
+    assert math.isclose(loaded, fit.costs.WGRAD_US_PER_GB_LOADED, abs_tol=0.06)
 
 
 def test_wgrad_fitter_reproduces_the_light_kernels_constants_from_tools_data(capsys, monkeypatch):
     fit, out = _printed_constants("fit_wgrad_cost", ["--light"], capsys, monkeypatch)
     assert "1083 timings" in out, out
     printed = ast.literal_eval(re.search(r"^LIGHT_WGRAD_TILE_US = (\{.*\})$", out, re.M).group(1))
-    assert _close(printed, fit.conv.LIGHT_WGRAD_TILE_US), (printed, fit.conv.LIGHT_WGRAD_TILE_US)
+    assert _close(printed, fit.costs.LIGHT_WGRAD_TILE_US), (printed, fit.costs.LIGHT_WGRAD_TILE_US)
     for name in ("LIGHT_WGRAD_SPLIT_US", "LIGHT_WGRAD_US_PER_MB_SLICES", "LIGHT_WGRAD_US_PER_SLICE_DEPTH"):
         value = float(re.search(rf"^{name} = ([\d.]+)$", out, re.M).group(1))
-        assert math.isclose(value, getattr(fit.conv, name), abs_tol=0.006), name
+        assert math.isclose(value, getattr(fit.costs, name), abs_tol=0.006), name
 
 
 def test_fprop_dgrad_fitter_reproduces_conv2d_constants_from_tools_data(capsys, monkeypatch):
     fit, out = _printed_constants("fit_conv_gemm_cost", [], capsys, monkeypatch)
     for operator in ("fprop", "dgrad"):
         printed = ast.literal_eval(re.search(rf'^    "{operator}": (\{{.*\}}),$', out, re.M).group(1))
-        assert _close(printed, fit.conv.GEMM_TILE_US[operator]), (operator, printed)
+        assert _close(printed, fit.costs.GEMM_TILE_US[operator]), (operator, printed)
 
 
 def test_benchmarks_page_stays_a_results_page():

@@ -3,8 +3,9 @@
 - No circle: every module of jitops/ can be understood from the modules it imports, and importing one never
   needs a half-initialised other.  Imports inside functions count (a lazy import that closes a circle is still
   a circle); imports under `if TYPE_CHECKING:` do not.
-- An op module (jitops/ops/<op>.py, and its <op>_plan.py and <op>_run.py) imports only the declaration API
-  (jitops.op), the pure helpers (shapes, specs), launch, config and errors, and its own plan and run modules.
+- An op module (jitops/ops/<op>.py, and its <op>_plan.py, <op>_run.py and <op>_costs.py, the plan's fitted tables)
+  imports only the declaration API (jitops.op), the pure helpers (shapes, specs), launch, config and errors, and
+  its own plan, run and costs modules.
   Never the runtime, the cache, the backends or another op, except the exceptions listed below with a reason;
   an op built on another uses only that op's public names.  The host sides of an op's kernels (KERNEL_HOST_SIDES:
   jitops.cutlass_host, jitops.light_gemm for gemm) may be imported by that op and import only launch's layer.
@@ -162,9 +163,9 @@ def _op_modules() -> list[Path]:
 
 
 def _owner(path: Path) -> str:
-    """The op a module belongs to: conv2d for conv2d.py, conv2d_plan.py and conv2d_run.py."""
+    """The op a module belongs to: conv2d for conv2d.py, conv2d_plan.py, conv2d_run.py and conv2d_costs.py."""
     stem = path.stem
-    for suffix in ("_plan", "_run"):
+    for suffix in ("_plan", "_run", "_costs"):
         if stem.endswith(suffix) and (OPS / f"{stem.removesuffix(suffix)}.py").exists():
             return stem.removesuffix(suffix)
     return stem
@@ -183,7 +184,7 @@ def test_op_modules_import_only_the_op_api_and_their_own_plan_and_run():
     wrong, used = [], set()
     for path in _op_modules():
         name, owner = module_name(path), _owner(path)
-        own = {f"jitops.ops.{owner}_plan", f"jitops.ops.{owner}_run"}
+        own = {f"jitops.ops.{owner}_plan", f"jitops.ops.{owner}_run", f"jitops.ops.{owner}_costs"}
         for target in sorted(edges[name]):
             if target in OP_MAY_IMPORT or target in own:
                 continue
@@ -195,7 +196,7 @@ def test_op_modules_import_only_the_op_api_and_their_own_plan_and_run():
                 continue
             wrong.append(f"{name} imports {target}")
     assert not wrong, ("op modules may import only " + ", ".join(sorted(OP_MAY_IMPORT)) + " and their own "
-                       "<op>_plan / <op>_run; move shared code there, or list the exception with its reason:\n  "
+                       "<op>_plan / <op>_run / <op>_costs; move shared code there, or list the exception with its reason:\n  "
                        + "\n  ".join(wrong))
     stale = sorted(set(OP_IMPORT_EXCEPTIONS) - used) + sorted(set(KERNEL_HOST_SIDES) - used)
     assert not stale, f"these listed exceptions no longer happen; remove them: {stale}"
@@ -238,7 +239,7 @@ def test_plan_modules_are_pure():
     """A plan decides from sizes and the config: no launches, no torch.library, no runtime."""
     edges = graph()
     for path in OPS.glob("*_plan.py"):
-        allowed = {"jitops.shapes", "jitops.config", "jitops.errors"}
+        allowed = {"jitops.shapes", "jitops.config", "jitops.errors", f"jitops.ops.{_owner(path)}_costs"}
         assert edges[module_name(path)] <= allowed, (path.name, edges[module_name(path)] - allowed)
 
 

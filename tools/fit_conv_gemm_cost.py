@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models being fitted
+from jitops.ops import conv2d_costs as costs  # noqa: E402,F401 - the constants being fitted (tests read them here)
+from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models
 from bench_conv2d import BATCH, OCCURRENCES, REFERENCE  # noqa: E402
 from fit_wgrad_cost import relative_least_squares  # noqa: E402
 

@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models being fitted
+from jitops.ops import conv2d_costs as costs  # noqa: E402 - the constants being fitted
+from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models
 from bench_conv2d import BATCH, REFERENCE  # noqa: E402
 
 # The sweeps the constants in jitops/ops/conv2d.py were fitted to (lent H100, 2026-11-22: the four wgrad tile
@@ -135,8 +136,8 @@ def score_plans(paths, split_us: float, light: bool = False) -> tuple[float, int
                 cudnn.setdefault(extra["layer"], row["baseline_ms"] * 1e3)
     import jitops
     name = "LIGHT_WGRAD_SPLIT_US" if light else "WGRAD_SPLIT_US"
-    saved = getattr(conv, name)
-    setattr(conv, name, split_us)
+    saved = getattr(costs, name)
+    setattr(costs, name, split_us)
     ours = theirs = 0.0
     inexact = 0
     try:
@@ -160,7 +161,7 @@ def score_plans(paths, split_us: float, light: bool = False) -> tuple[float, int
                 ours += weight * us
                 theirs += weight * cudnn[f"L{index}"]
     finally:
-        setattr(conv, name, saved)
+        setattr(costs, name, saved)
     return theirs / ours, inexact
 
 
@@ -179,7 +180,7 @@ def main() -> int:
     light = args.light
     args.json = args.json or (LIGHT_WGRAD_SWEEPS if light else WGRAD_SWEEPS)
     prefix = "LIGHT_" if light else ""
-    split_us = conv.LIGHT_WGRAD_SPLIT_US if light else conv.WGRAD_SPLIT_US
+    split_us = costs.LIGHT_WGRAD_SPLIT_US if light else costs.WGRAD_SPLIT_US
     if args.score_split_us:
         for value in (float(v) for v in args.score_split_us.split(",")):
             ratio, inexact = score_plans(args.json, value, light)
@@ -187,7 +188,7 @@ def main() -> int:
                   f"({inexact} plans scored at the nearest timed split count)")
         return 0
     rows = timings(args.json, not args.all_kernels, light)
-    tiles = tuple(t for t in FIT_TILES if not light or t in conv.LIGHT_WGRAD_TILE_US)
+    tiles = tuple(t for t in FIT_TILES if not light or t in costs.LIGHT_WGRAD_TILE_US)
     names = [f"{kind} {t}" for t in tiles for kind in ("step", "wave")] + \
         ["us_per_gb", "split_us", "us_per_mb", "us_per_slice_depth", "dram_us_per_gb"]
     design = np.zeros((len(rows), len(names)))

@@ -29,7 +29,7 @@ first use per shape class:
 Filter size, stride, padding and dilation reach the kernel at run time (encoded into the TMA im2col descriptors
 on the host), so one compiled kernel serves many layers; the shape class still names them, with the dtype, the
 channel alignment and the plan (tile or cluster, split count, im2col, flat store) picked for the GEMM shape by
-cost models fitted to the op's own benchmark sweeps (GEMM_TILE_US, WGRAD_TILE_US).
+cost models fitted to the op's own benchmark sweeps (conv2d_costs.py).
 
 Strided dgrad.  Both kernel families take unit-stride dgrad only.  A stride-s dgrad is split into s_h*s_w
 phases: the rows h = a (mod s) of dx receive only the filter taps r with (a + pad - r*dil) = 0 (mod s), and

@@ -1,6 +1,7 @@
-"""How jitops.conv2d picks its kernels: the tile table, the cost models fitted to the op's benchmark sweeps
-and their constants, the split-K and im2col-fold choices, the phases of a strided dgrad, and the argument forms
-(stride, padding, dilation as an int or a pair) with the geometries that run as one GEMM (takes_patches).
+"""How jitops.conv2d picks its kernels: the tile table, the cost models fitted to the op's benchmark sweeps (their
+constants: jitops/ops/conv2d_costs.py), the split-K and im2col-fold choices, the phases of a strided dgrad, and the
+argument forms (stride, padding, dilation as an int or a pair) with the geometries that run as one GEMM
+(takes_patches).
 
 Pure Python on integers (no GPU, no torch tensors): the shape classes in jitops/ops/conv2d.py call plan_gemm,
 plan_wgrad and _plan_fold, and tests check the plans on the CPU.  Benchmarks force a plan with
@@ -19,6 +20,7 @@ import torch
 
 from ..config import config
 from ..shapes import Phase1D, dgrad_residues
+from . import conv2d_costs as costs
 
 
 ALIGN = 8            # channels per 16 bytes of fp16/bf16: TMA's stride alignment
@@ -65,59 +67,7 @@ OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256", "128x64c1x2", "128x6
                             "128x64c2x1")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
 
-# fprop/dgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles, per tile (a cluster
-# tile has its own: its CTAs share the loads of the operand they have in common), fitted by least squares
-# (relative error) by tools/fit_conv_gemm_cost.py to every ResNet-50 layer and the reference layer at each
-# tile, one slice (H100, tools/data/conv2d-fprop-dgrad-tiles.json; dgrad on its unit-stride
-# layers): median error 8.5% (fprop), 7.9% (dgrad).  It replaced relative tile efficiencies set
-# by hand, whose plans measured 0.852x of cuDNN's fprop in that run against 0.894x for this model's (the best
-# tile per layer: 0.899x).  The 128x128-per-two-SMs cluster (128x64c1x2, the activation tile multicast) is what
-# the 7x7 layers lacked: L18 and L20 28.5 -> 21.2 us.
-GEMM_TILE_US = {
-    "fprop": {"128x64": (0.357, 1.26), "128x128": (0.394, 2.65), "128x256": (0.672, 4.45),
-              "128x64c1x2": (0.266, 1.40), "128x64c2x1": (0.355, 1.26)},
-    "dgrad": {"128x64": (0.364, 0.84), "128x128": (0.403, 2.15), "128x256": (0.658, 3.59),
-              "128x64c1x2": (0.270, 0.99), "128x64c2x1": (0.358, 0.87)}}
-
-# wgrad: microseconds per 64-deep k-step of one work tile and per wave of work tiles (pipeline fill, epilogue;
-# a cluster tile costs as its tile, less the operand bytes it multicasts; work tiles counted as the kernel's
-# scheduler does, wgrad_work_tiles), fitted by least squares (relative error) by tools/fit_wgrad_cost.py
-# to 1322 timings of ResNet-50's wgrad layers at batch 32 and the 3x3 reference layer, every candidate tile at
-# 1 to 131 slices (H100, tools/data/conv2d-wgrad-tiles-*.json): median error 6.8%, 90th
-# percentile 19%.
-# The fit also has a term for the bytes of dy and x (170 us per GB from DRAM), the same for every plan of a
-# layer and so left out here.  Why the small tiles win on most layers: a wave of 128x64 costs 0.9 us against
-# 128x256's 3.3, and more work tiles fill the 132 SMs with fewer fp32 slices.
-WGRAD_TILE_US = {"64x64": (0.139, 1.46), "64x192": (0.258, 7.42), "64x128": (0.145, 3.34), "128x64": (0.144, 0.93),
-                 "128x128": (0.244, 1.68), "128x256": (0.491, 3.28), "64x256": (0.252, 6.42)}
-WGRAD_US_PER_GB_LOADED = 36.3    # operand tiles loaded from L2 into the SMs (about 28 TB/s across them)
-
-# Two or more slices: the reduction kernel and the split path.  The fit says 2.3 us; with it the plans split
-# the 14x14 and 28x28 3x3 layers (128x128 in 3 slices), 6-8 us slower than one slice, because a second kernel
-# in the stream and the fp32 slices cost more there than the model's terms.  4.5 us is where the plans of the
-# measured layers are best (`fit_wgrad_cost.py --score-split-us` on the same timings: ResNet-50's weighted wgrad
-# against cuDNN 0.941 at 2.3-3 us, 0.973 at 4.5, 0.966 at 5.5-7), the one constant set by the plans rather
-# than by the fit.
-WGRAD_SPLIT_US = 4.5
-WGRAD_US_PER_MB_SLICES = 0.447   # the fp32 slices written by the kernel and read by the reduction
-
-# The light kernel's wgrad (the default, jitops/light_conv.py) has constants of its own, fitted the same way by
-# `tools/fit_wgrad_cost.py --light` to 1083 timings of its one-tap tiles at 1 to 66 slices on ResNet-50's wgrad
-# layers and the reference layer (H200, tools/data/conv2d-wgrad-light-tiles.json): median error 3.7%.  CUTLASS's
-# constants planned it badly where its tiles differ from CUTLASS's: its 128 x 64 k-step costs 0.71 of a 128 x 128
-# one against CUTLASS's 0.59, so L12 and L14 took 128 x 64 in one slice (24.0 us) where 128 x 128 in three runs
-# 19.9; and the 1x2 cluster tiles' multicast discount was fiction, since the light wgrad runs every tile as one CTA
-# (light_cluster).  Its fit has no L2-loads term (it came out at -0.5 us per GB: the k-step constants carry it).
-LIGHT_WGRAD_TILE_US = {"64x64": (0.166, 0.92), "64x128": (0.221, 1.41), "128x64": (0.209, 1.09),
-                       "128x128": (0.293, 1.93), "128x256": (0.577, 3.02), "64x256": (0.320, 2.33)}
-LIGHT_WGRAD_SPLIT_US = 4.13
-LIGHT_WGRAD_US_PER_MB_SLICES = 0.361
-# The reduction's serial depth (reduce_depth): each of its threads sums one output's slices, so where dw has too
-# few elements to give every SM a block, the slices add latency that no bandwidth term sees.  Without it the fit
-# planned L5 (128 x 256 outputs) at 128 x 128 in 66 slices: 31.5 us, against 27.4 for 128 x 64 in 33.
-LIGHT_WGRAD_US_PER_SLICE_DEPTH = 0.047
 REDUCE_THREADS_FULL = HOPPER_SMS * 256  # a 256-thread block (conv2d_run.REDUCE_BLOCK) on every SM
-
 
 
 # ---- the shape class: the plan of one layer -----------------------------------------------------------------
@@ -250,6 +200,10 @@ def wgrad_tile_serves(tile: str, channels: int, filter_rs: tuple[int, int]) -> b
     return t.taps == 1 or (channels == t.channels and filter_rs[1] == t.taps)
 
 
+def _one_cta(tile: str) -> bool:
+    return TILES[tile].cluster_m * TILES[tile].cluster_n == 1
+
+
 def wgrad_candidates(channels: int, filter_rs: tuple[int, int], light: bool = False) -> tuple[str, ...]:
     """The tiles a wgrad plan chooses from: those that store through TMA where there are any (the flat ones;
     64-row tiles store from registers either way, kernels/conv/conv2d_sm90.cu), thread block clusters only for
@@ -258,11 +212,10 @@ def wgrad_candidates(channels: int, filter_rs: tuple[int, int], light: bool = Fa
     ones (H100, best split each; tools/data/conv2d-wgrad-tiles-wide-clusters.json).  light: the light kernel's,
     tiles of one filter tap and no clusters (its wgrad runs every tile as one CTA: light_cluster)."""
     one_by_one = filter_rs == (1, 1)
-    single = lambda t: TILES[t].cluster_m * TILES[t].cluster_n == 1  # noqa: E731
     tiles = tuple(t for t in OPERATOR_TILES["wgrad"] if wgrad_tile_serves(t, channels, filter_rs) and
-                  (not light or (TILES[t].taps == 1 and single(t))) and
+                  (not light or (TILES[t].taps == 1 and _one_cta(t))) and
                   (wgrad_flat(t, channels, filter_rs) or TILES[t].m == 64) and
-                  (one_by_one or single(t)))
+                  (one_by_one or _one_cta(t)))
     return tiles or tuple(t for t in OPERATOR_TILES["wgrad"] if TILES[t].taps == 1)
 
 
@@ -299,10 +252,10 @@ def wgrad_work_tiles(tile: str, k: int, channels: int, filter_rs: tuple[int, int
 
 def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tuple[int, int],
                   k_tiles: int, light: bool = False) -> float:
-    """Predicted microseconds of a wgrad plan: CUTLASS's kernel (WGRAD_TILE_US and the constants after it) or the
-    light kernel's (LIGHT_WGRAD_TILE_US and after)."""
+    """Predicted microseconds of a wgrad plan: CUTLASS's kernel (conv2d_costs.WGRAD_TILE_US and the constants after
+    it) or the light kernel's (conv2d_costs.LIGHT_WGRAD_TILE_US and after)."""
     t = TILES[tile]
-    table = LIGHT_WGRAD_TILE_US if light else WGRAD_TILE_US
+    table = costs.LIGHT_WGRAD_TILE_US if light else costs.WGRAD_TILE_US
     step_us, wave_us = table.get(f"{t.m}x{t.n}", table["128x128"])
     work = wgrad_work_tiles(tile, k, channels, filter_rs, splits)
     steps = _ceil(k_tiles, splits)
@@ -310,13 +263,13 @@ def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tupl
     if not light:
         # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
         rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
-        cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * WGRAD_US_PER_GB_LOADED
+        cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * costs.WGRAD_US_PER_GB_LOADED
     if splits > 1:
-        split_us, per_mb = (LIGHT_WGRAD_SPLIT_US, LIGHT_WGRAD_US_PER_MB_SLICES) if light else \
-            (WGRAD_SPLIT_US, WGRAD_US_PER_MB_SLICES)
+        split_us, per_mb = (costs.LIGHT_WGRAD_SPLIT_US, costs.LIGHT_WGRAD_US_PER_MB_SLICES) if light else \
+            (costs.WGRAD_SPLIT_US, costs.WGRAD_US_PER_MB_SLICES)
         cost += split_us + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * per_mb
         if light:
-            cost += reduce_depth(splits, k, channels, filter_rs) * LIGHT_WGRAD_US_PER_SLICE_DEPTH
+            cost += reduce_depth(splits, k, channels, filter_rs) * costs.LIGHT_WGRAD_US_PER_SLICE_DEPTH
     return cost
 
 
@@ -327,10 +280,10 @@ def reduce_depth(splits: int, k: int, channels: int, filter_rs: tuple[int, int])
 
 
 def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:
-    """Predicted microseconds of an fprop or dgrad plan (GEMM_TILE_US; a tile without constants, only ever
-    forced, costs as 128x128)."""
-    costs = GEMM_TILE_US[operator]
-    step_us, wave_us = costs.get(tile, costs["128x128"])
+    """Predicted microseconds of an fprop or dgrad plan (conv2d_costs.GEMM_TILE_US; a tile without constants, only
+    ever forced, costs as 128x128)."""
+    table = costs.GEMM_TILE_US[operator]
+    step_us, wave_us = table.get(tile, table["128x128"])
     return _ceil(_work_tiles(tile, m, n, splits), HOPPER_SMS) * (_ceil(k_tiles, splits) * step_us + wave_us)
 
 
