@@ -155,20 +155,25 @@ def test_matmul_forms_on_cuda(a_shape, b_shape, dtype):
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
 def test_float32_runs_cublas_as_torch_does(tf32):
-    """float32 takes torch.matmul / F.linear (cuBLAS) under torch's own TF32 flag: the same numbers as torch."""
+    """float32 takes torch.matmul / F.linear (cuBLAS) under torch's own TF32 flag: the same numbers as torch.  The
+    backward against float64 fuses a relu in full fp32 only: under TF32 a pre-activation within TF32's error of
+    zero takes the other side of the relu than float64's, and its gradient is then 0 against the full value (0.9%
+    of the elements in an unseeded run on the H200)."""
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        a = torch.randn(256, 512, device="cuda")
-        b = torch.randn(512, 128, device="cuda")
-        bias = torch.randn(128, device="cuda")
+        g = torch.Generator().manual_seed(11)
+        a = torch.randn(256, 512, generator=g).cuda()
+        b = torch.randn(512, 128, generator=g).cuda()
+        bias = torch.randn(128, generator=g).cuda()
         assert jitops.gemm.op.shape_class(a, b, None, None, None).bucket == ("cublas_tf32" if tf32 else "cublas_fp32")
         torch.testing.assert_close(jitops.gemm(a, b), torch.mm(a, b), rtol=0, atol=0)
         torch.testing.assert_close(jitops.gemm(a[None], b, bias=bias), torch.matmul(a[None], b) + bias)
         torch.testing.assert_close(jitops.linear(a, b.t(), bias), F.linear(a, b.t(), bias), rtol=0, atol=0)
         error = (jitops.gemm(a, b).double() - a.double() @ b.double()).abs().max().item()
         assert (error > 1e-3) == tf32  # TF32 keeps 10 bits of mantissa; fp32 23
-        check_backward(gemm_positional, reference, (a[:64, :32], b[:32, :16], bias[:16], "relu", None),
+        activation = None if tf32 else "relu"
+        check_backward(gemm_positional, reference, (a[:64, :32], b[:32, :16], bias[:16], activation, None),
                        torch.float32, "gemm", {torch.float32: (1e-2, 1e-2) if tf32 else (1e-5, 1e-5)})
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
