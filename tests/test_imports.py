@@ -196,8 +196,8 @@ def test_op_modules_import_only_the_op_api_and_their_own_plan_and_run():
                 continue
             wrong.append(f"{name} imports {target}")
     assert not wrong, ("op modules may import only " + ", ".join(sorted(OP_MAY_IMPORT)) + " and their own "
-                       "<op>_plan / <op>_run / <op>_costs; move shared code there, or list the exception with its reason:\n  "
-                       + "\n  ".join(wrong))
+                       "<op>_plan / <op>_run / <op>_costs; move shared code there, or list the exception with its "
+                       "reason:\n  " + "\n  ".join(wrong))
     stale = sorted(set(OP_IMPORT_EXCEPTIONS) - used) + sorted(set(KERNEL_HOST_SIDES) - used)
     assert not stale, f"these listed exceptions no longer happen; remove them: {stale}"
 

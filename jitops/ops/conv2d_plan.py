@@ -67,7 +67,7 @@ OPERATOR_TILES = {"fprop": ("128x64", "128x128", "128x256", "128x64c1x2", "128x6
                             "128x64c2x1")}
 SPLIT_TILE = "128x128"           # the split-K variant of fprop and dgrad (only when forced)
 
-REDUCE_THREADS_FULL = HOPPER_SMS * 256  # a 256-thread block (conv2d_run.REDUCE_BLOCK) on every SM
+REDUCE_BLOCK = 256   # threads a block of the wgrad reduction and unfold kernels (conv2d_run launches them)
 
 
 # ---- the shape class: the plan of one layer -----------------------------------------------------------------
@@ -255,28 +255,28 @@ def wgrad_cost_us(tile: str, splits: int, k: int, channels: int, filter_rs: tupl
     """Predicted microseconds of a wgrad plan: CUTLASS's kernel (conv2d_costs.WGRAD_TILE_US and the constants after
     it) or the light kernel's (conv2d_costs.LIGHT_WGRAD_TILE_US and after)."""
     t = TILES[tile]
-    table = costs.LIGHT_WGRAD_TILE_US if light else costs.WGRAD_TILE_US
+    # the light fit has no L2-loads term, CUTLASS's none for the reduction's depth
+    table, per_gb, split_us, per_mb, per_depth = (
+        (costs.LIGHT_WGRAD_TILE_US, 0.0, costs.LIGHT_WGRAD_SPLIT_US, costs.LIGHT_WGRAD_US_PER_MB_SLICES,
+         costs.LIGHT_WGRAD_US_PER_SLICE_DEPTH) if light else
+        (costs.WGRAD_TILE_US, costs.WGRAD_US_PER_GB_LOADED, costs.WGRAD_SPLIT_US, costs.WGRAD_US_PER_MB_SLICES, 0.0))
     step_us, wave_us = table.get(f"{t.m}x{t.n}", table["128x128"])
     work = wgrad_work_tiles(tile, k, channels, filter_rs, splits)
     steps = _ceil(k_tiles, splits)
     cost = _ceil(work, HOPPER_SMS) * (steps * step_us + wave_us)
-    if not light:
-        # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
-        rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
-        cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * costs.WGRAD_US_PER_GB_LOADED
+    # A cluster's CTAs share (multicast) the operand tile they have in common: along M the B tile, along N A's.
+    rows_loaded = t.m / t.cluster_n + t.n / t.cluster_m
+    cost += work * steps * rows_loaded * TILE_K * 2 / 1e9 * per_gb
     if splits > 1:
-        split_us, per_mb = (costs.LIGHT_WGRAD_SPLIT_US, costs.LIGHT_WGRAD_US_PER_MB_SLICES) if light else \
-            (costs.WGRAD_SPLIT_US, costs.WGRAD_US_PER_MB_SLICES)
         cost += split_us + splits * k * channels * filter_rs[0] * filter_rs[1] * 4 / 1e6 * per_mb
-        if light:
-            cost += reduce_depth(splits, k, channels, filter_rs) * costs.LIGHT_WGRAD_US_PER_SLICE_DEPTH
+        cost += reduce_depth(splits, k, channels, filter_rs) * per_depth
     return cost
 
 
 def reduce_depth(splits: int, k: int, channels: int, filter_rs: tuple[int, int]) -> float:
     """The slices each thread of the wgrad reduction sums, scaled by how far dw's elements (one thread each) fall
     short of a block on every SM: splits where they do not fill it, less where they do."""
-    return splits * min(1.0, REDUCE_THREADS_FULL / (k * channels * filter_rs[0] * filter_rs[1]))
+    return splits * min(1.0, HOPPER_SMS * REDUCE_BLOCK / (k * channels * filter_rs[0] * filter_rs[1]))
 
 
 def gemm_cost_us(operator: str, tile: str, splits: int, m: int, n: int, k_tiles: int) -> float:

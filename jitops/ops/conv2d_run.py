@@ -11,7 +11,7 @@ from .. import light_conv, native, shapes
 from ..config import config
 from ..launch import SideStreams, current_stream, sm_count
 from ..op import dispatcher_wanted
-from .conv2d_plan import (IM2COL_SHARED_BYTES, TILE_K, ConvClass, _ceil, _fold_matrix, _geometry,
+from .conv2d_plan import (IM2COL_SHARED_BYTES, REDUCE_BLOCK, TILE_K, ConvClass, _ceil, _fold_matrix, _geometry,
                           _im2col_shared_bytes, dgrad_phases, normalize_splits, output_size, round_up)
 from .linear import linear
 
@@ -310,9 +310,6 @@ def run_input_grad_cpu(kern, grad, weight, input_size, stride, padding, dilation
 
 
 # ---- wgrad ---------------------------------------------------------------------------------------------------
-REDUCE_BLOCK = 256
-
-
 def _summed_slices(partial: torch.Tensor, taps: int, width: int) -> torch.Tensor:
     """The torch reduction (config.conv2d_wgrad_reduce_kernel=False, or one slice): partial's slices
     [splits][K8][taps][width] (contiguous, any shape) summed into [K8][taps][width]."""
