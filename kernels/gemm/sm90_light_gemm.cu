@@ -744,9 +744,14 @@ jitops_sm90_light_gemm(const __grid_constant__ Params p) {
     const u32 empty = full + kStages * 8;
     const u32 turn = empty + kStages * 8;  // pingpong: turn + 8 w is consumer w's go-ahead for its next mainloop
 
-    const int warp = threadIdx.x / 32;
+    // Lane 0's warp and warpgroup, read through a shuffle: ptxas then knows they are the same across the warp and
+    // keeps the stage addresses and wgmma descriptors in uniform registers, as CUTLASS's canonical_warp_group_idx
+    // does.  From threadIdx directly, each wgmma waited on 64-bit descriptor adds in vector registers and four R2UR
+    // (66 R2UR in the 128 x 64 kernel, 27 now): H200, TN, 768x768x6304 22.4-23.0 -> 19.1-19.3 us,
+    // 1024x1024x4096 16.7-16.8 -> 15.0-15.2 (CUTLASS's 19.3-19.5 and 19.3-19.4; docs/architecture.md).
+    const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
     const int lane = threadIdx.x % 32;
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
