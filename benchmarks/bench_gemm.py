@@ -230,10 +230,38 @@ def bench_fused(bench, m: int, n: int, k: int, name: str, dtype: torch.dtype) ->
 def light(bench) -> None:
     """The light sm_90a kernel (jitops.gemm's default) against CUTLASS's kernel (JITOPS_GEMM_SM90_KERNEL=cutlass)
     and against torch.matmul, on x @ w.t() (w (N, K), both operands K-major) and x @ w (w (K, N), b MN-major),
-    the six shapes in both dtypes, and against CUTLASS's fused bias + gelu on the fused rows' shapes.  The light
-    kernel is loaded and launched directly, so one process times both kernels of the same class."""
+    the six shapes in both dtypes; on the training steps' weight gradients (g.t() @ x, both operands MN-major,
+    bf16); and against CUTLASS's fused bias + gelu on the fused rows' shapes.  The light kernel is loaded and
+    launched directly, so one process times both kernels of the same class."""
     with jitops.config.scope(gemm_sm90_kernel="cutlass"):  # jitops.gemm: the baseline
         _light_against_cutlass(bench)
+
+
+def _light_rows(bench, target: Target, a: torch.Tensor, lda: int, b: torch.Tensor, ldb: int, layout: str,
+                dtype_name: str) -> None:
+    """One shape and layout: the light kernel against jitops.gemm (CUTLASS's, in light's scope) and torch.matmul."""
+    from jitops import light_gemm
+    from jitops.launch import current_stream, sm_count
+
+    (m, k), n = a.shape, b.shape[1]
+    cls = G.shape_class(a, b, None, None, None)
+    kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
+    out = torch.empty(m, n, device="cuda", dtype=a.dtype)
+    sms = sm_count(0)
+
+    def call():
+        light_gemm.run(kernel, a, b, out, None, m, n, k, lda, ldb, 0, sms, current_stream(0))
+        return out
+
+    check_close(call(), torch.matmul(a, b), f"light {m}x{n}x{k} {layout} {dtype_name}")
+    shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
+    tile = f"{light_gemm.tile_m_for(cls.bucket)}x{light_gemm.tile_n_for(cls.bucket)}x64"
+    bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=dtype_name, ours=call,
+                  baseline=lambda: jitops.gemm(a, b), baseline_name="jitops.gemm (CUTLASS)",
+                  flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+    bench.compare(op="gemm light vs torch", shape=shape, dtype=dtype_name, ours=call,
+                  baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=flops,
+                  timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
 
 
 def _light_against_cutlass(bench) -> None:
@@ -248,24 +276,12 @@ def _light_against_cutlass(bench) -> None:
                 b, ldb = torch.randn(k, n, device="cuda", dtype=dtype), n
             else:
                 b, ldb = torch.randn(n, k, device="cuda", dtype=dtype).t(), k
-            cls = G.shape_class(x, b, None, None, None)
-            kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
-            out = torch.empty(m, n, device="cuda", dtype=dtype)
-            sms = sm_count(0)
-
-            def call(x=x, b=b, out=out, kernel=kernel, m=m, n=n, k=k, ldb=ldb):
-                light_gemm.run(kernel, x, b, out, None, m, n, k, k, ldb, 0, sms, current_stream(0))
-                return out
-
-            check_close(call(), torch.matmul(x, b), f"light {m}x{n}x{k} {layout} {name}")
-            shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
-            tile = f"{light_gemm.tile_m_for(cls.bucket)}x{light_gemm.tile_n_for(cls.bucket)}x64"
-            bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=name, ours=call,
-                          baseline=lambda x=x, b=b: jitops.gemm(x, b), baseline_name="jitops.gemm (CUTLASS)",
-                          flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
-            bench.compare(op="gemm light vs torch", shape=shape, dtype=name, ours=call,
-                          baseline=lambda x=x, b=b: torch.matmul(x, b), baseline_name="torch.matmul", flops=flops,
-                          timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+            _light_rows(bench, target, x, k, b, ldb, layout, name)
+        if name == "bf16":  # the training steps' weight gradients, dW = g.t() @ x (the small bucket's among them)
+            for m, n, k in sorted({(m, n, k) for _, m, n, k, a_kmajor, _, _ in training_gemms() if not a_kmajor}):
+                g = torch.randn(k, m, device="cuda", dtype=dtype).t()
+                x = torch.randn(k, n, device="cuda", dtype=dtype)
+                _light_rows(bench, target, g, m, x, n, "g.t() @ x", name)
         for m, n, k in FUSED_SHAPES:  # bias + gelu in the epilogue, x @ w.t()
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             b = torch.randn(n, k, device="cuda", dtype=dtype).t()
