@@ -33,7 +33,7 @@ from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models
 from bench_conv2d import BATCH, OCCURRENCES, REFERENCE  # noqa: E402
 from fit_wgrad_cost import relative_least_squares  # noqa: E402
 
-# The sweep the constants in jitops/ops/conv2d.py were fitted to (lent H100, 2026-11-22: every layer at each tile).
+# The sweep the constants in jitops/ops/conv2d_costs.py were fitted to (lent H100, 2026-11-22: each layer, each tile).
 SWEEP = Path(__file__).resolve().parent / "data" / "conv2d-fprop-dgrad-tiles.json"
 
 

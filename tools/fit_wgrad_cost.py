@@ -40,7 +40,7 @@ from jitops.ops import conv2d_costs as costs  # noqa: E402 - the constants being
 from jitops.ops import conv2d_plan as conv  # noqa: E402 - the cost models
 from bench_conv2d import BATCH, REFERENCE  # noqa: E402
 
-# The sweeps the constants in jitops/ops/conv2d.py were fitted to (lent H100, 2026-11-22: the four wgrad tile
+# The sweeps the constants in jitops/ops/conv2d_costs.py were fitted to (lent H100, 2026-11-22: the four wgrad tile
 # sweeps, 1322 timings), in the order they ran: a layer's cuDNN time is taken from the first file that has it.
 DATA = Path(__file__).resolve().parent / "data"
 WGRAD_SWEEPS = [DATA / f"conv2d-wgrad-tiles-{name}.json" for name in ("plain", "wide-clusters", "taps-l2", "taps")]
