@@ -238,36 +238,39 @@ def light(bench) -> None:
 
 
 def _light_rows(bench, target: Target, a: torch.Tensor, lda: int, b: torch.Tensor, ldb: int, layout: str,
-                dtype_name: str) -> None:
-    """One shape and layout: the light kernel against jitops.gemm (CUTLASS's, in light's scope) and torch.matmul."""
+                dtype_name: str, bias: torch.Tensor | None = None) -> None:
+    """One shape and layout: the light kernel against jitops.gemm (CUTLASS's, in light's scope) and torch.matmul;
+    with `bias`, bias + gelu in the epilogue against CUTLASS's fused kernel alone."""
     from jitops import light_gemm
     from jitops.launch import current_stream, sm_count
 
     (m, k), n = a.shape, b.shape[1]
-    cls = G.shape_class(a, b, None, None, None)
+    activation = None if bias is None else "gelu"
+    cls = G.shape_class(a, b, bias, activation, None)
     kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
     out = torch.empty(m, n, device="cuda", dtype=a.dtype)
     sms = sm_count(0)
 
     def call():
-        light_gemm.run(kernel, a, b, out, None, m, n, k, lda, ldb, 0, sms, current_stream(0))
+        light_gemm.run(kernel, a, b, out, bias, m, n, k, lda, ldb, 0 if bias is None else 2, sms, current_stream(0))
         return out
 
-    check_close(call(), torch.matmul(a, b), f"light {m}x{n}x{k} {layout} {dtype_name}")
-    shape, flops = f"{m}x{n}x{k} {layout}", 2 * m * n * k
+    def cutlass():
+        return jitops.gemm(a, b, bias=bias, activation=activation)
+
+    check_close(call(), torch.matmul(a, b) if bias is None else cutlass(), f"light {m}x{n}x{k} {layout} {dtype_name}")
+    op, shape, flops = "gemm" if bias is None else "gemm+bias+gelu", f"{m}x{n}x{k} {layout}".rstrip(), 2 * m * n * k
     tile = f"{light_gemm.tile_m_for(cls.bucket)}x{light_gemm.tile_n_for(cls.bucket)}x64"
-    bench.compare(op="gemm light vs CUTLASS", shape=shape, dtype=dtype_name, ours=call,
-                  baseline=lambda: jitops.gemm(a, b), baseline_name="jitops.gemm (CUTLASS)",
-                  flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
-    bench.compare(op="gemm light vs torch", shape=shape, dtype=dtype_name, ours=call,
-                  baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=flops,
-                  timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
+    bench.compare(op=f"{op} light vs CUTLASS", shape=shape, dtype=dtype_name, ours=call, baseline=cutlass,
+                  baseline_name="jitops.gemm (CUTLASS)", flops=flops, timing="auto", graph_below_ms=GRAPH_BELOW_MS,
+                  tile=tile)
+    if bias is None:
+        bench.compare(op="gemm light vs torch", shape=shape, dtype=dtype_name, ours=call,
+                      baseline=lambda: torch.matmul(a, b), baseline_name="torch.matmul", flops=flops,
+                      timing="auto", graph_below_ms=GRAPH_BELOW_MS, tile=tile)
 
 
 def _light_against_cutlass(bench) -> None:
-    from jitops import light_gemm
-    from jitops.launch import current_stream, sm_count
-
     target = Target("cuda", torch.cuda.get_device_capability(0))
     for name, dtype in DTYPES.items():
         for (m, n, k), layout in itertools.product(SHAPES, ("x @ w.t()", "x @ w")):
@@ -282,23 +285,10 @@ def _light_against_cutlass(bench) -> None:
                 g = torch.randn(k, m, device="cuda", dtype=dtype).t()
                 x = torch.randn(k, n, device="cuda", dtype=dtype)
                 _light_rows(bench, target, g, m, x, n, "g.t() @ x", name)
-        for m, n, k in FUSED_SHAPES:  # bias + gelu in the epilogue, x @ w.t()
+        for m, n, k in FUSED_SHAPES:  # bias + gelu in the epilogue, x @ w.t() (the shape alone names the row)
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             b = torch.randn(n, k, device="cuda", dtype=dtype).t()
-            bias = torch.randn(n, device="cuda", dtype=dtype)
-            cls = G.shape_class(x, b, bias, "gelu", None)
-            kernel = jitops.runtime.get_kernel(light_gemm.request(cls), target, 0)
-            out = torch.empty(m, n, device="cuda", dtype=dtype)
-
-            def fused(x=x, b=b, bias=bias, out=out, kernel=kernel, m=m, n=n, k=k):
-                light_gemm.run(kernel, x, b, out, bias, m, n, k, k, k, 2, sm_count(0), current_stream(0))
-                return out
-
-            check_close(fused(), jitops.gemm(x, b, bias=bias, activation="gelu"), f"light fused {m}x{n}x{k} {name}")
-            bench.compare(op="gemm+bias+gelu light vs CUTLASS", shape=f"{m}x{n}x{k}", dtype=name, ours=fused,
-                          baseline=lambda x=x, b=b, bias=bias: jitops.gemm(x, b, bias=bias, activation="gelu"),
-                          baseline_name="jitops.gemm (CUTLASS)", flops=2 * m * n * k, timing="auto",
-                          graph_below_ms=GRAPH_BELOW_MS, tile=f"128x{light_gemm.tile_n_for(cls.bucket)}x64")
+            _light_rows(bench, target, x, k, b, k, "", name, bias=torch.randn(n, device="cuda", dtype=dtype))
 
 
 def float32(bench) -> list[float]:
